@@ -1,0 +1,1 @@
+"""dralloc: Kubernetes DRA allocation over NATS JetStream."""

@@ -1,0 +1,173 @@
+"""Reading manifests: YAML or JSON files and directories into typed objects.
+
+One place turns user files into `dralloc.schemas.resource` objects, so that
+`dralloc allocate`, `lint`, `submit` and the file ingestor report bad input
+the same way: a `ManifestError` that names the file, the document and the
+field. Reading goes on past a bad document; the caller decides whether any
+error is fatal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from dralloc.schemas.resource import KINDS, Object
+
+SUFFIXES = (".yaml", ".yml", ".json")
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""A manifest file larger than this is refused rather than parsed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where an object came from: file and 1-based document index."""
+
+    path: str
+    document: int
+
+    def __str__(self) -> str:
+        return f"{self.path} (document {self.document})"
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestError:
+    source: Source
+    message: str
+    what: str = ""
+    """`Kind/name` of the object when known."""
+
+    def __str__(self) -> str:
+        where = f"{self.source}: {self.what}" if self.what else str(self.source)
+        return f"{where}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A well-formed document of a kind the system does not read."""
+
+    source: Source
+    api_version: str
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: skipped {self.api_version} {self.kind} {self.name!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    source: Source
+    obj: Object
+
+
+@dataclass(slots=True)
+class Manifests:
+    """The result of reading some inputs: objects in input order, plus what went wrong."""
+
+    objects: list[Loaded]
+    errors: list[ManifestError]
+    skipped: list[Skipped]
+
+    def of_type(self, cls: type) -> list[Any]:
+        return [item.obj for item in self.objects if isinstance(item.obj, cls)]
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files as given; directories as every manifest file below them, sorted by path."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()))
+        else:
+            files.append(path)
+    return files
+
+
+def decode_object(doc: Any, source: Source) -> Loaded | Skipped | ManifestError:
+    """Turn one parsed document (builtins) into a typed object, or say why not."""
+    if not isinstance(doc, dict):
+        return ManifestError(source, f"expected a Kubernetes object (a mapping), got {type(doc).__name__}")
+    api_version, kind = doc.get("apiVersion"), doc.get("kind")
+    name = (doc.get("metadata") or {}).get("name", "") if isinstance(doc.get("metadata"), dict) else ""
+    what = f"{kind}/{name}" if kind else ""
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return ManifestError(source, "missing apiVersion or kind", what)
+    cls = KINDS.get((api_version, kind))
+    if cls is None:
+        known_kind = any(k == kind for _, k in KINDS)
+        if known_kind:
+            return ManifestError(source, f"apiVersion {api_version!r} is not supported for {kind}; use resource.k8s.io/v1", what)
+        return Skipped(source, api_version, kind, str(name))
+    try:
+        obj = msgspec.convert(doc, cls)
+    except msgspec.ValidationError as exc:
+        return ManifestError(source, _field_message(exc), what)
+    if not obj.metadata.name:
+        return ManifestError(source, "metadata.name is required", what)
+    return Loaded(source, obj)
+
+
+def _field_message(exc: msgspec.ValidationError) -> str:
+    # msgspec says "Expected `int`, got `str` - at `$.spec.count`"; say it as a field path.
+    text = str(exc)
+    if " - at `$." in text:
+        message, _, path = text.partition(" - at `$.")
+        return f"field {path.rstrip('`')}: {message}"
+    return text
+
+
+def parse_documents(text: str, path: str) -> Iterator[tuple[Source, Any] | ManifestError]:
+    """Each document of a YAML (or JSON) text, or one error where parsing stops."""
+    index = 0
+    try:
+        for index, doc in enumerate(yaml.safe_load_all(text), start=1):
+            if doc is not None:
+                yield Source(path, index), doc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        yield ManifestError(Source(path, index + 1), f"invalid YAML{where}: {problem}")
+
+
+def load_text(text: str, path: str = "<stdin>") -> Manifests:
+    result = Manifests([], [], [])
+    for item in parse_documents(text, path):
+        if isinstance(item, ManifestError):
+            result.errors.append(item)
+            continue
+        decoded = decode_object(item[1], item[0])
+        if isinstance(decoded, Loaded):
+            result.objects.append(decoded)
+        elif isinstance(decoded, Skipped):
+            result.skipped.append(decoded)
+        else:
+            result.errors.append(decoded)
+    return result
+
+
+def load_paths(paths: Iterable[str | Path]) -> Manifests:
+    """Read every file (directories expanded) in order; errors are collected, never raised."""
+    result = Manifests([], [], [])
+    for file in expand_paths(paths):
+        try:
+            if file.stat().st_size > MAX_FILE_BYTES:
+                raise OSError(f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            result.errors.append(ManifestError(Source(str(file), 0), f"cannot read file: {reason}"))
+            continue
+        part = load_text(text, str(file))
+        result.objects += part.objects
+        result.errors += part.errors
+        result.skipped += part.skipped
+    return result
