@@ -1,0 +1,252 @@
+"""API validation of resource.k8s.io/v1 objects, as the Kubernetes API server does it.
+
+A manifest that the API server would reject is rejected here too, with the
+field path Kubernetes would name. CEL expressions are only checked for length
+here; compiling them against the device environment is the engine's job
+(`dralloc.allocator.engine.cel`), and `dralloc lint` does both.
+
+Pure functions: an object in, a list of `FieldError` out (empty when valid).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dralloc.schemas.resource import (
+    DeviceClass,
+    DeviceSelector,
+    DeviceToleration,
+    ResourceClaim,
+    ResourceClaimSpec,
+    ResourceClaimTemplate,
+    ResourceSlice,
+)
+
+# Limits from k8s.io/api/resource/v1 (types.go constants).
+REQUESTS_MAX = 32  # DeviceRequestsMaxSize
+SUBREQUESTS_MAX = 8  # FirstAvailableDeviceRequestMaxSize
+CONSTRAINTS_MAX = 32  # DeviceConstraintsMaxSize
+CONFIG_MAX = 32  # DeviceConfigMaxSize
+SELECTORS_MAX = 32  # DeviceSelectorsMaxSize
+TOLERATIONS_MAX = 16  # DeviceTolerationsMaxLength
+ALLOCATION_RESULTS_MAX = 32  # AllocationResultsMaxSize: devices per claim
+CEL_EXPRESSION_MAX_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
+SLICE_DEVICES_MAX = 128  # ResourceSliceMaxDevices
+SLICE_DEVICES_WITH_COUNTERS_MAX = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+ATTRIBUTES_AND_CAPACITY_MAX = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+SHARED_COUNTERS_MAX = 8  # ResourceSliceMaxCounterSets (1.35)
+COUNTERS_PER_SET_MAX = 32
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def is_dns_label(value: str) -> bool:
+    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
+
+
+def is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
+
+
+def qualified_name_error(value: str) -> str | None:
+    """A DRA attribute/capacity name: `identifier` or `domain/identifier` (max 32 chars after the domain)."""
+    domain, sep, name = value.rpartition("/")
+    if sep and not is_dns_subdomain(domain):
+        return f"{domain!r} is not a DNS subdomain"
+    if not _C_IDENTIFIER.match(name) or len(name) > 32:
+        return f"{name!r} must be a C identifier of at most 32 characters"
+    return None
+
+
+def fully_qualified_name_error(value: str) -> str | None:
+    """Constraints name attributes with their domain: `domain/identifier`."""
+    if "/" not in value:
+        return f"{value!r} must be fully qualified (domain/name), e.g. gpu.nvidia.com/{value}"
+    return qualified_name_error(value)
+
+
+def validate(obj: object) -> list[FieldError]:
+    """Validate any object the system reads; kinds without rules here are valid."""
+    match obj:
+        case DeviceClass():
+            return _device_class(obj)
+        case ResourceClaim():
+            return _claim_spec(obj.spec, "spec")
+        case ResourceClaimTemplate():
+            return _claim_spec(obj.spec.spec, "spec.spec")
+        case ResourceSlice():
+            return _slice(obj)
+    return []
+
+
+def _selectors(selectors: list[DeviceSelector], path: str) -> list[FieldError]:
+    errors = []
+    if len(selectors) > SELECTORS_MAX:
+        errors.append(FieldError(path, f"must have at most {SELECTORS_MAX} selectors, has {len(selectors)}"))
+    for i, selector in enumerate(selectors):
+        if selector.cel is None:
+            errors.append(FieldError(f"{path}[{i}].cel", "required"))
+        elif len(selector.cel.expression) > CEL_EXPRESSION_MAX_LENGTH:
+            errors.append(
+                FieldError(
+                    f"{path}[{i}].cel.expression",
+                    f"too long: {len(selector.cel.expression)} characters, the limit is {CEL_EXPRESSION_MAX_LENGTH}",
+                )
+            )
+        elif not selector.cel.expression.strip():
+            errors.append(FieldError(f"{path}[{i}].cel.expression", "required"))
+    return errors
+
+
+def _device_class(cls: DeviceClass) -> list[FieldError]:
+    errors = [] if is_dns_subdomain(cls.metadata.name) else [FieldError("metadata.name", "must be a DNS subdomain")]
+    errors += _selectors(cls.spec.selectors, "spec.selectors")
+    if len(cls.spec.config) > CONFIG_MAX:
+        errors.append(FieldError("spec.config", f"must have at most {CONFIG_MAX} entries"))
+    for i, config in enumerate(cls.spec.config):
+        if config.opaque is not None and not is_dns_subdomain(config.opaque.driver):
+            errors.append(FieldError(f"spec.config[{i}].opaque.driver", "must be a DNS subdomain"))
+    return errors
+
+
+def _tolerations(tolerations: list[DeviceToleration], path: str) -> list[FieldError]:
+    errors = []
+    if len(tolerations) > TOLERATIONS_MAX:
+        errors.append(FieldError(path, f"must have at most {TOLERATIONS_MAX} tolerations"))
+    for i, toleration in enumerate(tolerations):
+        if toleration.operator == "Exists" and toleration.value:
+            errors.append(FieldError(f"{path}[{i}].value", "must be empty when operator is Exists"))
+    return errors
+
+
+def _request_body(
+    device_class_name: str,
+    selectors: list[DeviceSelector],
+    mode: str | None,
+    count: int | None,
+    tolerations: list[DeviceToleration],
+    path: str,
+) -> list[FieldError]:
+    errors = []
+    if not device_class_name:
+        errors.append(FieldError(f"{path}.deviceClassName", "required"))
+    elif not is_dns_subdomain(device_class_name):
+        errors.append(FieldError(f"{path}.deviceClassName", "must be a DNS subdomain"))
+    errors += _selectors(selectors, f"{path}.selectors")
+    if mode in (None, "ExactCount"):
+        if count is not None and count <= 0:
+            errors.append(FieldError(f"{path}.count", f"must be greater than zero, got {count}"))
+    elif count is not None:
+        errors.append(FieldError(f"{path}.count", "must not be set when allocationMode is All"))
+    errors += _tolerations(tolerations, f"{path}.tolerations")
+    return errors
+
+
+def _claim_spec(spec: ResourceClaimSpec, path: str) -> list[FieldError]:
+    devices, path = spec.devices, f"{path}.devices"
+    errors: list[FieldError] = []
+    if len(devices.requests) > REQUESTS_MAX:
+        errors.append(FieldError(f"{path}.requests", f"must have at most {REQUESTS_MAX} requests, has {len(devices.requests)}"))
+    names: set[str] = set()
+    subrequest_names: set[str] = set()
+    for i, request in enumerate(devices.requests):
+        rpath = f"{path}.requests[{i}]"
+        if not is_dns_label(request.name):
+            errors.append(FieldError(f"{rpath}.name", f"{request.name!r} must be a DNS label"))
+        if request.name in names:
+            errors.append(FieldError(f"{rpath}.name", f"duplicate request name {request.name!r}"))
+        names.add(request.name)
+        if (request.exactly is None) == (not request.first_available):
+            errors.append(FieldError(rpath, "exactly one of exactly and firstAvailable must be set"))
+        if request.exactly is not None:
+            e = request.exactly
+            errors += _request_body(e.device_class_name, e.selectors, e.allocation_mode, e.count, e.tolerations, f"{rpath}.exactly")
+        if len(request.first_available) > SUBREQUESTS_MAX:
+            errors.append(FieldError(f"{rpath}.firstAvailable", f"must have at most {SUBREQUESTS_MAX} subrequests"))
+        seen_sub: set[str] = set()
+        for j, sub in enumerate(request.first_available):
+            spath = f"{rpath}.firstAvailable[{j}]"
+            if not is_dns_label(sub.name):
+                errors.append(FieldError(f"{spath}.name", f"{sub.name!r} must be a DNS label"))
+            if sub.name in seen_sub:
+                errors.append(FieldError(f"{spath}.name", f"duplicate subrequest name {sub.name!r}"))
+            seen_sub.add(sub.name)
+            subrequest_names.add(f"{request.name}/{sub.name}")
+            errors += _request_body(sub.device_class_name, sub.selectors, sub.allocation_mode, sub.count, sub.tolerations, spath)
+    referable = names | subrequest_names
+    if len(devices.constraints) > CONSTRAINTS_MAX:
+        errors.append(FieldError(f"{path}.constraints", f"must have at most {CONSTRAINTS_MAX} constraints"))
+    for i, constraint in enumerate(devices.constraints):
+        cpath = f"{path}.constraints[{i}]"
+        errors += _references(constraint.requests, referable, f"{cpath}.requests")
+        attributes = [a for a in (constraint.match_attribute, constraint.distinct_attribute) if a is not None]
+        if len(attributes) != 1:
+            errors.append(FieldError(cpath, "exactly one of matchAttribute and distinctAttribute must be set"))
+        for attribute in attributes:
+            problem = fully_qualified_name_error(attribute)
+            if problem:
+                field = "matchAttribute" if attribute == constraint.match_attribute else "distinctAttribute"
+                errors.append(FieldError(f"{cpath}.{field}", problem))
+    if len(devices.config) > CONFIG_MAX:
+        errors.append(FieldError(f"{path}.config", f"must have at most {CONFIG_MAX} entries"))
+    for i, config in enumerate(devices.config):
+        errors += _references(config.requests, referable, f"{path}.config[{i}].requests")
+    return errors
+
+
+def _references(requests: list[str], known: set[str], path: str) -> list[FieldError]:
+    return [FieldError(f"{path}[{i}]", f"{name!r} is not the name of a request in this claim") for i, name in enumerate(requests) if name not in known]
+
+
+def _slice(slice_: ResourceSlice) -> list[FieldError]:
+    spec = slice_.spec
+    errors = []
+    if not is_dns_subdomain(spec.driver):
+        errors.append(FieldError("spec.driver", f"{spec.driver!r} must be a DNS subdomain (e.g. gpu.nvidia.com)"))
+    scopes = [spec.node_name is not None, spec.node_selector is not None, bool(spec.all_nodes), bool(spec.per_device_node_selection)]
+    if sum(scopes) > 1 or (sum(scopes) == 0 and not spec.shared_counters):
+        errors.append(FieldError("spec", "exactly one of nodeName, nodeSelector, allNodes and perDeviceNodeSelection must be set"))
+    if spec.shared_counters and len(spec.shared_counters) > SHARED_COUNTERS_MAX:
+        errors.append(FieldError("spec.sharedCounters", f"must have at most {SHARED_COUNTERS_MAX} counter sets"))
+    for i, counter_set in enumerate(spec.shared_counters):
+        if len(counter_set.counters) > COUNTERS_PER_SET_MAX:
+            errors.append(FieldError(f"spec.sharedCounters[{i}].counters", f"must have at most {COUNTERS_PER_SET_MAX} counters"))
+    limited = any(d.consumes_counters or d.taints for d in spec.devices)
+    limit = SLICE_DEVICES_WITH_COUNTERS_MAX if limited else SLICE_DEVICES_MAX
+    if len(spec.devices) > limit:
+        why = " with counters or taints" if limited else ""
+        errors.append(FieldError("spec.devices", f"must have at most {limit} devices{why}, has {len(spec.devices)}"))
+    names: set[str] = set()
+    for i, device in enumerate(spec.devices):
+        dpath = f"spec.devices[{i}]"
+        if not is_dns_label(device.name):
+            errors.append(FieldError(f"{dpath}.name", f"{device.name!r} must be a DNS label"))
+        if device.name in names:
+            errors.append(FieldError(f"{dpath}.name", f"duplicate device name {device.name!r}"))
+        names.add(device.name)
+        if len(device.attributes) + len(device.capacity) > ATTRIBUTES_AND_CAPACITY_MAX:
+            errors.append(FieldError(dpath, f"at most {ATTRIBUTES_AND_CAPACITY_MAX} attributes and capacities together"))
+        for key, attribute in device.attributes.items():
+            problem = qualified_name_error(key)
+            if problem:
+                errors.append(FieldError(f"{dpath}.attributes[{key}]", problem))
+            set_fields = [v for v in (attribute.int, attribute.bool, attribute.string, attribute.version) if v is not None]
+            if len(set_fields) != 1:
+                errors.append(FieldError(f"{dpath}.attributes[{key}]", "exactly one of int, bool, string and version must be set"))
+        for key in device.capacity:
+            problem = qualified_name_error(key)
+            if problem:
+                errors.append(FieldError(f"{dpath}.capacity[{key}]", problem))
+    return errors
