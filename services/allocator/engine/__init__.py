@@ -1,0 +1,1 @@
+"""The allocation engine: pure (no I/O, no asyncio)."""

@@ -1,0 +1,354 @@
+"""CEL device selectors: the Kubernetes DRA environment (resource.k8s.io/v1).
+
+``compile_selector(expression)`` parses, type-checks and cost-checks an
+expression once (cached), then generates source for the fast evaluator
+(``cel``, a Rust core, ~1 µs per evaluation). What that evaluator lacks is
+closed here, once per expression, never per claim:
+
+- Kubernetes types (Quantity, Semver) are encoded as one-entry maps
+  (``cel_runtime``), their methods are registered functions, and literal
+  ``quantity("40Gi")``/``semver("1.2.3")`` are folded at compile time;
+  comparisons of two statically typed quantities become native string
+  comparisons of an order-preserving key.
+- ``cel.bind(x, init, body)`` becomes ``[init].map(x, body)[0]``.
+- ``device.attributes[d]`` for an unknown domain ``d`` is an empty map:
+  the lookup is guarded (``d in m ? m[d] : {}``), and ``has()`` on the outer
+  map is true, as Kubernetes' map with a default answers.
+- ``size()`` of a string counts code points (the Rust core counts bytes).
+- Errors: whenever the fast path reports one, the reference interpreter
+  (``cel_eval``) re-evaluates with cel-go's semantics (``&&``/``||``/``exists``
+  absorb errors that the other operands decide), so the verdict, error or not,
+  is Kubernetes'. The error path is rare and costs ~50-100 µs.
+
+Limits are Kubernetes': at most 10Ki characters (CELSelectorExpressionMaxLength)
+and an estimated cost of at most 1,000,000 (CELSelectorExpressionMaxCost);
+an expression over either is refused at compile time, so nothing can run away.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import cel as _fast
+
+from . import cel_runtime as rt
+from .cel_check import ATTRIBUTES_TYPE, CAPACITY_TYPE, Checker, CheckError, Info, type_str
+from .cel_eval import DefaultMap, EvalError, Interpreter
+from .cel_syntax import (
+    Bind, Binary, Call, CelSyntaxError, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select,
+    Unary, parse, unparse,
+)
+from .quantity import parse_quantity
+from .semver import parse_semver
+
+if TYPE_CHECKING:
+    from dralloc.schemas.resource import Device
+
+MAX_EXPRESSION_LENGTH = 10 * 1024  # resource.k8s.io CELSelectorExpressionMaxLength
+MAX_COST = 1_000_000  # resource.k8s.io CELSelectorExpressionMaxCost
+_CACHE_SIZE = 4096
+
+
+class CelError(Exception):
+    """A problem with a CEL selector; ``str(e)`` is a message a person can act on."""
+
+
+class CelCompileError(CelError):
+    """Syntax or type error, or the expression is over the length or cost limit."""
+
+
+class CelRuntimeError(CelError):
+    """The expression failed on a device (missing key, non-bool result, overflow, ...)."""
+
+
+# --- device environment ------------------------------------------------------------------
+
+
+class DeviceEnv:
+    """One device as selectors see it. Built once per device (per slice generation)."""
+
+    __slots__ = ("driver", "name", "value", "ctx", "error")
+
+    def __init__(self, driver: str, name: str, value: dict[str, Any], error: str | None):
+        self.driver = driver
+        self.name = name
+        self.value = value  # for the reference interpreter (outer maps are DefaultMaps)
+        self.error = error  # Kubernetes fails every selector on a device it cannot represent
+        plain = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
+        self.ctx = _fast.Context(variables={"device": plain}, functions=_FAST_FUNCTIONS)
+
+
+def _split_name(name: str, driver: str) -> tuple[str, str]:
+    """A qualified name "domain/id"; an unqualified one belongs to the driver's domain."""
+    domain, sep, ident = name.partition("/")
+    return (domain, ident) if sep else (driver, name)
+
+
+def device_env(driver: str, device: "Device") -> DeviceEnv:
+    """The CEL view of a ResourceSlice device: driver, attributes and capacity by domain."""
+    attributes: DefaultMap = DefaultMap()
+    capacity: DefaultMap = DefaultMap()
+    error: str | None = None
+    for name, attr in device.attributes.items():
+        domain, ident = _split_name(name, driver)
+        if attr.int is not None:
+            value: Any = attr.int
+        elif attr.bool is not None:
+            value = attr.bool
+        elif attr.string is not None:
+            value = attr.string
+        elif attr.version is not None:
+            try:
+                value = rt.semver_value(parse_semver(attr.version))
+            except ValueError as e:
+                error = error or f"device {device.name}: attribute {name}: {e}"
+                continue
+        else:
+            error = error or f"device {device.name}: attribute {name} has no value (set int, bool, string or version)"
+            continue
+        attributes.setdefault(domain, {})[ident] = value
+    for name, cap in device.capacity.items():
+        domain, ident = _split_name(name, driver)
+        try:
+            capacity.setdefault(domain, {})[ident] = rt.quantity_value(parse_quantity(cap.value))
+        except ValueError as e:
+            error = error or f"device {device.name}: capacity {name}: {e}"
+    value = {
+        "driver": driver,
+        "attributes": attributes,
+        "capacity": capacity,
+        "allowMultipleAllocations": bool(device.allow_multiple_allocations),
+    }
+    return DeviceEnv(driver, device.name, value, error)
+
+
+# --- compiled selectors ------------------------------------------------------------------
+
+
+class Selector:
+    """A compiled selector. ``matches`` is safe to call from several threads."""
+
+    __slots__ = ("expression", "ast", "cost", "fast_source", "_program")
+
+    def __init__(self, expression: str, ast: Node, cost: int, fast_source: str | None):
+        self.expression = expression
+        self.ast = ast
+        self.cost = cost  # estimated worst-case cost, <= MAX_COST
+        self.fast_source = fast_source
+        self._program = _fast.compile(fast_source) if fast_source is not None else None
+
+    def matches(self, device: DeviceEnv) -> bool:
+        """Does the device satisfy the selector? Raises CelRuntimeError."""
+        if device.error is not None:
+            raise CelRuntimeError(device.error)
+        if self._program is not None:
+            try:
+                result = self._program.execute(device.ctx)
+            except Exception:  # noqa: BLE001 - any fast-path error is re-decided below
+                pass
+            else:
+                if result is True or result is False:
+                    return result
+        return self.evaluate(device)
+
+    def evaluate(self, device: DeviceEnv) -> bool:
+        """The reference interpreter alone (cel-go semantics); what ``matches`` falls back to."""
+        if device.error is not None:
+            raise CelRuntimeError(device.error)
+        try:
+            result = Interpreter().run(self.ast, device.value)
+        except EvalError as e:
+            raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name})") from None
+        except RecursionError:
+            raise CelRuntimeError(f"{self.expression}: evaluation nested too deeply") from None
+        if result is True or result is False:
+            return result
+        raise CelRuntimeError(
+            f"{self.expression}: must evaluate to bool, got {rt.type_name(result)} "
+            f"(device {device.driver}/{device.name})")
+
+    def __repr__(self) -> str:
+        return f"Selector({self.expression!r})"
+
+
+_cache: OrderedDict[str, Selector | CelCompileError] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def compile_selector(expression: str) -> Selector:
+    """Compile (once; cached per expression string). Raises CelCompileError."""
+    with _cache_lock:
+        hit = _cache.get(expression)
+        if hit is not None:
+            _cache.move_to_end(expression)
+    if hit is None:
+        try:
+            hit = _compile(expression)
+        except CelCompileError as e:
+            hit = e
+        with _cache_lock:
+            _cache[expression] = hit
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(hit, CelCompileError):
+        raise hit
+    return hit
+
+
+def _compile(expression: str) -> Selector:
+    if not isinstance(expression, str):
+        raise CelCompileError(f"a CEL expression must be a string, not {type(expression).__name__}")
+    if len(expression) > MAX_EXPRESSION_LENGTH:
+        raise CelCompileError(
+            f"expression is {len(expression)} characters long, over the limit of {MAX_EXPRESSION_LENGTH}")
+    if not expression.strip():
+        raise CelCompileError("expression is empty")
+    ast, checker, info = check_expression(expression)
+    if info.type not in ("bool", "dyn"):
+        raise CelCompileError(f"{expression}: must evaluate to bool or the unknown type, not {type_str(info.type)}")
+    if info.cost > MAX_COST:
+        raise CelCompileError(
+            f"{expression}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
+            "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)")
+    source = _Emitter(checker.types).emit(ast)
+    try:
+        return Selector(expression, ast, info.cost, source)
+    except Exception:  # noqa: BLE001 - the fast core rejected the rewrite: the interpreter still runs it
+        return Selector(expression, ast, info.cost, None)
+
+
+def check_expression(expression: str) -> tuple[Node, Checker, Info]:
+    """Parse and check; raises CelCompileError naming the problem and where it is."""
+    try:
+        ast = parse(expression)
+    except CelSyntaxError as e:
+        raise CelCompileError(f"{expression}: syntax error at column {e.pos + 1}: {e}") from None
+    except RecursionError:
+        raise CelCompileError(f"{expression}: expression nested too deeply") from None
+    checker = Checker()
+    try:
+        info = checker.check(ast, {})
+    except CheckError as e:
+        raise CelCompileError(f"{expression}: {e}") from None
+    except RecursionError:
+        raise CelCompileError(f"{expression}: expression nested too deeply") from None
+    return ast, checker, info
+
+
+# --- code generation for the fast evaluator ------------------------------------------------
+
+
+def _q_literal(nano: int) -> str:
+    return '{"%s": "%s"}' % (rt.Q_KEY, rt.quantity_key(nano))
+
+
+class _Emitter:
+    """AST -> source for the fast evaluator, with the rewrites described above."""
+
+    def __init__(self, types: dict[int, Any]):
+        self.types = types
+
+    def t(self, node: Node) -> Any:
+        return self.types.get(id(node))
+
+    def emit(self, node: Node) -> str:
+        e = self.emit
+        match node:
+            case Lit() | Ident():
+                return unparse(node)
+            case Select(operand, field) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
+                m = e(operand)
+                return f'("{field}" in {m} ? {m}.{field} : {{}})'
+            case Select(operand, field):
+                return f"{e(operand)}.{field}"
+            case Has(operand, field) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
+                return "true"
+            case Has(operand, field):
+                return f"has({e(operand)}.{field})"
+            case Index(operand, index) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
+                m, k = e(operand), e(index)
+                return f"({k} in {m} ? {m}[{k}] : {{}})"
+            case Index(operand, index):
+                return f"{e(operand)}[{e(index)}]"
+            case Call():
+                return self.call(node)
+            case Unary(op, operand):
+                return f"{op}({e(operand)})"
+            case Binary(op, Call("compareTo", (other,), target), Lit(0, "int")) if (
+                    op in ("==", "!=", "<", "<=", ">", ">=") and self._quantities(target, other)):
+                return f"({self._key(target)} {op} {self._key(other)})"
+            case Binary(op, left, right):
+                return f"({e(left)} {op} {e(right)})"
+            case Cond(c, t, o):
+                return f"({e(c)} ? {e(t)} : {e(o)})"
+            case ListLit(items):
+                return "[" + ", ".join(e(i) for i in items) + "]"
+            case MapLit(entries):
+                return "{" + ", ".join(f"{e(k)}: {e(v)}" for k, v in entries) + "}"
+            case Comp(kind, rng, var, pred, transform):
+                extra = f", {e(transform)}" if transform is not None else ""
+                return f"{e(rng)}.{kind}({var}, {e(pred)}{extra})"
+            case Bind(var, init, body):
+                return f"[{e(init)}].map({var}, {e(body)})[0]"
+        raise TypeError(f"cannot emit {node!r}")
+
+    def _quantities(self, a: Node, b: Node) -> bool:
+        return self.t(a) == "Quantity" and self.t(b) == "Quantity"
+
+    def _key(self, node: Node) -> str:
+        if isinstance(node, Call) and node.name == "quantity" and node.target is None:
+            folded = self._fold_quantity(node)
+            if folded is not None:
+                return f'"{rt.quantity_key(folded)}"'
+        return f'{self.emit(node)}["{rt.Q_KEY}"]'
+
+    @staticmethod
+    def _fold_quantity(node: Call) -> int | None:
+        if len(node.args) == 1 and isinstance(node.args[0], Lit) and node.args[0].kind == "string":
+            try:
+                return parse_quantity(node.args[0].value)
+            except ValueError:
+                return None  # stays a call: Kubernetes reports it at runtime, so do we
+        return None
+
+    def call(self, node: Call) -> str:
+        name, args, target = node.name, node.args, node.target
+        e = self.emit
+        if target is None and name == "quantity":
+            folded = self._fold_quantity(node)
+            if folded is not None:
+                return _q_literal(folded)
+        if target is None and name == "semver" and all(isinstance(a, Lit) for a in args) and args:
+            try:
+                normalize = len(args) == 2 and args[1].value is True
+                v = rt.semver_value(parse_semver(args[0].value, normalize)) if args[0].kind == "string" else None
+            except ValueError:
+                v = None
+            if v is not None and (len(args) == 1 or args[1].kind == "bool"):
+                return '{"%s": "%s"}' % (rt.V_KEY, v[rt.V_KEY])
+        if name in ("isGreaterThan", "isLessThan") and target is not None and len(args) == 1 and (
+                self._quantities(target, args[0])):
+            op = ">" if name == "isGreaterThan" else "<"
+            return f"({self._key(target)} {op} {self._key(args[0])})"
+        if name == "size":
+            subject = target if target is not None else (args[0] if args else None)
+            if subject is not None and self.t(subject) in ("string", "dyn"):
+                return f"{_SIZE}({e(subject)})"
+        inner = ", ".join(e(a) for a in args)
+        return f"{e(target)}.{name}({inner})" if target is not None else f"{name}({inner})"
+
+
+_SIZE = "dralloc_size"  # code-point size; the Rust core's size() counts UTF-8 bytes
+
+
+def _size(x: Any) -> int:
+    if isinstance(x, (str, list, bytes)) or (isinstance(x, dict) and not rt.is_quantity_value(x)
+                                             and not rt.is_semver_value(x)):
+        return len(x)
+    raise rt.LibraryError(f"no such overload: size({rt.type_name(x)})")
+
+
+_FAST_FUNCTIONS = {**rt.FUNCTIONS, _SIZE: _size}

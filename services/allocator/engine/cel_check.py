@@ -1,0 +1,404 @@
+"""Static checks of a selector against the Kubernetes DRA CEL environment.
+
+One pass over the AST computes, per node, its CEL type (the checker of
+cel-go, as Kubernetes configures it for device selectors) and an upper bound
+of its evaluation cost and size (in the spirit of ``cel.EstimateCost`` with
+Kubernetes' size limits for devices: 32 domains and 32 names per map,
+attribute strings of at most 64 characters). An expression whose bound
+exceeds the limit is refused before it is ever run, which is what keeps a
+hostile selector from hanging the allocator.
+
+Types: "bool" "int" "uint" "double" "string" "bytes" "null_type" "dyn"
+"type" "Quantity" "Semver" "device", ("list", T), ("map", K, V).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
+
+Type = Union[str, tuple]
+
+MAX_ELEMENTS = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
+ATTRIBUTE_MAX_LENGTH = 64  # DeviceAttributeMaxValueLength
+DOMAIN_MAX_LENGTH = 63
+DRIVER_MAX_LENGTH = 63
+UNBOUNDED = 10**12  # size of something without a known bound (never reached by devices)
+
+ATTRIBUTES_TYPE: Type = ("map", "string", ("map", "string", "dyn"))
+CAPACITY_TYPE: Type = ("map", "string", ("map", "string", "Quantity"))
+DEVICE_FIELDS: dict[str, tuple[Type, int]] = {
+    "driver": ("string", DRIVER_MAX_LENGTH),
+    "attributes": (ATTRIBUTES_TYPE, MAX_ELEMENTS),
+    "capacity": (CAPACITY_TYPE, MAX_ELEMENTS),
+    "allowMultipleAllocations": ("bool", 1),
+}
+
+
+class CheckError(Exception):
+    """A type error; the message names the problem like cel-go's checker does."""
+
+
+def type_str(t: Type) -> str:
+    if isinstance(t, tuple):
+        if t[0] == "list":
+            return f"list({type_str(t[1])})"
+        return f"map({type_str(t[1])}, {type_str(t[2])})"
+    return {"Quantity": "kubernetes.Quantity", "Semver": "kubernetes.Semver", "device": "kubernetes.DRADevice"}.get(t, t)
+
+
+def assignable(a: Type, b: Type) -> bool:
+    """Could values of these static types meet at runtime (dyn matches anything)?"""
+    if a == "dyn" or b == "dyn" or a == b:
+        return True
+    if isinstance(a, tuple) and isinstance(b, tuple) and a[0] == b[0]:
+        return all(assignable(x, y) for x, y in zip(a[1:], b[1:]))
+    return False
+
+
+def join(a: Type, b: Type) -> Type:
+    return a if a == b else "dyn"
+
+
+@dataclass(frozen=True, slots=True)
+class Info:
+    type: Type
+    cost: int  # upper bound of the evaluation cost of this subtree
+    size: int  # upper bound of the value's size (string length, list/map elements)
+
+
+NUMERIC = ("int", "uint", "double")
+ORDERED = (*NUMERIC, "string", "bytes", "bool")
+
+# name -> [(receiver type or None for a global, parameter types, result)]; "A": any (type parameter)
+_STR, _INT, _BOOL = "string", "int", "bool"
+FUNCTIONS: dict[str, list[tuple[Type | None, tuple[Type, ...], Type]]] = {
+    "size": [(None, ("string",), _INT), (None, ("bytes",), _INT), (None, (("list", "A"),), _INT),
+             (None, (("map", "A", "A"),), _INT), ("string", (), _INT), ("bytes", (), _INT),
+             (("list", "A"), (), _INT), (("map", "A", "A"), (), _INT)],
+    "contains": [(_STR, (_STR,), _BOOL)],
+    "startsWith": [(_STR, (_STR,), _BOOL)],
+    "endsWith": [(_STR, (_STR,), _BOOL)],
+    "matches": [(_STR, (_STR,), _BOOL), (None, (_STR, _STR), _BOOL)],
+    "int": [(None, (t,), _INT) for t in ("int", "uint", "double", "string")],
+    "uint": [(None, (t,), "uint") for t in ("int", "uint", "double", "string")],
+    "double": [(None, (t,), "double") for t in ("int", "uint", "double", "string")],
+    "string": [(None, (t,), _STR) for t in ("int", "uint", "double", "string", "bytes", "bool")],
+    "bytes": [(None, (t,), "bytes") for t in ("string", "bytes")],
+    "bool": [(None, (t,), _BOOL) for t in ("string", "bool")],
+    "dyn": [(None, ("A",), "dyn")],
+    "type": [(None, ("A",), "type")],
+    "quantity": [(None, (_STR,), "Quantity")],
+    "isQuantity": [(None, (_STR,), _BOOL)],
+    "semver": [(None, (_STR,), "Semver"), (None, (_STR, _BOOL), "Semver")],
+    "isSemver": [(None, (_STR,), _BOOL), (None, (_STR, _BOOL), _BOOL)],
+    "isGreaterThan": [("Quantity", ("Quantity",), _BOOL), ("Semver", ("Semver",), _BOOL)],
+    "isLessThan": [("Quantity", ("Quantity",), _BOOL), ("Semver", ("Semver",), _BOOL)],
+    "compareTo": [("Quantity", ("Quantity",), _INT), ("Semver", ("Semver",), _INT)],
+    "sign": [(None, ("Quantity",), _INT)],
+    "isInteger": [("Quantity", (), _BOOL)],
+    "asInteger": [("Quantity", (), _INT)],
+    "asApproximateFloat": [("Quantity", (), "double")],
+    "add": [("Quantity", ("Quantity",), "Quantity"), ("Quantity", (_INT,), "Quantity")],
+    "sub": [("Quantity", ("Quantity",), "Quantity"), ("Quantity", (_INT,), "Quantity")],
+    "major": [("Semver", (), _INT)],
+    "minor": [("Semver", (), _INT)],
+    "patch": [("Semver", (), _INT)],
+    "charAt": [(_STR, (_INT,), _STR)],
+    "indexOf": [(_STR, (_STR,), _INT), (_STR, (_STR, _INT), _INT), (("list", "A"), ("A",), _INT)],
+    "lastIndexOf": [(_STR, (_STR,), _INT), (_STR, (_STR, _INT), _INT), (("list", "A"), ("A",), _INT)],
+    "lowerAscii": [(_STR, (), _STR)],
+    "upperAscii": [(_STR, (), _STR)],
+    "replace": [(_STR, (_STR, _STR), _STR), (_STR, (_STR, _STR, _INT), _STR)],
+    "split": [(_STR, (_STR,), ("list", _STR)), (_STR, (_STR, _INT), ("list", _STR))],
+    "substring": [(_STR, (_INT,), _STR), (_STR, (_INT, _INT), _STR)],
+    "trim": [(_STR, (), _STR)],
+    "join": [(("list", _STR), (), _STR), (("list", _STR), (_STR,), _STR)],
+    "find": [(_STR, (_STR,), _STR)],
+    "findAll": [(_STR, (_STR,), ("list", _STR)), (_STR, (_STR, _INT), ("list", _STR))],
+    "isSorted": [(("list", "A"), (), _BOOL)],
+    "sum": [(("list", "A"), (), "A")],
+    "min": [(("list", "A"), (), "A")],
+    "max": [(("list", "A"), (), "A")],
+    "sets.contains": [(None, (("list", "A"), ("list", "A")), _BOOL)],
+    "sets.equivalent": [(None, (("list", "A"), ("list", "A")), _BOOL)],
+    "sets.intersects": [(None, (("list", "A"), ("list", "A")), _BOOL)],
+}
+NAMESPACES = {"sets"}
+TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
+
+# functions whose cost grows with the size of their receiver/first argument (cel-go: 0.1 per char)
+_LINEAR = {"contains", "startsWith", "endsWith", "indexOf", "lastIndexOf", "lowerAscii", "upperAscii",
+           "replace", "split", "substring", "trim", "join", "charAt", "isSorted", "sum", "min", "max",
+           "string", "bytes", "int", "uint", "double", "bool"}
+
+
+def _bind(param: Type, arg: Type, binding: dict[str, Type]) -> bool:
+    """Match an argument type against a parameter (with type parameter "A")."""
+    if param == "A":
+        prior = binding.get("A")
+        if prior is None or prior == "dyn":
+            binding["A"] = arg
+            return True
+        if assignable(prior, arg):
+            if arg != prior:
+                binding["A"] = "dyn" if arg == "dyn" or prior != arg else prior
+            return True
+        return False
+    if arg == "dyn":
+        return True
+    if isinstance(param, tuple):
+        return isinstance(arg, tuple) and arg[0] == param[0] and all(
+            _bind(p, a, binding) for p, a in zip(param[1:], arg[1:]))
+    return param == arg
+
+
+def _subst(t: Type, binding: dict[str, Type]) -> Type:
+    if t == "A":
+        return binding.get("A", "dyn")
+    if isinstance(t, tuple):
+        return (t[0], *(_subst(x, binding) for x in t[1:]))
+    return t
+
+
+class Checker:
+    """Type and cost of every node; raises CheckError on the first problem."""
+
+    def __init__(self) -> None:
+        self.types: dict[int, Type] = {}  # id(node) -> static type, for the code generator
+
+    def check(self, node: Node, scope: dict[str, Info]) -> Info:
+        info = self._check(node, scope)
+        self.types[id(node)] = info.type
+        return info
+
+    def _check(self, node: Node, scope: dict[str, Info]) -> Info:
+        match node:
+            case Lit(value, kind):
+                size = len(value) if kind in ("string", "bytes") else 1
+                return Info("null_type" if kind == "null" else kind, 0, size)
+            case Ident(name):
+                if name in scope:
+                    var = scope[name]
+                    return Info(var.type, 1, var.size)
+                if name == "device":
+                    return Info("device", 1, 4)
+                if name in TYPE_NAMES:
+                    return Info("type", 1, 1)
+                raise CheckError(f"undeclared reference to '{name}' (the only variable is 'device')")
+            case Select(operand, field):
+                return self._select(operand, field, scope, node)
+            case Has(operand, field):
+                inner = self._select(operand, field, scope, node)
+                return Info("bool", inner.cost, 1)
+            case Index(operand, index):
+                return self._index(operand, index, scope)
+            case Call():
+                return self._call(node, scope)
+            case Unary(op, operand):
+                x = self.check(operand, scope)
+                want = ("bool",) if op == "!" else ("int", "double")
+                if x.type != "dyn" and x.type not in want:
+                    raise CheckError(f"found no matching overload for '{op}_' applied to '({type_str(x.type)})'")
+                return Info(x.type if x.type != "dyn" else ("bool" if op == "!" else "dyn"), x.cost + 1, 1)
+            case Binary(op, left, right):
+                return self._binary(op, self.check(left, scope), self.check(right, scope))
+            case Cond(c, t, o):
+                ci, ti, oi = self.check(c, scope), self.check(t, scope), self.check(o, scope)
+                if ci.type not in ("bool", "dyn"):
+                    raise CheckError(f"the condition of '_?_:_' must be bool, not {type_str(ci.type)}")
+                if not assignable(ti.type, oi.type):
+                    raise CheckError(
+                        f"found no matching overload for '_?_:_' applied to "
+                        f"'(bool, {type_str(ti.type)}, {type_str(oi.type)})'")
+                return Info(join(ti.type, oi.type), ci.cost + max(ti.cost, oi.cost), max(ti.size, oi.size))
+            case ListLit(items):
+                infos = [self.check(i, scope) for i in items]
+                elem: Type | None = None
+                for i in infos:
+                    elem = i.type if elem is None else join(elem, i.type)
+                return Info(("list", elem or "dyn"), 10 + sum(i.cost for i in infos), len(items))
+            case MapLit(entries):
+                cost, key, val = 30, None, None
+                for k, v in entries:
+                    ki, vi = self.check(k, scope), self.check(v, scope)
+                    if ki.type not in ("string", "int", "uint", "bool", "dyn"):
+                        raise CheckError(f"unsupported map key type: {type_str(ki.type)}")
+                    key = ki.type if key is None else join(key, ki.type)
+                    val = vi.type if val is None else join(val, vi.type)
+                    cost += ki.cost + vi.cost
+                return Info(("map", key or "dyn", val or "dyn"), cost, len(entries))
+            case Comp():
+                return self._comprehension(node, scope)
+            case Bind(var, init, body):
+                ii = self.check(init, scope)
+                bi = self.check(body, {**scope, var: ii})
+                return Info(bi.type, ii.cost + bi.cost, bi.size)
+        raise CheckError(f"unsupported expression {node!r}")
+
+    def _select(self, operand: Node, field: str, scope: dict[str, Info], node: Node) -> Info:
+        x = self.check(operand, scope)
+        t = x.type
+        if t == "device":
+            if field not in DEVICE_FIELDS:
+                raise CheckError(
+                    f"undefined field '{field}' (device has: {', '.join(sorted(DEVICE_FIELDS))})")
+            ft, size = DEVICE_FIELDS[field]
+            return Info(ft, x.cost + 1, size)
+        if isinstance(t, tuple) and t[0] == "map":
+            if t[1] not in ("string", "dyn"):
+                raise CheckError(f"type '{type_str(t)}' does not support field selection")
+            return Info(t[2], x.cost + 1, _elem_size(t[2]))
+        if t == "dyn":
+            return Info("dyn", x.cost + 1, ATTRIBUTE_MAX_LENGTH)
+        raise CheckError(f"type '{type_str(t)}' does not support field selection")
+
+    def _index(self, operand: Node, index: Node, scope: dict[str, Info]) -> Info:
+        x, i = self.check(operand, scope), self.check(index, scope)
+        t = x.type
+        cost = x.cost + i.cost + 1
+        if isinstance(t, tuple) and t[0] == "list":
+            if i.type not in ("int", "uint", "dyn"):
+                raise CheckError(f"found no matching overload for '_[_]' applied to '({type_str(t)}, {type_str(i.type)})'")
+            return Info(t[1], cost, _elem_size(t[1]))
+        if isinstance(t, tuple) and t[0] == "map":
+            if not assignable(t[1], i.type):
+                raise CheckError(f"found no matching overload for '_[_]' applied to '({type_str(t)}, {type_str(i.type)})'")
+            return Info(t[2], cost, _elem_size(t[2]))
+        if t == "dyn":
+            return Info("dyn", cost, ATTRIBUTE_MAX_LENGTH)
+        raise CheckError(f"found no matching overload for '_[_]' applied to '({type_str(t)}, {type_str(i.type)})'")
+
+    def _call(self, node: Call, scope: dict[str, Info]) -> Info:
+        name, target = node.name, node.target
+        if isinstance(target, Ident) and target.name in NAMESPACES and target.name not in scope:
+            name, target = f"{target.name}.{name}", None
+        overloads = FUNCTIONS.get(name)
+        if overloads is None:
+            raise CheckError(f"undeclared reference to '{name}'")
+        recv = self.check(target, scope) if target is not None else None
+        args = [self.check(a, scope) for a in node.args]
+        matched: list[Type] = []
+        for receiver, params, result in overloads:
+            if (receiver is None) != (recv is None) or len(params) != len(args):
+                continue
+            binding: dict[str, Type] = {}
+            if receiver is not None and not _bind(receiver, recv.type, binding):
+                continue
+            if all(_bind(p, a.type, binding) for p, a in zip(params, args)):
+                matched.append(_subst(result, binding))
+        if not matched:
+            shown = ", ".join(type_str(a.type) for a in ([recv] if recv else []) + args)
+            kind = "member " if recv is not None else ""
+            raise CheckError(f"found no matching overload for {kind}'{name}' applied to '({shown})'")
+        result_type = matched[0] if all(m == matched[0] for m in matched) else "dyn"
+        first = recv or (args[0] if args else None)
+        cost = 1 + (recv.cost if recv else 0) + sum(a.cost for a in args)
+        size = 1
+        if name in _LINEAR and first is not None:
+            cost += math.ceil(0.1 * first.size)
+        if name in ("matches", "find", "findAll") and first is not None:
+            pattern = args[-1] if name == "matches" and recv is None else args[0]
+            cost += math.ceil(0.1 * first.size) * max(1, math.ceil(0.25 * pattern.size))
+        if name.startswith("sets.") and len(args) == 2:
+            cost += args[0].size * args[1].size
+        if name in ("split", "findAll", "replace", "lowerAscii", "upperAscii", "trim", "substring", "join"):
+            size = first.size if first is not None else 1
+            if name == "replace" and len(args) >= 2:
+                size = first.size * max(1, args[1].size)
+        if name in ("indexOf", "lastIndexOf") and isinstance(first.type, tuple):
+            cost += first.size
+        return Info(result_type, cost, size)
+
+    def _binary(self, op: str, l: Info, r: Info) -> Info:
+        lt, rt = l.type, r.type
+        cost = l.cost + r.cost + 1
+
+        def fail() -> CheckError:
+            return CheckError(f"found no matching overload for '_{op}_' applied to '({type_str(lt)}, {type_str(rt)})'")
+
+        if op in ("&&", "||"):
+            for t in (lt, rt):
+                if t not in ("bool", "dyn"):
+                    raise fail()
+            return Info("bool", l.cost + r.cost, 1)
+        if op in ("==", "!="):
+            if not assignable(lt, rt):
+                raise fail()
+            if lt in ("string", "bytes") or isinstance(lt, tuple):
+                cost += math.ceil(0.1 * min(l.size, r.size))
+            return Info("bool", cost, 1)
+        if op in ("<", "<=", ">", ">="):
+            ok = ((lt == "dyn" and rt in ("dyn", *ORDERED)) or (rt == "dyn" and lt in ORDERED)
+                  or (lt in NUMERIC and rt in NUMERIC)
+                  or (lt == rt and lt in ORDERED))
+            if not ok:
+                raise fail()
+            return Info("bool", cost, 1)
+        if op == "in":
+            if rt == "dyn":
+                return Info("bool", cost, 1)
+            if isinstance(rt, tuple) and assignable(lt, rt[1]):
+                return Info("bool", cost + (r.size if rt[0] == "list" else 0), 1)
+            raise fail()
+        if op == "+":
+            addable = ("dyn", *NUMERIC, "string", "bytes")
+            if (lt == "dyn" and (rt in addable or _is_list(rt))) or (rt == "dyn" and (lt in addable or _is_list(lt))):
+                return Info("dyn", cost, l.size + r.size)
+            if lt == rt and lt in (*NUMERIC, "string", "bytes"):
+                return Info(lt, cost + (math.ceil(0.1 * (l.size + r.size)) if lt in ("string", "bytes") else 0),
+                            l.size + r.size if lt in ("string", "bytes") else 1)
+            if isinstance(lt, tuple) and isinstance(rt, tuple) and lt[0] == rt[0] == "list":
+                return Info(("list", join(lt[1], rt[1])), cost + l.size + r.size, l.size + r.size)
+            raise fail()
+        if op in ("-", "*", "/", "%"):
+            allowed = ("int", "uint") if op == "%" else NUMERIC
+            if lt in ("dyn", *allowed) and rt in ("dyn", *allowed) and (lt == rt or "dyn" in (lt, rt)):
+                return Info(lt if lt != "dyn" else rt, cost, 1)
+            raise fail()
+        raise fail()
+
+    def _comprehension(self, node: Comp, scope: dict[str, Info]) -> Info:
+        r = self.check(node.range, scope)
+        t = r.type
+        if isinstance(t, tuple):
+            var_type = t[1]
+        elif t == "dyn":
+            var_type = "dyn"
+        else:
+            raise CheckError(
+                f"expression of type '{type_str(t)}' cannot be the range of a comprehension "
+                "(must be a list, a map, or dynamic)")
+        inner = {**scope, node.var: Info(var_type, 1, _elem_size(var_type) if t != "dyn" else ATTRIBUTE_MAX_LENGTH)}
+        p = self.check(node.pred, inner)
+        n = r.size
+        step = p.cost + 1
+        if node.kind == "map" and node.transform is None:
+            result: Type = ("list", p.type)
+        else:
+            if p.type not in ("bool", "dyn"):
+                what = "filter" if node.kind == "map" else node.kind
+                raise CheckError(f"the predicate of {what}() must be bool, not {type_str(p.type)}")
+            result = "bool"
+            if node.kind == "filter":
+                result = ("list", var_type)
+            if node.transform is not None:
+                ti = self.check(node.transform, inner)
+                step += ti.cost
+                result = ("list", ti.type)
+        return Info(result, r.cost + n * step, n if isinstance(result, tuple) else 1)
+
+
+def _is_list(t: Type) -> bool:
+    return isinstance(t, tuple) and t[0] == "list"
+
+
+def _elem_size(t: Type) -> int:
+    if isinstance(t, tuple):
+        return MAX_ELEMENTS
+    if t in ("string", "bytes", "dyn"):
+        return ATTRIBUTE_MAX_LENGTH
+    return 1

@@ -1,0 +1,393 @@
+"""Reference interpreter: evaluates a checked AST with cel-go's runtime semantics.
+
+The fast evaluator stops at the first error it meets; cel-go does not: ``&&``
+and ``||`` absorb an error when the other side decides the result, and so do
+``all``/``exists`` across iterations (``[a, b].exists(x, ...)`` is true if any
+element is true, even if another one errs). dralloc runs this interpreter
+whenever the fast path reports an error, so the verdict is always cel-go's,
+while the common (error-free) case stays fast. It is also the evaluator for
+the few expressions the fast path cannot express.
+
+Errors are ``EvalError`` exceptions; ``_absorb`` turns them into values where
+cel-go treats errors as values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import cel_runtime as rt
+from .cel_runtime import LibraryError, UInt, cel_equal, is_quantity_value, is_semver_value, type_name
+from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
+
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+UINT_MAX = 2**64 - 1
+TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
+
+
+class EvalError(Exception):
+    """A CEL runtime error (a value in cel-go; an exception here)."""
+
+
+class DefaultMap(dict):
+    """device.attributes / device.capacity: an unknown domain reads as an empty map."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: Any) -> dict:
+        return {}
+
+
+class CelType(str):
+    """A CEL type value, as returned by type(x)."""
+
+    __slots__ = ()
+
+
+def _no_overload(op: str, *args: Any) -> EvalError:
+    return EvalError(f"no such overload: {op} applied to ({', '.join(type_name(a) for a in args)})")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_int(v: int, uint: bool) -> int:
+    if uint:
+        if not 0 <= v <= UINT_MAX:
+            raise EvalError("unsigned integer overflow")
+        return UInt(v)
+    if not INT_MIN <= v <= INT_MAX:
+        raise EvalError("integer overflow")
+    return v
+
+
+def _numeric_kind(x: Any) -> str | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, UInt):
+        return "uint"
+    if isinstance(x, int):
+        return "int"
+    if isinstance(x, float):
+        return "double"
+    return None
+
+
+def equal(a: Any, b: Any) -> bool:
+    """cel-go ``==``: null equals only null; a Quantity or Semver on the left rejects
+    other types (their Equal has no such overload), anything else compares unequal."""
+    if a is None or b is None:
+        return a is None and b is None
+    if (is_quantity_value(a) and not is_quantity_value(b)) or (is_semver_value(a) and not is_semver_value(b)):
+        raise _no_overload("_==_", a, b)
+    return cel_equal(a, b)
+
+
+def _compare(op: str, a: Any, b: Any) -> bool:
+    ka, kb = _numeric_kind(a), _numeric_kind(b)
+    ok = (ka and kb) or (type(a) is type(b) and isinstance(a, (str, bytes, bool)))
+    if not ok:
+        raise _no_overload(f"_{op}_", a, b)
+    if isinstance(a, float) and math.isnan(a) or isinstance(b, float) and math.isnan(b):
+        return False
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+def _arith(op: str, a: Any, b: Any) -> Any:
+    ka, kb = _numeric_kind(a), _numeric_kind(b)
+    if op == "+" and not ka:
+        if type(a) is type(b) and isinstance(a, (str, bytes, list)):
+            return a + b
+        raise _no_overload("_+_", a, b)
+    if not ka or ka != kb:
+        raise _no_overload(f"_{op}_", a, b)
+    if ka == "double":
+        if op == "%":
+            raise _no_overload("_%_", a, b)
+        if op == "/":
+            if b == 0:
+                return math.copysign(math.inf, a) * math.copysign(1, b) if a != 0 and not math.isnan(a) else math.nan
+            return a / b
+        return {"+": a + b, "-": a - b, "*": a * b}[op]
+    if op in ("/", "%"):
+        if b == 0:
+            raise EvalError("division by zero" if op == "/" else "modulus by zero")
+        q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)  # Go truncates toward zero
+        v = q if op == "/" else a - b * q
+    else:
+        v = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return _check_int(v, ka == "uint")
+
+
+def _convert(name: str, x: Any) -> Any:
+    try:
+        if name == "int":
+            if isinstance(x, str):
+                return _check_int(int(x, 10), False)
+            if isinstance(x, float):
+                if math.isnan(x) or math.isinf(x) or not INT_MIN <= x < 2.0**63:
+                    raise EvalError("integer overflow")
+                return int(x)
+            if _is_int(x):
+                return _check_int(int(x), False)
+        elif name == "uint":
+            if isinstance(x, str):
+                return _check_int(int(x, 10), True)
+            if isinstance(x, float):
+                if math.isnan(x) or not 0 <= x < 2.0**64:
+                    raise EvalError("unsigned integer overflow")
+                return UInt(int(x))
+            if _is_int(x):
+                return _check_int(int(x), True)
+        elif name == "double":
+            if isinstance(x, str):
+                return float(x)
+            if _is_int(x) or isinstance(x, float):
+                return float(x)
+        elif name == "string":
+            if isinstance(x, bool):
+                return "true" if x else "false"
+            if isinstance(x, (str, int)):
+                return str(int(x)) if _is_int(x) else x
+            if isinstance(x, float):
+                return repr(x)
+            if isinstance(x, bytes):
+                return x.decode("utf-8")
+        elif name == "bytes":
+            if isinstance(x, str):
+                return x.encode("utf-8")
+            if isinstance(x, bytes):
+                return x
+        elif name == "bool":
+            if isinstance(x, bool):
+                return x
+            if isinstance(x, str):
+                table = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
+                         "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+                if x in table:
+                    return table[x]
+                raise EvalError(f"type conversion error from 'string' to 'bool': {x!r}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise EvalError(f"type conversion error to {name}: {e}") from None
+    raise _no_overload(name, x)
+
+
+def _size(x: Any) -> int:
+    if isinstance(x, (str, bytes, list)) or (isinstance(x, dict) and not is_quantity_value(x)
+                                             and not is_semver_value(x)):
+        return len(x)
+    raise _no_overload("size", x)
+
+
+def _string_pred(name: str, s: Any, arg: Any) -> bool:
+    if not isinstance(s, str) or not isinstance(arg, str):
+        raise _no_overload(name, s, arg)
+    return {"contains": arg in s, "startsWith": s.startswith(arg), "endsWith": s.endswith(arg)}[name]
+
+
+def _type_of(x: Any) -> CelType:
+    name = type_name(x)
+    return CelType({"kubernetes.Quantity": "kubernetes.Quantity"}.get(name, name))
+
+
+def _call(name: str, args: list[Any]) -> Any:
+    if name in ("contains", "startsWith", "endsWith") and len(args) == 2:
+        return _string_pred(name, *args)
+    if name == "size" and len(args) == 1:
+        return _size(args[0])
+    if name in ("int", "uint", "double", "string", "bytes", "bool") and len(args) == 1:
+        return _convert(name, args[0])
+    if name == "dyn" and len(args) == 1:
+        return args[0]
+    if name == "type" and len(args) == 1:
+        return _type_of(args[0])
+    if name == "matches" and len(args) == 2:
+        fn = rt.matches
+    else:
+        fn = rt.FUNCTIONS.get(name)
+    if fn is None:
+        raise EvalError(f"no such function: {name}")
+    try:
+        return fn(*args)
+    except LibraryError as e:
+        raise EvalError(str(e)) from None
+    except TypeError:
+        raise _no_overload(name, *args) from None
+
+
+def _truth(v: Any) -> bool | EvalError:
+    return v if isinstance(v, (bool, EvalError)) else _no_overload("logical operator", v)
+
+
+class Interpreter:
+    """Evaluates one AST against a device value (a dict built by the environment)."""
+
+    def run(self, node: Node, device: dict) -> Any:
+        return self.ev(node, {"device": device})
+
+    def _absorb(self, node: Node, scope: dict[str, Any]) -> Any:
+        try:
+            return self.ev(node, scope)
+        except EvalError as e:
+            return e
+
+    def ev(self, node: Node, scope: dict[str, Any]) -> Any:
+        match node:
+            case Lit(value, kind):
+                return UInt(value) if kind == "uint" else value
+            case Ident(name):
+                if name in scope:
+                    return scope[name]
+                if name in TYPE_NAMES:
+                    return CelType(name)
+                raise EvalError(f"undeclared reference to '{name}'")
+            case Select(operand, field):
+                return self._field(self.ev(operand, scope), field)
+            case Has(operand, field):
+                m = self.ev(operand, scope)
+                if isinstance(m, DefaultMap):
+                    return True  # Kubernetes' map with a default finds every key
+                if isinstance(m, dict):
+                    return field in m
+                raise EvalError(f"invalid type for field selection: {type_name(m)}")
+            case Index(operand, index):
+                return self._index(self.ev(operand, scope), self.ev(index, scope))
+            case Call(name, args, target):
+                if isinstance(target, Ident) and target.name == "sets" and "sets" not in scope:
+                    return _call(f"sets.{name}", [self.ev(a, scope) for a in args])
+                values = ([self.ev(target, scope)] if target is not None else []) + [self.ev(a, scope) for a in args]
+                return _call(name, values)
+            case Unary(op, operand):
+                v = self.ev(operand, scope)
+                if op == "!":
+                    if isinstance(v, bool):
+                        return not v
+                    raise _no_overload("!_", v)
+                kind = _numeric_kind(v)
+                if kind == "int":
+                    return _check_int(-v, False)
+                if kind == "double":
+                    return -v
+                raise _no_overload("-_", v)
+            case Binary("&&" | "||" as op, left, right):
+                decisive = op == "||"  # the value that decides: true for ||, false for &&
+                lv = _truth(self._absorb(left, scope))
+                if lv is decisive:
+                    return decisive
+                rv = _truth(self._absorb(right, scope))
+                if rv is decisive:
+                    return decisive
+                for v in (lv, rv):
+                    if isinstance(v, EvalError):
+                        raise v
+                return not decisive
+            case Binary(op, left, right):
+                lv, rv = self.ev(left, scope), self.ev(right, scope)
+                if op == "==":
+                    return equal(lv, rv)
+                if op == "!=":
+                    return not equal(lv, rv)
+                if op in ("<", "<=", ">", ">="):
+                    return _compare(op, lv, rv)
+                if op == "in":
+                    if isinstance(rv, list):
+                        return any(cel_equal(lv, x) for x in rv)
+                    if isinstance(rv, dict):
+                        return any(cel_equal(lv, k) for k in rv) if not isinstance(lv, (str, bool)) else lv in rv
+                    raise _no_overload("@in", lv, rv)
+                return _arith(op, lv, rv)
+            case Cond(c, t, o):
+                cv = self.ev(c, scope)
+                if not isinstance(cv, bool):
+                    raise _no_overload("_?_:_", cv)
+                return self.ev(t if cv else o, scope)
+            case ListLit(items):
+                return [self.ev(i, scope) for i in items]
+            case MapLit(entries):
+                out: dict[Any, Any] = {}
+                for k, v in entries:
+                    key = self.ev(k, scope)
+                    if not isinstance(key, (str, int)):
+                        raise EvalError(f"unsupported key type: {type_name(key)}")
+                    if key in out:
+                        raise EvalError(f"Failed with repeated key: {key!r}")
+                    out[key] = self.ev(v, scope)
+                return out
+            case Comp():
+                return self._comprehension(node, scope)
+            case Bind(var, init, body):
+                return self.ev(body, {**scope, var: self.ev(init, scope)})
+        raise EvalError(f"unsupported expression {node!r}")
+
+    @staticmethod
+    def _field(m: Any, field: str) -> Any:
+        if isinstance(m, dict) and not is_quantity_value(m) and not is_semver_value(m):
+            try:
+                return m[field]
+            except KeyError:
+                raise EvalError(f"no such key: {field}") from None
+        raise EvalError(f"invalid type for field selection: {type_name(m)}")
+
+    @staticmethod
+    def _index(m: Any, k: Any) -> Any:
+        if isinstance(m, list):
+            kind = _numeric_kind(k)
+            if kind == "double" and k == int(k):
+                k = int(k)
+            elif kind not in ("int", "uint"):
+                raise _no_overload("_[_]", m, k)
+            if not 0 <= k < len(m):
+                raise EvalError(f"index out of range: {k}")
+            return m[k]
+        if isinstance(m, dict) and not is_quantity_value(m) and not is_semver_value(m):
+            if isinstance(k, float) and k == int(k):
+                k = int(k)
+            try:
+                return m[k]
+            except (KeyError, TypeError):
+                raise EvalError(f"no such key: {k}") from None
+        raise _no_overload("_[_]", m, k)
+
+    def _comprehension(self, node: Comp, scope: dict[str, Any]) -> Any:
+        rng = self.ev(node.range, scope)
+        if isinstance(rng, dict) and not is_quantity_value(rng) and not is_semver_value(rng):
+            items = list(rng.keys())
+        elif isinstance(rng, list):
+            items = rng
+        else:
+            raise EvalError(f"expression of type '{type_name(rng)}' cannot be the range of a comprehension")
+        kind = node.kind
+        if kind in ("all", "exists"):
+            decisive = kind == "exists"
+            error: EvalError | None = None
+            for item in items:
+                v = _truth(self._absorb(node.pred, {**scope, node.var: item}))
+                if v is decisive:
+                    return decisive
+                if isinstance(v, EvalError) and error is None:
+                    error = v
+            if error is not None:
+                raise error
+            return not decisive
+        if kind == "exists_one":
+            count = 0
+            for item in items:
+                v = self.ev(node.pred, {**scope, node.var: item})
+                if not isinstance(v, bool):
+                    raise _no_overload("exists_one", v)
+                count += v
+            return count == 1
+        out = []
+        for item in items:
+            inner = {**scope, node.var: item}
+            if kind == "filter" or node.transform is not None:
+                keep = self.ev(node.pred, inner)
+                if not isinstance(keep, bool):
+                    raise _no_overload(kind, keep)
+                if keep:
+                    out.append(item if kind == "filter" else self.ev(node.transform, inner))
+            else:
+                out.append(self.ev(node.pred, inner))
+        return out
