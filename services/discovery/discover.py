@@ -44,7 +44,8 @@ def inventory_from(*, profile: str | None, replay: str | None, node: str, mig: b
 
 def render(slices: list[ResourceSlice], output: str) -> str:
     """Slices as multi-document YAML (kubectl-appliable), a JSON v1 List, or a table for people."""
-    items = [msgspec.to_builtins(s) for s in slices]
+    # apiVersion and kind equal the Structs' defaults, which encoding omits; a manifest needs them.
+    items = [{"apiVersion": s.api_version, "kind": s.kind, **msgspec.to_builtins(s)} for s in slices]
     if output == "json":
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2, sort_keys=True)
     if output == "yaml":

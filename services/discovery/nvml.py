@@ -9,7 +9,8 @@ initialised at all is fatal (`NvmlUnavailable`).
 
 Names: a GPU is `gpu-<minor>` (the /dev/nvidia<minor> number, stable across
 restarts and reboots, unlike the NVML index, which follows enumeration
-order); without a minor number, `gpu-<pci bus id>`.
+order); without a minor number, `gpu-<pci bus id>`; without either, the
+index (`gpu-nvml-index-<i>`), the only name left.
 
 NVLink: GPUs whose P2P status over NVLink is OK (directly linked, or through
 NVSwitches) are one domain; when P2P cannot be asked, GPUs linked directly
@@ -101,7 +102,7 @@ def read_inventory(source: Source, node: str, *, mig: bool = True) -> NodeInvent
     count = ask(source.device_count) or 0
     indices: list[int] = []
     for index in range(count):
-        gpu = _read_gpu(source.device(index), node, mig)
+        gpu = _read_gpu(source.device(index), index, node, mig)
         inventory.gpus.append(gpu)
         indices.append(index)
     _nvlink_domains(source, inventory, indices)
@@ -113,13 +114,13 @@ def read_inventory(source: Source, node: str, *, mig: bool = True) -> NodeInvent
     return inventory
 
 
-def _read_gpu(dev: DeviceSource, node: str, mig: bool) -> Gpu:
+def _read_gpu(dev: DeviceSource, index: int, node: str, mig: bool) -> Gpu:
     minor = bus_id = None
     try:
         minor = ask(dev.minor)
         bus = ask(dev.pci_bus_id)
         bus_id = A.pci_bus_id(bus) if bus else None
-        gpu = Gpu(name=_gpu_name(minor, bus_id), minor=minor, pci_bus_id=bus_id)
+        gpu = Gpu(name=_gpu_name(minor, bus_id, index), minor=minor, pci_bus_id=bus_id)
         gpu.uuid = ask(dev.uuid)
         gpu.product_name = ask(dev.name)
         brand = ask(dev.brand)
@@ -141,11 +142,14 @@ def _read_gpu(dev: DeviceSource, node: str, mig: bool) -> Gpu:
         return gpu
     except GpuLost:
         # Still published, tainted: neither pretend it is fine nor drop it silently.
-        return Gpu(name=_gpu_name(minor, bus_id), minor=minor, pci_bus_id=bus_id, taints=[(A.TAINT_UNHEALTHY, "gpu-lost")])
+        return Gpu(name=_gpu_name(minor, bus_id, index), minor=minor, pci_bus_id=bus_id, taints=[(A.TAINT_UNHEALTHY, "gpu-lost")])
 
 
-def _gpu_name(minor: int | None, bus_id: str | None) -> str:
-    return f"gpu-{minor}" if minor is not None else f"gpu-{A.dns_label(bus_id or 'unknown')}"
+def _gpu_name(minor: int | None, bus_id: str | None, index: int) -> str:
+    """`gpu-<minor>`; else `gpu-<bus id>`; only as a last resort (names may then move) the NVML index."""
+    if minor is not None:
+        return f"gpu-{minor}"
+    return f"gpu-{A.dns_label(bus_id)}" if bus_id else f"gpu-nvml-index-{index}"
 
 
 def _read_sysfs(gpu: Gpu, sysfs: dict[str, str] | None, node: str) -> None:
