@@ -1,0 +1,243 @@
+"""The Kubernetes status sink: committed allocations go into `ResourceClaim.status`, where Kubernetes looks.
+
+Every write is a read of the claim's status subresource followed by a JSON
+merge patch of `status` that carries the resourceVersion just read, so the API
+server rejects it (409 Conflict) if the claim changed in between; then the
+claim is read again and the decision re-made. Decisions, per event:
+
+committed
+    no allocation yet -> write `status.allocation` (and `reservedFor` when the
+    claim names its consumer: the Pod that owns it as controller);
+    the same allocation already there -> nothing to do (a redelivered event);
+    a different allocation -> never overwritten: it came from elsewhere, it is
+    reported and left alone;
+    claim gone, or re-created under the same name (another uid) -> nothing.
+released
+    clears `allocation` and `reservedFor`, unless the allocation there is not
+    the one this writer wrote (then it is reported and kept) or the claim is
+    gone or re-created. What was written is remembered per process; after a
+    restart, a released claim's allocation is cleared unless it was seen to be
+    foreign since (release follows the claim's deletion, so this only matters
+    for a claim a finalizer still holds).
+failed
+    Kubernetes has no claim status field for "could not allocate"; the local
+    store and the bus carry it. Nothing is written.
+
+The status writer consumes ALLOCATIONS in order and one event at a time, so
+writes are ordered per claim; a per-claim lock keeps them ordered even if a
+caller runs several at once. Only `get` and `patch` on `resourceclaims/status`
+are used (infra/rbac.yaml grants exactly that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
+
+from dralloc.bus import Permanent
+from dralloc.kube import KubeSettings, api_client, body_of, describe
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import AllocationResult, ResourceClaim
+
+log = logging.getLogger("dralloc.statuswriter.kubernetes")
+
+MAX_ATTEMPTS = 8
+"""Conflicting writes retried this many times before the event is handed back to the bus for redelivery."""
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class Outcome(enum.Enum):
+    WRITTEN = "written"
+    UNCHANGED = "unchanged"
+    CLEARED = "cleared"
+    KEPT_FOREIGN = "kept-foreign"
+    """The claim has an allocation dralloc did not make: reported, never overwritten or cleared."""
+    GONE = "gone"
+    """The claim no longer exists, or is another object with the same name."""
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    claim: str
+    outcome: Outcome
+    message: str = ""
+
+
+class ConflictRetriesExhausted(Exception):
+    """The claim kept changing under every write; the bus redelivers the event later."""
+
+
+def consumer_of(claim: ResourceClaim) -> list[dict[str, str]]:
+    """`reservedFor` for a claim that names its consumer: the Pod that owns it as controller."""
+    for ref in claim.metadata.owner_references:
+        if ref.kind == "Pod" and ref.api_version == "v1" and ref.controller:
+            return [{"resource": "pods", "name": ref.name, "uid": ref.uid}]
+    return []
+
+
+def same_allocation(a: AllocationResult, b: AllocationResult) -> bool:
+    """Equal devices, config and node selector (the timestamp is when it was written, not what)."""
+    strip = {"allocationTimestamp"}
+    left = {k: v for k, v in msgspec.to_builtins(a).items() if k not in strip}
+    right = {k: v for k, v in msgspec.to_builtins(b).items() if k not in strip}
+    return left == right
+
+
+class KubernetesSink:
+    """A `StatusSink` writing `ResourceClaim.status` through the API server (see the module doc)."""
+
+    def __init__(self, config: Any = None, *, api: ApiClient | None = None,
+                 report: Callable[[Result], None] | None = None, settings: KubeSettings | None = None) -> None:
+        env = KubeSettings.from_env()
+        self.settings = settings or KubeSettings(
+            server=getattr(config, "kube_server", None) or env.server,
+            kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
+            context=env.context,
+        )
+        self._api = api
+        self._owns_api = api is None
+        self.report = report or _log_result
+        self._locks: dict[str, list[Any]] = {}
+        """claim key -> [lock, users]: writes to one claim are serialised."""
+        self._written: dict[str, dict[str, Any]] = {}
+        """claim uid -> the allocation this writer wrote (as JSON), to recognise it again on release."""
+        self._foreign: set[str] = set()
+        """uids of claims found allocated by someone else: their allocation is never cleared here."""
+
+    async def close(self) -> None:
+        if self._api is not None and self._owns_api:
+            await self._api.close()
+            self._api = None
+
+    async def _v1(self) -> ResourceV1Api:
+        if self._api is None:
+            self._api = await api_client(self.settings, "statuswriter")
+        return ResourceV1Api(self._api)
+
+    # --- the StatusSink protocol --------------------------------------------------------------
+
+    async def committed(self, event: ev.AllocationCommitted) -> None:
+        self.report(await self._locked(event.key, self._commit, event))
+
+    async def released(self, event: ev.AllocationReleased) -> None:
+        self.report(await self._locked(event.key, self._release, event))
+
+    async def failed(self, event: ev.AllocationFailed) -> None:
+        self.report(Result(event.key, Outcome.SKIPPED, f"{event.reason}: {event.message}"))
+
+    # --- decisions -----------------------------------------------------------------------------
+
+    async def _locked(self, key: str, action: Callable[[Any], Any], event: Any) -> Result:
+        entry = self._locks.setdefault(key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                return await action(event)
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:  # no one else holds or waits for it: drop it, the map stays small
+                del self._locks[key]
+
+    async def _commit(self, event: ev.AllocationCommitted) -> Result:
+        claim, want = event.claim, event.allocation
+        if want is None:
+            return Result(event.key, Outcome.SKIPPED, "the event carries no allocation")
+        namespace, name, uid = claim.metadata.namespace or "default", claim.metadata.name, claim.metadata.uid
+        want_json = msgspec.to_builtins(want)
+        reserved = consumer_of(claim)
+        for _ in range(MAX_ATTEMPTS):
+            current = await self._read(namespace, name)
+            if current is None or (uid and current.metadata.uid != uid):
+                return Result(event.key, Outcome.GONE, "the claim was deleted (or re-created) before its allocation was written")
+            status = current.status
+            have = status.allocation if status else None
+            if have is not None:
+                if not same_allocation(have, want):
+                    self._written.pop(current.metadata.uid or "", None)
+                    self._foreign.add(current.metadata.uid or "")
+                    return Result(event.key, Outcome.KEPT_FOREIGN, f"the claim is already allocated elsewhere ({_devices(have)}); "
+                                  f"dralloc's allocation ({_devices(want)}) was not written")
+                self._written[current.metadata.uid or ""] = want_json
+                missing = [r for r in reserved if r["uid"] not in {c.uid for c in status.reserved_for}]
+                if not missing:
+                    return Result(event.key, Outcome.UNCHANGED)
+                patch = {"status": {"reservedFor": msgspec.to_builtins(status.reserved_for) + missing}}
+            else:
+                patch = {"status": {"allocation": want_json, **({"reservedFor": reserved} if reserved else {})}}
+            if await self._patch(namespace, name, current, patch):
+                self._written[current.metadata.uid or ""] = want_json
+                return Result(event.key, Outcome.WRITTEN, _devices(want))
+        raise ConflictRetriesExhausted(f"{event.key}: status kept changing during {MAX_ATTEMPTS} attempts")
+
+    async def _release(self, event: ev.AllocationReleased) -> Result:
+        for _ in range(MAX_ATTEMPTS):
+            current = await self._read(event.namespace, event.name)
+            if current is None or (event.uid and current.metadata.uid != event.uid):
+                return Result(event.key, Outcome.GONE, "nothing to clear: the claim is gone")
+            have = current.status.allocation if current.status else None
+            if have is None:
+                return Result(event.key, Outcome.UNCHANGED)
+            ours = self._written.get(current.metadata.uid or "")
+            foreign = current.metadata.uid in self._foreign or (ours is not None and ours != msgspec.to_builtins(have))
+            if foreign:
+                return Result(event.key, Outcome.KEPT_FOREIGN, f"the allocation there ({_devices(have)}) is not dralloc's; kept")
+            if await self._patch(event.namespace, event.name, current, {"status": {"allocation": None, "reservedFor": None}}):
+                self._written.pop(current.metadata.uid or "", None)
+                self._foreign.discard(current.metadata.uid or "")
+                return Result(event.key, Outcome.CLEARED)
+        raise ConflictRetriesExhausted(f"{event.key}: status kept changing during {MAX_ATTEMPTS} attempts")
+
+    # --- API calls (resourceclaims/status only) ---------------------------------------------------
+
+    async def _read(self, namespace: str, name: str) -> ResourceClaim | None:
+        v1 = await self._v1()
+        try:
+            body = await body_of(v1.read_namespaced_resource_claim_status(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _classify(exc) from exc
+        return msgspec.json.decode(body, type=ResourceClaim)
+
+    async def _patch(self, namespace: str, name: str, current: ResourceClaim, patch: dict[str, Any]) -> bool:
+        """Patch `status` if the claim is still at the version read; False on a conflict (re-read and decide again)."""
+        body = {"metadata": {"resourceVersion": current.metadata.resource_version}, **patch}
+        v1 = await self._v1()
+        try:
+            await body_of(v1.patch_namespaced_resource_claim_status(name, namespace, body, _content_type=MERGE_PATCH,
+                                                                    _preload_content=False))
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                log.info("%s/%s changed while writing its status (%s); reading it again", namespace, name, describe(exc))
+                return False
+            if exc.status == 404:
+                return False  # deleted in between: the re-read says so
+            raise _classify(exc) from exc
+
+
+def _classify(exc: ApiException) -> Exception:
+    """A request the API server will refuse again (invalid, forbidden) is permanent; others are retried."""
+    if 400 <= exc.status < 500 and exc.status not in (408, 429):
+        return Permanent(f"Kubernetes refused the status write: {describe(exc)}")
+    return exc
+
+
+def _devices(allocation: AllocationResult) -> str:
+    return ", ".join(f"{r.driver}/{r.pool}/{r.device}" for r in allocation.devices.results) or "no devices"
+
+
+def _log_result(result: Result) -> None:
+    if result.outcome is Outcome.KEPT_FOREIGN:
+        log.warning("%s: %s", result.claim, result.message)
+    else:
+        log.info("%s: %s %s", result.claim, result.outcome.value, result.message)
