@@ -1,0 +1,625 @@
+"""The engine: inventory + ledger + search behind one small API.
+
+    engine = Engine()
+    engine.apply(obj)                      # DeviceClass | ResourceSlice | Node
+    engine.restore(claim)                  # an existing allocation becomes in use
+    outcomes = engine.allocate(claims, node=None, together=False)
+    engine.release("ns/name")
+
+Allocation works in units: each claim alone, or all claims together
+(all-or-nothing, one node). For a unit the engine picks a node (the given one,
+or the known nodes in order, skipping those that cannot have enough free
+matching devices), filters candidates per request, and runs the search. The
+first answer found is committed to the ledger.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from dralloc.allocator.engine import cel
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.ledger import Entry, Ledger, Record
+from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
+from dralloc.allocator.engine.quantity import format_quantity, parse_quantity
+from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
+from dralloc.allocator.engine.verdicts import Verdicts
+from dralloc.schemas.resource import (
+    AllocationResult,
+    DeviceAllocationConfiguration,
+    DeviceAllocationResult,
+    DeviceClass,
+    DeviceRequestAllocationResult,
+    Node,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    ResourceClaim,
+    ResourceSlice,
+)
+from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX
+
+Status = Literal["allocated", "unsatisfiable", "error"]
+
+DEFAULT_BUDGET = 500_000
+"""Search steps (device or value trials) per allocation unit before giving up with an error."""
+
+FILTERS = ("pool", "class", "selectors", "node", "in use", "counters", "capacity", "taints", "constraints")
+"""The candidate filters, in the order they are applied (what `explain` counts)."""
+
+
+class FilterCount(msgspec.Struct, kw_only=True):
+    filter: str
+    left: int
+
+
+class RequestReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+    claim: str
+    request: str  # "req" or "req/sub"
+    wanted: str  # "2" or "all"
+    filters: list[FilterCount] = []
+    emptied_by: str | None = None  # the first filter that left fewer devices than wanted
+    devices: list[str] = []  # the chosen devices (allocated) as driver/pool/device
+    note: str = ""
+
+
+class NodeReport(msgspec.Struct, kw_only=True, omit_defaults=True):
+    node: str | None
+    requests: list[RequestReport] = []
+    verdict: str = ""
+
+
+class Explanation(msgspec.Struct, kw_only=True, omit_defaults=True):
+    nodes: list[NodeReport] = []
+    notes: list[str] = []
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    claim: str
+    status: Status
+    node: str | None = None
+    allocation: AllocationResult | None = None
+    message: str = ""
+    explanation: Explanation | None = None
+
+    def contract(self) -> dict:
+        """The entry `dralloc allocate -o json` prints (CLI-CONTRACT.md)."""
+        return {
+            "claim": self.claim,
+            "status": self.status,
+            "node": self.node,
+            "allocation": msgspec.to_builtins(self.allocation) if self.allocation is not None else None,
+            "message": self.message,
+        }
+
+
+class _Failure(Exception):
+    """A unit cannot be placed on a node; `error` makes it an error for the whole unit."""
+
+    def __init__(self, message: str, error: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error = error
+
+
+class Engine:
+    def __init__(self, *, budget: int = DEFAULT_BUDGET) -> None:
+        self.inventory = Inventory()
+        self.ledger = Ledger(self.inventory)
+        self.verdicts = Verdicts(self.inventory)
+        self.budget = budget
+
+    # --- inventory -----------------------------------------------------------------------
+
+    def apply(self, obj: DeviceClass | ResourceSlice | Node) -> list[str]:
+        """Add or replace an object by name; returns problems (e.g. an invalid pool)."""
+        if isinstance(obj, ResourceSlice):
+            return self.inventory.apply_slice(obj)
+        if isinstance(obj, DeviceClass):
+            self.inventory.apply_class(obj)
+            return []
+        if isinstance(obj, Node):
+            self.inventory.apply_node(obj)
+            return []
+        raise TypeError(f"the engine takes DeviceClass, ResourceSlice or Node, not {type(obj).__name__}")
+
+    def remove(self, kind: str, name: str) -> list[str]:
+        if kind == "ResourceSlice":
+            return self.inventory.remove_slice(name)
+        if kind == "DeviceClass":
+            self.inventory.remove_class(name)
+        elif kind == "Node":
+            self.inventory.remove_node(name)
+        else:
+            raise ValueError(f"unknown kind {kind!r}: expected DeviceClass, ResourceSlice or Node")
+        return []
+
+    # --- ledger --------------------------------------------------------------------------
+
+    def restore(self, claim: ResourceClaim) -> list[str]:
+        """Mark an existing allocation (claim.status.allocation) as in use."""
+        allocation = claim.status.allocation if claim.status is not None else None
+        if allocation is None:
+            return [f"claim {claim.key} has no status.allocation to restore"]
+        key = claim.key
+        self.ledger.remove(key)
+        problems: list[str] = []
+        entries: list[Entry] = []
+        for i, result in enumerate(allocation.devices.results):
+            dkey = (result.driver, result.pool, result.device)
+            rec = self.inventory.by_key.get(dkey)
+            if result.admin_access:
+                entries.append(Entry(device=dkey, kind="admin"))
+            elif result.share_id is not None or (rec is not None and rec.multi):
+                consumed: dict[str, int] = {}
+                try:
+                    for name, value in result.consumed_capacity.items():
+                        consumed[name if "/" in name else f"{result.driver}/{name}"] = parse_quantity(value)
+                except ValueError as exc:
+                    problems.append(f"claim {key}: result #{i}: consumedCapacity: {exc}")
+                    continue
+                entries.append(Entry(device=dkey, kind="share", share=result.share_id or f"{key}#{i}", consumed=consumed))
+            else:
+                holder = self.ledger.exclusive.get(dkey)
+                if holder is not None and holder != key:
+                    problems.append(f"claim {key}: device {'/'.join(dkey)} is already allocated to claim {holder}; not counted twice")
+                    continue
+                entries.append(Entry(device=dkey, kind="exclusive"))
+        self.ledger.add(Record(claim=key, allocation=allocation, node=_node_of(allocation), entries=entries))
+        return problems
+
+    def release(self, claim_key: str) -> bool:
+        """Free the claim's devices, capacity and counters. False if it held nothing."""
+        return self.ledger.remove(claim_key) is not None
+
+    def allocation_of(self, claim_key: str) -> AllocationResult | None:
+        record = self.ledger.claims.get(claim_key)
+        return record.allocation if record is not None else None
+
+    # --- allocation ----------------------------------------------------------------------
+
+    def allocate(self, claims: Sequence[ResourceClaim], *, node: str | None = None, together: bool = False, explain: bool = False) -> list[Outcome]:
+        """One Outcome per claim, in order; allocated ones are committed.
+
+        A claim that already holds an allocation gets it back unchanged.
+        `explain` attaches an Explanation to every outcome (unsatisfiable ones
+        always get one)."""
+        outcomes: dict[int, Outcome] = {}
+        pending: list[tuple[int, ClaimPlan]] = []
+        for i, claim in enumerate(claims):
+            record = self.ledger.claims.get(claim.key)
+            if record is not None:
+                outcomes[i] = Outcome(claim=claim.key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
+                continue
+            pending.append((i, self._plan(claim)))
+        units = [pending] if together else [[p] for p in pending]
+        for unit in units:
+            if not unit:
+                continue
+            for (i, _), outcome in zip(unit, self._allocate_unit([p for _, p in unit], node, explain)):
+                outcomes[i] = outcome
+        return [outcomes[i] for i in range(len(claims))]
+
+    def _plan(self, claim: ResourceClaim) -> ClaimPlan:
+        inv = self.inventory
+        return plan_claim(claim, inv.classes, inv.class_versions, cel.compile_selector, cel.CelCompileError)
+
+    def _allocate_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool) -> list[Outcome]:
+        for plan in plans:
+            if plan.error:
+                return [Outcome(claim=p.key, status="error", message=plan.error) for p in plans]
+        steps = [0]
+        try:
+            if node is not None:
+                nodes: list[str | None] = [node]
+                scope = self._mask(node)[0]
+            else:
+                scope = self.inventory.live
+                nodes = self._candidate_nodes(plans)
+            error = self._cel_errors(plans, scope)
+            if error:
+                return [Outcome(claim=p.key, status="error", message=error) for p in plans]
+            reasons: list[tuple[str | None, str]] = []
+            for candidate in nodes:
+                try:
+                    slots_by_claim = self._place(plans, candidate, steps)
+                except _Failure as failure:
+                    if failure.error:
+                        return [Outcome(claim=p.key, status="error", message=failure.message) for p in plans]
+                    reasons.append((candidate, failure.message))
+                    continue
+                return self._commit(plans, candidate, slots_by_claim, explain)
+        except BudgetExceeded:
+            message = f"search budget of {self.budget} steps exhausted before an answer was found; the claims are too hard to place (simplify constraints or give fewer alternatives)"
+            return [Outcome(claim=p.key, status="error", message=message) for p in plans]
+        message = _unsatisfiable_message(plans, node, reasons)
+        explanation = self._explain_failure(plans, node, nodes, reasons)
+        return [Outcome(claim=p.key, status="unsatisfiable", message=message, explanation=explanation) for p in plans]
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    def _mask(self, node: str | None) -> tuple[int, list[int]]:
+        if node is None:
+            # no node known at all: only devices usable from every node
+            inv = self.inventory
+            bits = 0
+            for i in iter_bits(inv.nonlocal_bits):
+                rec = inv.devices[i]
+                if rec is not None and rec.all_nodes:
+                    bits |= 1 << i
+            return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
+        return self.inventory.node_mask(node)
+
+    def _candidate_nodes(self, plans: list[ClaimPlan]) -> list[str | None]:
+        """Known nodes in order, minus those that cannot have enough free matching devices.
+
+        The prefilter applies when every alternative only matches node-local,
+        exclusive devices (the common GPU case): a node needs at least as many
+        free devices as the unit's smallest demand, and for every request at
+        least one device some alternative matches."""
+        inv = self.inventory
+        known = inv.nodes()
+        if not known:
+            return [None]
+        live = inv.live
+        need = 0
+        viable = -1  # all ranks
+        for plan in plans:
+            for request in plan.requests:
+                reach = 0
+                smallest = None
+                for alt in request.alts:
+                    verdict = self.verdicts.get(alt, live)
+                    if verdict.matched & (inv.nonlocal_bits | inv.multi_bits):
+                        return list(known)
+                    if verdict.nodes is None or verdict.nodes[0] != inv.version:
+                        ranks = {inv.node_rank[inv.devices[i].local_node] for i in iter_bits(verdict.matched & live)}  # type: ignore[union-attr,index]
+                        verdict.nodes = (inv.version, sum(1 << r for r in ranks))
+                    reach |= verdict.nodes[1]
+                    demand = 0 if alt.admin else (1 if alt.all_mode else alt.count)
+                    smallest = demand if smallest is None else min(smallest, demand)
+                viable &= reach
+                need += smallest or 0
+        free_ge = self.ledger.free_ge
+        if need > 0:
+            viable &= free_ge[need] if need < len(free_ge) else 0
+        if viable == -1:
+            return list(known)
+        names = inv.node_names
+        return [names[r] for r in iter_bits(viable) if names[r] in inv.node_known]
+
+    # --- CEL errors ----------------------------------------------------------------------
+
+    def _cel_errors(self, plans: list[ClaimPlan], scope: int) -> str | None:
+        """dralloc's order-independent rule for CEL runtime errors (see verdicts.py)."""
+        used = self.ledger.used_bits
+        inv = self.inventory
+        for plan in plans:
+            for request in plan.requests:
+                for alt in request.alts:
+                    verdict = self.verdicts.get(alt, scope)
+                    failed = verdict.failed & scope & inv.live
+                    if not (alt.admin or alt.all_mode):
+                        failed &= ~used
+                    if failed:
+                        first = min(iter_bits(failed), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
+                        text = verdict.errors[first]
+                        if text.startswith("class "):
+                            return text
+                        return f"claim {plan.key}, request {alt.result_name}: {text}"
+        return None
+
+    # --- one node ------------------------------------------------------------------------
+
+    def _candidates(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
+        """Devices `alt` could take on the node, in candidate order, before the
+        choices of other requests are known; plus the capacity each shared device
+        would consume, and why the list is short (the emptying filter)."""
+        inv, ledger = self.inventory, self.ledger
+        verdict = self.verdicts.get(alt, mask)
+        matched = verdict.matched & mask
+        devices = inv.devices
+        if matched.bit_count() <= 16:
+            recs = [devices[i] for i in order if (matched >> i) & 1]
+        else:
+            wanted = set(iter_bits(matched))
+            recs = [devices[i] for i in order if i in wanted]
+        used = ledger.used_bits
+        covering = [c for c in plan.constraints if c.covers(alt)]
+        out: list[DeviceRec] = []
+        consumed: dict[int, dict[str, int]] = {}
+        counts = dict.fromkeys(FILTERS[4:], 0)
+        need = alt.count
+        problem = ""
+        for rec in recs:  # type: ignore[union-attr]
+            use = consumed_capacity(alt, rec)
+            if alt.all_mode:
+                if use is None or (rec.multi and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
+                    continue  # not part of "all": it cannot serve the capacity request (as in Kubernetes)
+                if not alt.admin and not rec.multi and (used >> rec.id) & 1:
+                    problem = problem or f"device {rec.label} is in use"
+                elif rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+                    problem = problem or f"device {rec.label} has no counter room left"
+                elif not all(tolerated(t, alt.tolerations) for t in rec.taints):
+                    problem = problem or f"device {rec.label} has a taint the request does not tolerate"
+                if rec.multi:
+                    consumed[rec.id] = use
+                out.append(rec)
+                continue
+            if not alt.admin and not rec.multi and (used >> rec.id) & 1:
+                continue
+            counts["in use"] += 1
+            if rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+                continue
+            counts["counters"] += 1
+            if use is None or (rec.multi and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
+                continue
+            counts["capacity"] += 1
+            if rec.taints and not all(tolerated(t, alt.tolerations) for t in rec.taints):
+                continue
+            counts["taints"] += 1
+            if any(rec.attribute(c.attribute) is None for c in covering):
+                continue
+            counts["constraints"] += 1
+            if rec.multi:
+                consumed[rec.id] = use
+            out.append(rec)
+        if alt.all_mode:
+            if not out:
+                problem = "no device matches"
+            if report is not None:
+                report.note = problem
+            return out, consumed, problem
+        if report is not None:
+            report.filters += [FilterCount(filter=f, left=counts[f]) for f in FILTERS[4:]]
+            if report.emptied_by is None:
+                for f in FILTERS[4:]:
+                    if counts[f] < need and not any(r.multi for r in out):
+                        report.emptied_by = f
+                        break
+        if len(out) < need and not any(r.multi for r in out):
+            for f in FILTERS[4:]:
+                if counts[f] < need:
+                    return out, consumed, f"only {counts[f]} device(s) left after the '{f}' filter, {need} wanted"
+            problem = f"only {len(out)} device(s) left, {need} wanted"
+        return out, consumed, problem
+
+    def _place(self, plans: list[ClaimPlan], node: str | None, steps: list[int]) -> list[list[Slot]]:
+        """Find devices for the whole unit on `node`, or raise _Failure."""
+        mask, order = self._mask(node)
+        options: list[list[tuple[int, Alt, list[DeviceRec], dict]]] = []  # per request: feasible alternatives
+        infeasible = ""
+        for ci, plan in enumerate(plans):
+            minimum = 0
+            for request in plan.requests:
+                feasible = []
+                smallest = None
+                why = ""
+                for alt in request.alts:
+                    cands, consumed, problem = self._candidates(plan, alt, mask, order)
+                    size = len(cands) if alt.all_mode else alt.count
+                    smallest = size if smallest is None else min(smallest, size)
+                    if problem:
+                        why = why or f"request {alt.result_name}: {problem}"
+                        continue
+                    feasible.append((ci, alt, cands, consumed))
+                minimum += smallest or 0
+                if not feasible:
+                    infeasible = infeasible or f"claim {plan.key}, {why}"
+                options.append(feasible)
+            # the device limit is checked before any search, as Kubernetes does: an error, not a misfit
+            if minimum > ALLOCATION_RESULTS_MAX:
+                raise _Failure(f"claim {plan.key}: number of requested devices {minimum} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}", error=True)
+        if infeasible:
+            raise _Failure(infeasible)
+        last = "no combination of the candidate devices satisfies the constraints, counters and capacity together"
+        for choice in itertools.product(*options):
+            totals: dict[int, int] = {}
+            for ci, alt, cands, _ in choice:
+                totals[ci] = totals.get(ci, 0) + (len(cands) if alt.all_mode else alt.count)
+            if any(t > ALLOCATION_RESULTS_MAX for t in totals.values()):
+                continue
+            slots: list[Slot] = []
+            matches = []
+            cid = 0
+            for ci, plan in enumerate(plans):
+                first = len(slots)
+                for c_ci, alt, cands, consumed in choice:
+                    if c_ci == ci:
+                        slots.append(Slot(claim=ci, alt=alt, cands=list(cands), consumed=consumed))
+                for constraint in plan.constraints:
+                    covered = [i for i in range(first, len(slots)) if constraint.covers(slots[i].alt)]
+                    if constraint.match:
+                        if covered:
+                            matches.append((constraint, covered))
+                    else:
+                        for i in covered:
+                            slots[i].distinct.append((cid, constraint))
+                    cid += 1
+            search = Search(self.ledger, slots, matches, self.budget - steps[0])
+            try:
+                found = search.run()
+            finally:
+                steps[0] += search.steps
+            if found:
+                return [[s for s in slots if s.claim == ci] for ci in range(len(plans))]
+        raise _Failure(last)
+
+    # --- results -------------------------------------------------------------------------
+
+    def _commit(self, plans: list[ClaimPlan], node: str | None, slots_by_claim: list[list[Slot]], explain: bool) -> list[Outcome]:
+        outcomes = []
+        for plan, slots in zip(plans, slots_by_claim):
+            allocation, entries = self._result(plan, node, slots)
+            self.ledger.add(Record(claim=plan.key, allocation=allocation, node=node, entries=entries))
+            outcome = Outcome(claim=plan.key, status="allocated", node=node, allocation=allocation)
+            if explain:
+                outcome.explanation = self._explain_success(plan, node, slots)
+            outcomes.append(outcome)
+        return outcomes
+
+    def _result(self, plan: ClaimPlan, node: str | None, slots: list[Slot]) -> tuple[AllocationResult, list[Entry]]:
+        results: list[DeviceRequestAllocationResult] = []
+        entries: list[Entry] = []
+        shares: dict[int, int] = {}
+        chosen: list[DeviceRec] = []
+        for slot in slots:
+            alt = slot.alt
+            for rec in slot.chosen:
+                chosen.append(rec)
+                result = DeviceRequestAllocationResult(
+                    request=alt.result_name,
+                    driver=rec.driver,
+                    pool=rec.pool,
+                    device=rec.name,
+                    admin_access=True if alt.admin else None,
+                    tolerations=list(alt.tolerations),
+                    binding_conditions=list(rec.spec.binding_conditions),
+                    binding_failure_conditions=list(rec.spec.binding_failure_conditions),
+                )
+                if rec.multi:
+                    n = shares[rec.id] = shares.get(rec.id, 0) + 1
+                    share = str(uuid.uuid5(uuid.NAMESPACE_URL, f"dralloc:{plan.key}:{plan.claim.metadata.uid or ''}:{rec.label}:{n}"))
+                    used = slot.consumed[rec.id]
+                    result.share_id = share
+                    result.consumed_capacity = {rec.capacity[fq].name: format_quantity(v) for fq, v in used.items()}
+                    entries.append(Entry(device=rec.key, kind="admin" if alt.admin else "share", share=share, consumed=dict(used)))
+                else:
+                    entries.append(Entry(device=rec.key, kind="admin" if alt.admin else "exclusive"))
+                results.append(result)
+        allocation = AllocationResult(
+            devices=DeviceAllocationResult(results=results, config=_configs(plan, slots)),
+            node_selector=_node_selector(chosen, node),
+        )
+        return allocation, entries
+
+    # --- explanations --------------------------------------------------------------------
+
+    def _report(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node_filter: bool) -> tuple[RequestReport, list[DeviceRec]]:
+        inv = self.inventory
+        report = RequestReport(claim=plan.key, request=alt.result_name, wanted="all" if alt.all_mode else str(alt.count))
+        live = inv.live
+        cls = self.verdicts.class_only(alt, live if not node_filter else mask)
+        full = self.verdicts.get(alt, live if not node_filter else mask)
+        counts = [("pool", live.bit_count()), ("class", (cls.matched & live).bit_count()), ("selectors", (full.matched & live).bit_count())]
+        counts.append(("node", (full.matched & live & mask).bit_count()))
+        report.filters = [FilterCount(filter=f, left=n) for f, n in counts]
+        need = 1 if alt.all_mode else alt.count
+        for f, n in counts:
+            if n < need:
+                report.emptied_by = f
+                break
+        cands, _, problem = self._candidates(plan, alt, mask, order, report)
+        if alt.all_mode and problem:
+            report.emptied_by = report.emptied_by or "all"
+        return report, cands
+
+    def _explain_failure(self, plans: list[ClaimPlan], node: str | None, nodes: list[str | None], reasons: list[tuple[str | None, str]]) -> Explanation:
+        explanation = Explanation()
+        if node is None and len(nodes) != len(self.inventory.nodes()):
+            explanation.notes.append(f"{len(nodes)} of {len(self.inventory.nodes())} known nodes could hold the claims (enough free devices that match); the others were skipped")
+        unusable = [p for p in self.inventory.pools.values() if not p.usable]
+        for pool in unusable[:5]:
+            why = pool.invalid or f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
+            explanation.notes.append(f"pool {pool.label} is not used: {why}")
+        shown = [node] if node is not None else (nodes[:3] or self.inventory.nodes()[:3] or [None])
+        reason_of = dict(reasons)
+        for candidate in shown:
+            mask, order = self._mask(candidate)
+            report = NodeReport(node=candidate, verdict=reason_of.get(candidate, ""))
+            for plan in plans:
+                for request in plan.requests:
+                    for alt in request.alts:
+                        report.requests.append(self._report(plan, alt, mask, order, node_filter=True)[0])
+            explanation.nodes.append(report)
+        return explanation
+
+    def _explain_success(self, plan: ClaimPlan, node: str | None, slots: list[Slot]) -> Explanation:
+        mask, order = self._mask(node)
+        report = NodeReport(node=node, verdict="allocated: the first devices in candidate order (driver/pool/slice/device) that satisfy every constraint")
+        for slot in slots:
+            request, _ = self._report(plan, slot.alt, mask, order, node_filter=True)
+            request.devices = [rec.label for rec in slot.chosen]
+            report.requests.append(request)
+        return Explanation(nodes=[report])
+
+
+def _room(used: dict[str, int], use: dict[str, int] | None, rec: DeviceRec) -> bool:
+    if use is None:
+        return False
+    return all(used.get(name, 0) + amount <= rec.capacity[name].value for name, amount in use.items())
+
+
+def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfiguration]:
+    """Class config for each request's chosen alternative, then the claim's config
+    entries that apply to an allocated request (or to all)."""
+    out: list[DeviceAllocationConfiguration] = []
+    seen: set[str] = set()
+    chosen: dict[str, Alt] = {}
+    for slot in slots:
+        chosen.setdefault(slot.alt.base, slot.alt)
+    for alt in chosen.values():
+        for config in alt.cls.spec.config:
+            entry = DeviceAllocationConfiguration(source="FromClass", requests=[alt.result_name] if alt.sub else [], opaque=config.opaque)
+            key = msgspec.json.encode(entry).decode()
+            if key not in seen:
+                seen.add(key)
+                out.append(entry)
+    names = {alt.base for alt in chosen.values()} | {alt.result_name for alt in chosen.values()}
+    for config in plan.claim.spec.devices.config:
+        if not config.requests or any(r in names for r in config.requests):
+            out.append(DeviceAllocationConfiguration(source="FromClaim", requests=list(config.requests), opaque=config.opaque))
+    return out
+
+
+def _node_selector(chosen: list[DeviceRec], node: str | None) -> NodeSelector | None:
+    """What Kubernetes writes: the node's name when any device is node-local (or
+    binds to the node), else the union of the devices' single-term selectors,
+    else nothing (usable from every node)."""
+    pin = NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[NodeSelectorRequirement(key="metadata.name", operator="In", values=[node or ""])])])
+    fields: list[NodeSelectorRequirement] = []
+    expressions: list[NodeSelectorRequirement] = []
+    for rec in chosen:
+        if rec.local_node is not None or rec.binds_to_node:
+            return pin
+        selector = rec.node_selector
+        if selector is None or not selector.node_selector_terms:
+            continue
+        if len(selector.node_selector_terms) > 1:
+            return pin if node is not None else selector
+        term = selector.node_selector_terms[0]
+        for source, target in ((term.match_fields, fields), (term.match_expressions, expressions)):
+            for requirement in source:
+                if not any(r.key == requirement.key and r.operator == requirement.operator and set(r.values) == set(requirement.values) for r in target):
+                    target.append(requirement)
+    if fields or expressions:
+        return NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=fields, match_expressions=expressions)])
+    return None
+
+
+def _node_of(allocation: AllocationResult) -> str | None:
+    selector = allocation.node_selector
+    if selector is None or len(selector.node_selector_terms) != 1:
+        return None
+    for requirement in selector.node_selector_terms[0].match_fields:
+        if requirement.key == "metadata.name" and requirement.operator == "In" and len(requirement.values) == 1:
+            return requirement.values[0]
+    return None
+
+
+def _unsatisfiable_message(plans: list[ClaimPlan], node: str | None, reasons: list[tuple[str | None, str]]) -> str:
+    who = "the claim" if len(plans) == 1 else f"all {len(plans)} claims together"
+    if node is not None:
+        why = reasons[0][1] if reasons else "no candidate devices"
+        return f"cannot allocate {who} on node {node}: {why}"
+    if not reasons:
+        return f"cannot allocate {who}: no node has enough free devices that match the requests"
+    first_node, why = reasons[0]
+    where = f"node {first_node}" if first_node is not None else "any node"
+    more = f" ({len(reasons)} nodes tried)" if len(reasons) > 1 else ""
+    return f"cannot allocate {who} on any node{more}; on {where}: {why}"

@@ -1,0 +1,471 @@
+"""The inventory: nodes, device classes and ResourceSlices grouped into pools.
+
+Slices are grouped by (driver, pool name). Only the newest generation of a
+pool counts; a pool is usable when all `resourceSliceCount` slices of that
+generation are present (complete) and it is consistent (valid: unique device
+names, unique counter sets, every consumed counter exists). Devices of usable
+pools become `DeviceRec`s with an integer id, so that sets of devices are
+Python ints used as bitsets (`&`, `|`, `bit_count()`).
+
+Ids are handed out when a pool is (re)built and never reused: every cache
+keyed by id (selector verdicts, node masks) is therefore automatically
+invalidated for the devices of a changed slice, and only for those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dralloc.allocator.engine.quantity import parse_quantity
+from dralloc.schemas.resource import (
+    Device,
+    DeviceClass,
+    DeviceTaint,
+    Node,
+    NodeSelector,
+    ResourceSlice,
+)
+
+AttrValue = tuple[str, Any]
+"""A typed attribute value: ("string", "x"), ("int", 3), ("bool", True), ("version", "1.2.3")."""
+
+CounterKey = tuple[str, str, str, str]
+"""(driver, pool, counter set, counter): counters belong to one driver's pool."""
+
+_MISSING = object()
+
+
+@dataclass(slots=True)
+class Capacity:
+    """One device capacity, its value and request policy, all in nano-units."""
+
+    name: str  # as the device publishes it (the name written into consumedCapacity)
+    value: int
+    default: int | None = None
+    valid_values: tuple[int, ...] = ()
+    range_min: int | None = None
+    range_max: int | None = None
+    range_step: int | None = None
+    has_policy: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class DeviceRec:
+    """A device of a usable pool, with everything allocation needs precomputed."""
+
+    id: int
+    driver: str
+    pool: str
+    slice: str
+    name: str
+    spec: Device
+    order: tuple  # deterministic candidate order: binding-condition pools last, then names
+    local_node: str | None  # set for node-local devices (slice or per-device nodeName)
+    node_selector: NodeSelector | None
+    all_nodes: bool
+    per_device: bool
+    taints: tuple[DeviceTaint, ...]  # only the effects that need a toleration
+    consumes: tuple[tuple[CounterKey, int], ...]
+    capacity: dict[str, Capacity]  # fully-qualified name -> capacity
+    multi: bool  # allowMultipleAllocations
+    binds_to_node: bool
+    env: Any = None  # CEL environment, built on first evaluation
+    _attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def label(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.name}"
+
+    def attribute(self, qualified: str) -> AttrValue | None:
+        """Look an attribute up the way Kubernetes constraints do: the fully-qualified
+        name first, then the bare name when the domain is the device's driver."""
+        hit = self._attrs.get(qualified, _MISSING)
+        if hit is _MISSING:
+            hit = _lookup_attribute(self, qualified)
+            self._attrs[qualified] = hit
+        return hit
+
+
+def _lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
+    attrs = rec.spec.attributes
+    attr = attrs.get(qualified)
+    if attr is None:
+        domain, sep, ident = qualified.partition("/")
+        if sep and domain == rec.driver:
+            attr = attrs.get(ident)
+    if attr is None:
+        return None
+    for kind in ("string", "int", "bool", "version"):
+        value = getattr(attr, kind)
+        if value is not None:
+            return (kind, value)
+    return None
+
+
+@dataclass(slots=True)
+class Pool:
+    driver: str
+    name: str
+    generation: int = 0
+    slices: list[ResourceSlice] = field(default_factory=list)
+    expected: int = 0  # resourceSliceCount
+    invalid: str | None = None
+    devices: list[DeviceRec] = field(default_factory=list)
+    counters: dict[CounterKey, int] = field(default_factory=dict)
+    bits: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.driver}/{self.name}"
+
+    @property
+    def complete(self) -> bool:
+        return len(self.slices) == self.expected
+
+    @property
+    def usable(self) -> bool:
+        return self.complete and self.invalid is None
+
+
+def node_selector_matches(selector: NodeSelector | None, node: str, labels: dict[str, str]) -> bool:
+    """core/v1 NodeSelector semantics: terms are ORed, requirements in a term ANDed;
+    an empty term matches nothing."""
+    if selector is None:
+        return False
+    for term in selector.node_selector_terms:
+        if not term.match_expressions and not term.match_fields:
+            continue
+        if all(_requirement(r.key, r.operator, r.values, labels) for r in term.match_expressions) and all(
+            _requirement(r.key, r.operator, r.values, {"metadata.name": node}) for r in term.match_fields
+        ):
+            return True
+    return False
+
+
+def _requirement(key: str, op: str, values: list[str], labels: dict[str, str]) -> bool:
+    present = key in labels
+    if op == "In":
+        return present and labels[key] in values
+    if op == "NotIn":
+        return not present or labels[key] not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and len(values) == 1:
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def _capacities(driver: str, device: Device) -> dict[str, Capacity]:
+    """Capacities by fully-qualified name; an entry qualified with the driver's own
+    domain wins over a bare one of the same name (as Kubernetes resolves them)."""
+    out: dict[str, Capacity] = {}
+    prefix = driver + "/"
+    items = sorted(device.capacity.items(), key=lambda kv: not kv[0].startswith(prefix))
+    for name, cap in items:
+        fq = name if "/" in name else prefix + name
+        if fq in out:
+            continue
+        rec = Capacity(name=name, value=parse_quantity(cap.value))
+        policy = cap.request_policy
+        if policy is not None:
+            rec.has_policy = True
+            if policy.default is not None:
+                rec.default = parse_quantity(policy.default)
+            rec.valid_values = tuple(parse_quantity(v) for v in policy.valid_values)
+            if policy.valid_range is not None:
+                rec.range_min = parse_quantity(policy.valid_range.min)
+                if policy.valid_range.max is not None:
+                    rec.range_max = parse_quantity(policy.valid_range.max)
+                if policy.valid_range.step is not None:
+                    rec.range_step = parse_quantity(policy.valid_range.step)
+        out[fq] = rec
+    return out
+
+
+_TOLERATION_NEEDED = ("NoSchedule", "NoExecute")
+
+
+class Inventory:
+    """Everything known about devices. Mutated only through apply/remove."""
+
+    def __init__(self) -> None:
+        self.classes: dict[str, DeviceClass] = {}
+        self.class_versions: dict[str, int] = {}
+        self.slices: dict[str, ResourceSlice] = {}
+        self.pools: dict[tuple[str, str], Pool] = {}
+        self._pool_slices: dict[tuple[str, str], set[str]] = {}
+        self.devices: list[DeviceRec | None] = []
+        self.by_key: dict[tuple[str, str, str], DeviceRec] = {}
+        self.live = 0  # ids of devices in usable pools
+        self.multi_bits = 0
+        # nodes: rank order is the order nodes are first seen (the CLI registers them sorted)
+        self.node_labels: dict[str, dict[str, str]] = {}
+        self.node_rank: dict[str, int] = {}
+        self.node_names: list[str] = []
+        self.node_known: set[str] = set()  # from Node objects or a slice/device nodeName
+        self.local: dict[str, int] = {}  # node -> bitset of node-local devices
+        self.nonlocal_bits = 0
+        self.version = 0  # bumped on every change
+        self.nonlocal_version = 0
+        self._local_version: dict[str, int] = {}
+        self._node_cache: dict[str, tuple[tuple[int, int], int, list[int]]] = {}
+        self._next_id = 0
+        self.on_pool_rebuilt: list[Any] = []  # callbacks(pool, old_devices)
+
+    # --- nodes ---------------------------------------------------------------------
+
+    def _see_node(self, name: str) -> int:
+        rank = self.node_rank.get(name)
+        if rank is None:
+            rank = self.node_rank[name] = len(self.node_names)
+            self.node_names.append(name)
+        return rank
+
+    def apply_node(self, node: Node) -> None:
+        name = node.metadata.name
+        self._see_node(name)
+        self.node_known.add(name)
+        if self.node_labels.get(name) != node.metadata.labels:
+            self.node_labels[name] = dict(node.metadata.labels)
+            self._touch_node(name)
+
+    def remove_node(self, name: str) -> None:
+        self.node_labels.pop(name, None)
+        self.node_known.discard(name)
+        self._touch_node(name)
+
+    def _touch_node(self, name: str) -> None:
+        self.version += 1
+        self._local_version[name] = self._local_version.get(name, 0) + 1
+
+    def nodes(self) -> list[str]:
+        """Known nodes in rank order."""
+        return [n for n in self.node_names if n in self.node_known]
+
+    def node_mask(self, node: str) -> tuple[int, list[int]]:
+        """Devices usable from `node`: (bitset, ids in candidate order). Cached."""
+        stamp = (self.nonlocal_version, self._local_version.get(node, 0))
+        hit = self._node_cache.get(node)
+        if hit is not None and hit[0] == stamp:
+            return hit[1], hit[2]
+        bits = self.local.get(node, 0)
+        if self.nonlocal_bits:
+            labels = self.node_labels.get(node, {})
+            x = self.nonlocal_bits
+            while x:
+                low = x & -x
+                rec = self.devices[low.bit_length() - 1]
+                x ^= low
+                if rec is not None and (rec.all_nodes or node_selector_matches(rec.node_selector, node, labels)):
+                    bits |= low
+        ids = sorted(iter_bits(bits), key=lambda i: self.devices[i].order)  # type: ignore[union-attr]
+        self._node_cache[node] = (stamp, bits, ids)
+        return bits, ids
+
+    # --- classes ---------------------------------------------------------------------
+
+    def apply_class(self, cls: DeviceClass) -> None:
+        self.classes[cls.metadata.name] = cls
+        self.class_versions[cls.metadata.name] = self.class_versions.get(cls.metadata.name, 0) + 1
+
+    def remove_class(self, name: str) -> None:
+        self.classes.pop(name, None)
+        self.class_versions[name] = self.class_versions.get(name, 0) + 1
+
+    # --- slices and pools ------------------------------------------------------------
+
+    def apply_slice(self, slice_: ResourceSlice) -> list[str]:
+        name = slice_.metadata.name
+        old = self.slices.get(name)
+        self.slices[name] = slice_
+        keys = {(slice_.spec.driver, slice_.spec.pool.name)}
+        if old is not None:
+            keys.add((old.spec.driver, old.spec.pool.name))
+            self._pool_slices.get((old.spec.driver, old.spec.pool.name), set()).discard(name)
+        self._pool_slices.setdefault((slice_.spec.driver, slice_.spec.pool.name), set()).add(name)
+        if slice_.spec.node_name:
+            self._see_node(slice_.spec.node_name)
+            self.node_known.add(slice_.spec.node_name)
+        for device in slice_.spec.devices:
+            if device.node_name:
+                self._see_node(device.node_name)
+                self.node_known.add(device.node_name)
+        problems: list[str] = []
+        for key in sorted(keys):
+            problems += self._rebuild_pool(key)
+        return problems
+
+    def remove_slice(self, name: str) -> list[str]:
+        old = self.slices.pop(name, None)
+        if old is None:
+            return []
+        key = (old.spec.driver, old.spec.pool.name)
+        self._pool_slices.get(key, set()).discard(name)
+        return self._rebuild_pool(key)
+
+    def _rebuild_pool(self, key: tuple[str, str]) -> list[str]:
+        self.version += 1
+        old = self.pools.pop(key, None)
+        old_devices = old.devices if old is not None else []
+        for rec in old_devices:
+            self._unindex(rec)
+        names = self._pool_slices.get(key, set())
+        pool = Pool(driver=key[0], name=key[1])
+        if names:
+            slices = [self.slices[n] for n in names]
+            pool.generation = max(s.spec.pool.generation for s in slices)
+            pool.slices = sorted((s for s in slices if s.spec.pool.generation == pool.generation), key=lambda s: s.metadata.name)
+            pool.expected = max(s.spec.pool.resource_slice_count for s in pool.slices)
+            pool.invalid = _validate_pool(pool)
+            self.pools[key] = pool
+            if pool.usable:
+                self._build_devices(pool)
+        for callback in self.on_pool_rebuilt:
+            callback(pool, old_devices)
+        if pool.invalid:
+            return [f"pool {pool.label} is invalid and is not used: {pool.invalid}"]
+        return []
+
+    def _build_devices(self, pool: Pool) -> None:
+        for set_ in (cs for s in pool.slices for cs in s.spec.shared_counters):
+            for cname, counter in set_.counters.items():
+                pool.counters[(pool.driver, pool.name, set_.name, cname)] = parse_quantity(counter.value)
+        binding = any(d.binding_conditions for s in pool.slices for d in s.spec.devices)
+        for slice_ in pool.slices:
+            spec = slice_.spec
+            per_device = bool(spec.per_device_node_selection)
+            for device in spec.devices:
+                if per_device:
+                    local, selector, all_nodes = device.node_name, device.node_selector, bool(device.all_nodes)
+                else:
+                    local, selector, all_nodes = spec.node_name, spec.node_selector, bool(spec.all_nodes)
+                rec = DeviceRec(
+                    id=self._next_id,
+                    driver=pool.driver,
+                    pool=pool.name,
+                    slice=slice_.metadata.name,
+                    name=device.name,
+                    spec=device,
+                    order=(binding, pool.driver, pool.name, slice_.metadata.name, device.name),
+                    local_node=local or None,
+                    node_selector=selector,
+                    all_nodes=all_nodes,
+                    per_device=per_device,
+                    taints=tuple(t for t in device.taints if t.effect in _TOLERATION_NEEDED),
+                    consumes=tuple(
+                        ((pool.driver, pool.name, c.counter_set, name), parse_quantity(v.value))
+                        for c in device.consumes_counters
+                        for name, v in c.counters.items()
+                    ),
+                    capacity=_capacities(pool.driver, device),
+                    multi=bool(device.allow_multiple_allocations),
+                    binds_to_node=bool(device.binds_to_node),
+                )
+                self._next_id += 1
+                self.devices.append(rec)
+                pool.devices.append(rec)
+                self._index(rec)
+                pool.bits |= 1 << rec.id
+
+    def _index(self, rec: DeviceRec) -> None:
+        bit = 1 << rec.id
+        self.by_key[rec.key] = rec
+        self.live |= bit
+        if rec.multi:
+            self.multi_bits |= bit
+        if rec.local_node is not None:
+            self.local[rec.local_node] = self.local.get(rec.local_node, 0) | bit
+            self._local_version[rec.local_node] = self._local_version.get(rec.local_node, 0) + 1
+        elif rec.all_nodes or rec.node_selector is not None:
+            self.nonlocal_bits |= bit
+            self.nonlocal_version += 1
+
+    def _unindex(self, rec: DeviceRec) -> None:
+        bit = 1 << rec.id
+        if self.by_key.get(rec.key) is rec:
+            del self.by_key[rec.key]
+        self.devices[rec.id] = None
+        self.live &= ~bit
+        self.multi_bits &= ~bit
+        if rec.local_node is not None:
+            self.local[rec.local_node] &= ~bit
+            self._local_version[rec.local_node] = self._local_version.get(rec.local_node, 0) + 1
+        elif self.nonlocal_bits & bit:
+            self.nonlocal_bits &= ~bit
+            self.nonlocal_version += 1
+
+    def pool_of(self, rec: DeviceRec) -> Pool:
+        return self.pools[(rec.driver, rec.pool)]
+
+
+def _validate_pool(pool: Pool) -> str | None:
+    """Why a pool cannot be used safely, or None. Checked over every slice of the
+    current generation, both layouts: counters beside the devices (1.34) or in
+    separate counter slices (1.35+)."""
+    names: set[str] = set()
+    sets: dict[str, set[str]] = {}
+    for slice_ in pool.slices:
+        for counter_set in slice_.spec.shared_counters:
+            if counter_set.name in sets:
+                return f"duplicate counter set name {counter_set.name!r}"
+            sets[counter_set.name] = set(counter_set.counters)
+    for slice_ in pool.slices:
+        for device in slice_.spec.devices:
+            if device.name in names:
+                return f"duplicate device name {device.name!r}"
+            names.add(device.name)
+            for consumption in device.consumes_counters:
+                known = sets.get(consumption.counter_set)
+                if known is None:
+                    return f"device {device.name!r} consumes from unknown counter set {consumption.counter_set!r}"
+                for counter in consumption.counters:
+                    if counter not in known:
+                        return f"device {device.name!r} consumes unknown counter {counter!r} of counter set {consumption.counter_set!r}"
+    try:
+        for slice_ in pool.slices:
+            for counter_set in slice_.spec.shared_counters:
+                for counter in counter_set.counters.values():
+                    parse_quantity(counter.value)
+            for device in slice_.spec.devices:
+                _capacities(pool.driver, device)
+                for consumption in device.consumes_counters:
+                    for counter in consumption.counters.values():
+                        parse_quantity(counter.value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def iter_bits(x: int) -> list[int]:
+    """Set bit positions of `x`, lowest first."""
+    if x.bit_count() > 16:
+        # one pass over the binary string beats repeated x & -x on big sparse-prefix ints
+        text = bin(x)[:1:-1]
+        return [i for i, c in enumerate(text) if c == "1"]
+    out = []
+    while x:
+        low = x & -x
+        out.append(low.bit_length() - 1)
+        x ^= low
+    return out
+
+
+def bits_of(ids: list[int]) -> int:
+    """The bitset of `ids`, built in one pass (OR-ing bits one by one is quadratic)."""
+    if not ids:
+        return 0
+    buf = bytearray((max(ids) >> 3) + 1)
+    for i in ids:
+        buf[i >> 3] |= 1 << (i & 7)
+    return int.from_bytes(buf, "little")

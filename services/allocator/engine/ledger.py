@@ -1,0 +1,181 @@
+"""The ledger: which device, capacity and counter belongs to which claim.
+
+Allocations are recorded by device identity (driver, pool, device name), so an
+allocation restored before its slices arrive, or kept across a slice update,
+still counts. Everything the search reads (devices in use, capacity used per
+shared device, counters used, free devices per node) is derived from those
+records against the current inventory and updated incrementally; a rebuilt
+pool recomputes its part from the records. Releasing a claim removes exactly
+its records, so the derived state returns to what it was.
+
+Kubernetes rules kept here: an admin-access result does not make a device
+busy; a device with allowMultipleAllocations is never busy, only its capacity
+is consumed; a device consumes its counters while it is in use, and a shared
+device consumes them once while it has at least one share (dralloc's rule:
+the counters describe the hardware partition, which exists once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool
+from dralloc.schemas.resource import AllocationResult
+
+DevKey = tuple[str, str, str]
+
+
+@dataclass(slots=True)
+class Entry:
+    device: DevKey
+    kind: str  # "exclusive" | "share" | "admin"
+    share: str = ""  # share id for kind == "share"
+    consumed: dict[str, int] = field(default_factory=dict)  # fully-qualified capacity -> nano
+
+
+@dataclass(slots=True)
+class Record:
+    claim: str
+    allocation: AllocationResult
+    node: str | None
+    entries: list[Entry]
+
+
+class Ledger:
+    def __init__(self, inventory: Inventory) -> None:
+        self.inv = inventory
+        self.claims: dict[str, Record] = {}
+        self.exclusive: dict[DevKey, str] = {}
+        self.shares: dict[DevKey, dict[str, tuple[str, dict[str, int]]]] = {}
+        # derived, by current device id
+        self.used_bits = 0  # exclusively allocated devices
+        self.cap_used: dict[int, dict[str, int]] = {}
+        self.counter_used: dict[CounterKey, int] = {}
+        self.free_local: dict[str, int] = {}  # node -> free exclusive node-local devices
+        self.free_ge: list[int] = [0]  # k -> bitset of node ranks with at least k free
+        inventory.on_pool_rebuilt.append(self._pool_rebuilt)
+
+    # --- queries -----------------------------------------------------------------------
+
+    def active(self, rec: DeviceRec) -> bool:
+        """Whether the device is in use at all (and so consumes its counters)."""
+        return bool((self.used_bits >> rec.id) & 1) or bool(self.shares.get(rec.key))
+
+    def counter_room(self, rec: DeviceRec) -> bool:
+        """Whether the device's counters fit beside what the ledger already uses."""
+        pool = self.inv.pool_of(rec)
+        used = self.counter_used
+        return all(used.get(k, 0) + amount <= pool.counters.get(k, 0) for k, amount in rec.consumes)
+
+    # --- records -------------------------------------------------------------------------
+
+    def add(self, record: Record) -> None:
+        self.claims[record.claim] = record
+        for entry in record.entries:
+            rec = self.inv.by_key.get(entry.device)
+            if entry.kind == "exclusive":
+                self.exclusive[entry.device] = record.claim
+                if rec is not None:
+                    self._charge(rec, +1)
+            elif entry.kind == "share":
+                shares = self.shares.setdefault(entry.device, {})
+                first = not shares
+                shares[entry.share] = (record.claim, entry.consumed)
+                if rec is not None:
+                    used = self.cap_used.setdefault(rec.id, {})
+                    for name, amount in entry.consumed.items():
+                        used[name] = used.get(name, 0) + amount
+                    if first:
+                        self._counters(rec, +1)
+
+    def remove(self, claim: str) -> Record | None:
+        record = self.claims.pop(claim, None)
+        if record is None:
+            return None
+        for entry in record.entries:
+            rec = self.inv.by_key.get(entry.device)
+            if entry.kind == "exclusive":
+                if self.exclusive.get(entry.device) == claim:
+                    del self.exclusive[entry.device]
+                    if rec is not None:
+                        self._charge(rec, -1)
+            elif entry.kind == "share":
+                shares = self.shares.get(entry.device, {})
+                if shares.pop(entry.share, None) is None:
+                    continue
+                if rec is not None:
+                    used = self.cap_used.get(rec.id, {})
+                    for name, amount in entry.consumed.items():
+                        left = used.get(name, 0) - amount
+                        if left:
+                            used[name] = left
+                        else:
+                            used.pop(name, None)
+                    if not used:
+                        self.cap_used.pop(rec.id, None)
+                    if not shares:
+                        self._counters(rec, -1)
+                if not shares:
+                    self.shares.pop(entry.device, None)
+        return record
+
+    # --- derived state -------------------------------------------------------------------
+
+    def _charge(self, rec: DeviceRec, sign: int) -> None:
+        bit = 1 << rec.id
+        if sign > 0:
+            self.used_bits |= bit
+        else:
+            self.used_bits &= ~bit
+        if not rec.multi and rec.local_node is not None:
+            self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - sign)
+        self._counters(rec, sign)
+
+    def _counters(self, rec: DeviceRec, sign: int) -> None:
+        used = self.counter_used
+        for key, amount in rec.consumes:
+            left = used.get(key, 0) + sign * amount
+            if left:
+                used[key] = left
+            else:
+                used.pop(key, None)
+
+    def _set_free(self, node: str, new: int) -> None:
+        old = self.free_local.get(node, 0)
+        if new == old:
+            return
+        self.free_local[node] = new
+        bit = 1 << self.inv._see_node(node)
+        while len(self.free_ge) <= max(new, old):
+            self.free_ge.append(0)
+        if new > old:
+            for k in range(old + 1, new + 1):
+                self.free_ge[k] |= bit
+        else:
+            for k in range(new + 1, old + 1):
+                self.free_ge[k] &= ~bit
+
+    def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
+        for rec in old_devices:
+            bit = 1 << rec.id
+            if not rec.multi and rec.local_node is not None and not (self.used_bits & bit):
+                self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - 1)
+            self.used_bits &= ~bit
+            self.cap_used.pop(rec.id, None)
+        for key in [k for k in self.counter_used if k[0] == pool.driver and k[1] == pool.name]:
+            del self.counter_used[key]
+        for rec in pool.devices:
+            busy = rec.key in self.exclusive
+            if busy:
+                self.used_bits |= 1 << rec.id
+            elif not rec.multi and rec.local_node is not None:
+                self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) + 1)
+            shares = self.shares.get(rec.key)
+            if shares:
+                used: dict[str, int] = {}
+                for _, consumed in shares.values():
+                    for name, amount in consumed.items():
+                        used[name] = used.get(name, 0) + amount
+                self.cap_used[rec.id] = used
+            if busy or shares:
+                self._counters(rec, +1)

@@ -1,0 +1,219 @@
+"""A claim, checked and flattened into what the search needs.
+
+`plan_claim` validates the claim as the API server would (limits named),
+resolves device classes, compiles every CEL selector, parses capacity
+requests, and turns each request into its alternatives: one for `exactly`, one
+per `firstAvailable` subrequest, tried in order. Problems become a message for
+an `error` outcome, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dralloc.allocator.engine.quantity import parse_quantity
+from dralloc.schemas.resource import DeviceClass, DeviceToleration, ResourceClaim
+from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, validate
+
+
+@dataclass(slots=True, eq=False)
+class Alt:
+    """One way to satisfy a request: the request itself or one of its subrequests."""
+
+    result_name: str  # "req" or "req/sub", as written into the result
+    base: str  # the request's name
+    sub: str | None
+    cls: DeviceClass
+    class_version: int
+    selectors: tuple[str, ...]  # the request's own CEL expressions
+    all_mode: bool
+    count: int
+    admin: bool
+    tolerations: list[DeviceToleration]
+    capacity: dict[str, int] | None  # requested capacity, nano-units, by name as written
+    verdict_key: tuple = ()  # (class, class version, selectors): the selector-verdict cache key
+    class_key: tuple = ()
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    name: str
+    alts: list[Alt]
+
+
+@dataclass(slots=True, eq=False)
+class Constraint:
+    attribute: str
+    match: bool  # matchAttribute (True) or distinctAttribute (False)
+    requests: frozenset[str]  # empty: every request of the claim
+
+    def covers(self, alt: Alt) -> bool:
+        return not self.requests or alt.base in self.requests or alt.result_name in self.requests
+
+
+@dataclass(slots=True, eq=False)
+class ClaimPlan:
+    claim: ResourceClaim
+    key: str
+    requests: list[Request] = field(default_factory=list)
+    constraints: list[Constraint] = field(default_factory=list)
+    error: str | None = None
+
+
+def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int], compile_selector: Any, compile_error: type[Exception]) -> ClaimPlan:
+    key = claim.key
+    plan = ClaimPlan(claim=claim, key=key)
+    problems = validate(claim)
+    if problems:
+        plan.error = f"claim {key}: invalid: " + "; ".join(str(p) for p in problems[:5])
+        return plan
+    for request in claim.spec.devices.requests:
+        alts: list[Alt] = []
+        if request.exactly is not None:
+            e = request.exactly
+            bodies = [(request.name, None, e.device_class_name, e.selectors, e.allocation_mode, e.count, bool(e.admin_access), e.tolerations, e.capacity)]
+        else:
+            bodies = [
+                (f"{request.name}/{s.name}", s.name, s.device_class_name, s.selectors, s.allocation_mode, s.count, False, s.tolerations, s.capacity)
+                for s in request.first_available
+            ]
+        for result_name, sub, class_name, selectors, mode, count, admin, tolerations, capacity in bodies:
+            cls = classes.get(class_name)
+            if cls is None:
+                plan.error = f"claim {key}, request {result_name}: device class {class_name!r} not found"
+                return plan
+            for i, sel in enumerate(cls.spec.selectors):
+                error = _compile(sel.cel.expression if sel.cel else "", compile_selector, compile_error)
+                if error:
+                    plan.error = f"class {class_name}: selector #{i}: {error}"
+                    return plan
+            exprs = tuple(s.cel.expression for s in selectors if s.cel is not None)
+            for i, expr in enumerate(exprs):
+                error = _compile(expr, compile_selector, compile_error)
+                if error:
+                    plan.error = f"claim {key}, request {result_name}: selector #{i}: {error}"
+                    return plan
+            wanted: dict[str, int] | None = None
+            if capacity is not None and capacity.requests:
+                try:
+                    wanted = {name: parse_quantity(v) for name, v in capacity.requests.items()}
+                except ValueError as exc:
+                    plan.error = f"claim {key}, request {result_name}: capacity: {exc}"
+                    return plan
+            version = class_versions.get(class_name, 0)
+            alts.append(
+                Alt(
+                    result_name=result_name,
+                    base=request.name,
+                    sub=sub,
+                    cls=cls,
+                    class_version=version,
+                    selectors=exprs,
+                    all_mode=mode == "All",
+                    count=1 if count is None else count,
+                    admin=admin,
+                    tolerations=list(tolerations),
+                    capacity=wanted,
+                    verdict_key=(class_name, version, exprs),
+                    class_key=(class_name, version, ()),
+                )
+            )
+        plan.requests.append(Request(name=request.name, alts=alts))
+    for c in claim.spec.devices.constraints:
+        attribute = c.match_attribute if c.match_attribute is not None else c.distinct_attribute
+        plan.constraints.append(Constraint(attribute=attribute or "", match=c.match_attribute is not None, requests=frozenset(c.requests)))
+    exact = sum(min(a.count for a in r.alts if not a.all_mode) if all(not a.all_mode for a in r.alts) else 0 for r in plan.requests)
+    if exact > ALLOCATION_RESULTS_MAX:
+        plan.error = f"claim {key}: number of requested devices {exact} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"
+    return plan
+
+
+def _compile(expr: str, compile_selector: Any, compile_error: type[Exception]) -> str | None:
+    try:
+        compile_selector(expr)
+    except compile_error as exc:
+        return f"CEL compile error: {exc}"
+    return None
+
+
+def tolerated(taint: Any, tolerations: list[DeviceToleration]) -> bool:
+    """Kubernetes' ToleratesTaint, for device taints."""
+    for t in tolerations:
+        if t.effect and t.effect != taint.effect:
+            continue
+        if t.key and t.key != taint.key:
+            continue
+        if (t.operator or "Equal") == "Exists":
+            return True
+        if (t.value or "") == (taint.value or "") and t.key:
+            return True
+    return False
+
+
+def consumed_capacity(alt: Alt, rec: Any) -> dict[str, int] | None:
+    """What taking `rec` for `alt` consumes of each device capacity (fully-qualified
+    names), or None when the device cannot serve the request: a requested capacity
+    the device lacks, or a value its request policy forbids or its total cannot hold."""
+    caps = rec.capacity
+    resolved: dict[str, int] = {}
+    if alt.capacity:
+        prefix = rec.driver + "/"
+        for name, value in alt.capacity.items():
+            if name in rec.spec.capacity:
+                fq = name if "/" in name else prefix + name
+            elif "/" in name:
+                domain, _, ident = name.partition("/")
+                if domain != rec.driver or ident not in rec.spec.capacity:
+                    return None
+                fq = name
+            elif prefix + name in rec.spec.capacity:
+                fq = prefix + name
+            else:
+                return None
+            if fq in resolved:
+                return None
+            resolved[fq] = value
+    out: dict[str, int] = {}
+    for fq, cap in caps.items():
+        want = resolved.get(fq)
+        consumed = _round(want, cap)
+        if consumed < 0 or _violates(consumed, cap) or consumed > cap.value:
+            return None
+        out[fq] = consumed
+    return out
+
+
+def _round(want: int | None, cap: Any) -> int:
+    if want is None:
+        return cap.default if cap.default is not None else cap.value
+    if not cap.has_policy:
+        return want
+    if cap.range_min is not None:
+        if want < cap.range_min:
+            return cap.range_min
+        if cap.range_step is None:
+            return want
+        steps = -(-(want - cap.range_min) // cap.range_step)
+        return cap.range_min + steps * cap.range_step
+    if cap.valid_values:
+        for v in cap.valid_values:
+            if want <= v:
+                return v
+    return want
+
+
+def _violates(consumed: int, cap: Any) -> bool:
+    if not cap.has_policy:
+        return False
+    if cap.default is not None and consumed == cap.default:
+        return False
+    if cap.range_min is not None:
+        if cap.range_max is not None and consumed > cap.range_max:
+            return True
+        if cap.range_step is not None and (consumed - cap.range_min) % cap.range_step:
+            return True
+        return False
+    if cap.valid_values:
+        return consumed not in cap.valid_values
+    return False

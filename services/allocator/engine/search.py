@@ -1,0 +1,237 @@
+"""The backtracking search for one allocation unit on one node.
+
+Input: one `Slot` per chosen request alternative (claim order, then request
+order), each with its candidate devices already filtered by everything that
+does not depend on the other choices (selectors, node, in use, taints,
+capacity policy, counter room). The search picks devices so that, together,
+no exclusive device is taken twice, shared devices stay within capacity,
+counters stay within their sets, and every matchAttribute /
+distinctAttribute constraint holds over every device it covers.
+
+- matchAttribute is solved by enumerating the value first (candidates are
+  restricted to devices with that value), which turns the constraint into a
+  filter instead of a source of backtracking.
+- Devices of one request are chosen as combinations in candidate order
+  (a shared device may repeat), never as permutations.
+- Every change to the search state is undone exactly on backtrack.
+- A step budget bounds the work; running out raises `BudgetExceeded`.
+
+The seam for placement scoring is `Slot.cands`: the search takes candidates
+in that order and returns the first complete answer, so an ordering hook that
+sorts candidates (or nodes) changes the preference without touching this code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dralloc.allocator.engine.inventory import DeviceRec
+from dralloc.allocator.engine.ledger import Ledger
+from dralloc.allocator.engine.plan import Alt, Constraint
+
+
+class BudgetExceeded(Exception):
+    pass
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    claim: int  # index of the claim in the unit
+    alt: Alt
+    cands: list[DeviceRec]
+    consumed: dict[int, dict[str, int]]  # device id -> capacity consumed (shared devices)
+    distinct: list[tuple[int, Constraint]] = field(default_factory=list)  # (constraint id, constraint)
+    chosen: list[DeviceRec] = field(default_factory=list)
+
+
+class Search:
+    def __init__(self, ledger: Ledger, slots: list[Slot], matches: list[tuple[Constraint, list[int]]], budget: int) -> None:
+        self.ledger = ledger
+        self.inv = ledger.inv
+        self.slots = slots
+        self.matches = matches  # (constraint, indices of the slots it covers)
+        self.budget = budget
+        self.steps = 0
+        self.busy: dict[int, list[int]] = {}  # device id -> claims holding it exclusively in this unit
+        self.shared: dict[int, int] = {}  # device id -> shares taken in this unit
+        self.counters: dict[tuple, int] = {}
+        self.cap: dict[int, dict[str, int]] = {}
+        self.distinct: dict[int, dict[object, int]] = {}
+
+    # --- entry ---------------------------------------------------------------------------
+
+    def run(self) -> bool:
+        return self._match(0, [s.cands for s in self.slots])
+
+    def _tick(self) -> None:
+        self.steps += 1
+        if self.steps > self.budget:
+            raise BudgetExceeded
+
+    def _match(self, k: int, cands: list[list[DeviceRec]]) -> bool:
+        if k == len(self.matches):
+            for slot, c in zip(self.slots, cands):
+                slot.cands = c
+            return self._slot(0)
+        constraint, covered = self.matches[k]
+        attr = constraint.attribute
+        forced = None
+        for i in covered:
+            if self.slots[i].alt.all_mode:
+                values = {rec.attribute(attr) for rec in cands[i]}
+                if len(values) != 1 or None in values:
+                    return False
+                value = values.pop()
+                if forced is not None and forced != value:
+                    return False
+                forced = value
+        if forced is not None:
+            order = [forced]
+        else:
+            seen: dict[object, None] = {}
+            merged = sorted((rec for i in covered for rec in cands[i]), key=lambda r: r.order)
+            for rec in merged:
+                v = rec.attribute(attr)
+                if v is not None:
+                    seen.setdefault(v, None)
+            order = list(seen)
+        saved = list(cands)
+        for value in order:
+            self._tick()
+            ok = True
+            for i in covered:
+                kept = [rec for rec in saved[i] if rec.attribute(attr) == value]
+                slot = self.slots[i]
+                if not slot.alt.all_mode and not _enough(kept, slot.alt.count):
+                    ok = False
+                    break
+                cands[i] = kept
+            if ok and self._match(k + 1, cands):
+                return True
+            cands[:] = saved
+        return False
+
+    # --- devices ---------------------------------------------------------------------------
+
+    def _slot(self, i: int) -> bool:
+        if i == len(self.slots):
+            return True
+        slot = self.slots[i]
+        if slot.alt.all_mode:
+            taken: list[DeviceRec] = []
+            for rec in slot.cands:
+                self._tick()
+                if not self._can_take(slot, rec):
+                    break
+                self._take(slot, rec)
+                taken.append(rec)
+            else:
+                if self._slot(i + 1):
+                    return True
+            for rec in reversed(taken):
+                self._undo(slot, rec)
+            return False
+        return self._choose(i, slot, slot.alt.count, 0)
+
+    def _choose(self, i: int, slot: Slot, need: int, start: int) -> bool:
+        if need == 0:
+            return self._slot(i + 1)
+        cands = slot.cands
+        n = len(cands)
+        for j in range(start, n):
+            rec = cands[j]
+            if not rec.multi and n - j < need and not self._repeatable_after(cands, j):
+                break
+            self._tick()
+            if not self._can_take(slot, rec):
+                continue
+            self._take(slot, rec)
+            if self._choose(i, slot, need - 1, j if rec.multi else j + 1):
+                return True
+            self._undo(slot, rec)
+        return False
+
+    @staticmethod
+    def _repeatable_after(cands: list[DeviceRec], j: int) -> bool:
+        return any(rec.multi for rec in cands[j:])
+
+    def _active(self, rec: DeviceRec) -> bool:
+        return bool(self.busy.get(rec.id)) or self.shared.get(rec.id, 0) > 0 or self.ledger.active(rec)
+
+    def _can_take(self, slot: Slot, rec: DeviceRec) -> bool:
+        rid = rec.id
+        if rec.multi:
+            consumed = slot.consumed.get(rid)
+            if consumed is None:
+                return False
+            total = self.ledger.cap_used.get(rid, {})
+            unit = self.cap.get(rid, {})
+            caps = rec.capacity
+            for name, amount in consumed.items():
+                if total.get(name, 0) + unit.get(name, 0) + amount > caps[name].value:
+                    return False
+        else:
+            holders = self.busy.get(rid)
+            if holders and (not slot.alt.admin or slot.claim in holders):
+                return False
+        if rec.consumes and not self._active(rec):
+            pool = self.inv.pool_of(rec)
+            used = self.ledger.counter_used
+            for key, amount in rec.consumes:
+                if used.get(key, 0) + self.counters.get(key, 0) + amount > pool.counters.get(key, 0):
+                    return False
+        for cid, constraint in slot.distinct:
+            if rec.attribute(constraint.attribute) in self.distinct.get(cid, ()):
+                return False
+        return True
+
+    def _take(self, slot: Slot, rec: DeviceRec) -> None:
+        rid = rec.id
+        if rec.consumes and not self._active(rec):
+            for key, amount in rec.consumes:
+                self.counters[key] = self.counters.get(key, 0) + amount
+        if rec.multi:
+            self.shared[rid] = self.shared.get(rid, 0) + 1
+            unit = self.cap.setdefault(rid, {})
+            for name, amount in slot.consumed[rid].items():
+                unit[name] = unit.get(name, 0) + amount
+        else:
+            self.busy.setdefault(rid, []).append(slot.claim)
+        for cid, constraint in slot.distinct:
+            seen = self.distinct.setdefault(cid, {})
+            value = rec.attribute(constraint.attribute)
+            seen[value] = seen.get(value, 0) + 1
+        slot.chosen.append(rec)
+
+    def _undo(self, slot: Slot, rec: DeviceRec) -> None:
+        rid = rec.id
+        slot.chosen.pop()
+        for cid, constraint in slot.distinct:
+            seen = self.distinct[cid]
+            value = rec.attribute(constraint.attribute)
+            seen[value] -= 1
+            if not seen[value]:
+                del seen[value]
+        if rec.multi:
+            self.shared[rid] -= 1
+            if not self.shared[rid]:
+                del self.shared[rid]
+            unit = self.cap[rid]
+            for name, amount in slot.consumed[rid].items():
+                unit[name] -= amount
+        else:
+            holders = self.busy[rid]
+            holders.pop()
+            if not holders:
+                del self.busy[rid]
+        if rec.consumes and not self._active(rec):
+            for key, amount in rec.consumes:
+                left = self.counters[key] - amount
+                if left:
+                    self.counters[key] = left
+                else:
+                    del self.counters[key]
+
+
+def _enough(cands: list[DeviceRec], count: int) -> bool:
+    return len(cands) >= count or any(rec.multi for rec in cands)
