@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -261,13 +262,15 @@ class KubeSourceOptions:
 
     @classmethod
     def from_config(cls, config: Any) -> KubeSourceOptions:
-        """From the ingestor's `Config` (duck-typed: the fields it has)."""
+        """From the ingestor's `Config` (`namespace`: one or a comma-separated list, `kubeconfig`) and the
+        environment: ``DRALLOC_INGESTOR_SLICES``, ``DRALLOC_INGESTOR_CLAIM_TEMPLATES`` (true/false), ``DRALLOC_KUBE_SERVER``,
+        ``DRALLOC_KUBE_CONTEXT``."""
         namespaces = [ns.strip() for ns in (getattr(config, "namespace", None) or "").split(",") if ns.strip()]
         env = KubeSettings.from_env()
         return cls(
             namespaces=namespaces,
-            slices=bool(getattr(config, "kube_slices", False)),
-            claim_templates=bool(getattr(config, "claim_templates", False)),
+            slices=_env_flag("DRALLOC_INGESTOR_SLICES"),
+            claim_templates=_env_flag("DRALLOC_INGESTOR_CLAIM_TEMPLATES"),
             settings=KubeSettings(server=getattr(config, "kube_server", None) or env.server,
                                   kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
                                   context=env.context),
@@ -338,6 +341,10 @@ class KubernetesSource:
 
     def _claims_reflectors(self) -> list[Reflector[ResourceClaim]]:
         return [r for r in self.reflectors if r.item_type is ResourceClaim]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _bind(method: Callable[..., Awaitable[Any]], namespace: str) -> Callable[..., Awaitable[Any]]:

@@ -81,3 +81,16 @@ def test_dockerfile_copies_what_exists() -> None:
     for source in sources:
         assert (REPO / source).exists(), f"Dockerfile copies {source}, which does not exist"
     assert 'ENTRYPOINT ["dralloc"]' in text
+
+
+def test_commands_and_settings_are_ones_dralloc_knows(compose: dict[str, Any]) -> None:
+    from dralloc.cli import run_app
+
+    commands = {c.name for c in run_app.registered_commands}
+    code = "\n".join(p.read_text() for p in (REPO / "services").rglob("*.py"))
+    for name in DRALLOC_SERVICES:
+        service = compose["services"][name]
+        assert service["command"][1] in commands, f"dralloc run has no {service['command'][1]!r}"
+        for variable in service["environment"]:
+            if variable.startswith("DRALLOC_") or variable == "NATS_URL":
+                assert f'"{variable}"' in code, f"{name}: {variable} is read nowhere in services/"

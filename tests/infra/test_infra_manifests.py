@@ -113,3 +113,17 @@ def test_otel_settings_are_the_standard_variables(objects: list[dict[str, Any]])
     for workload in (o for o in objects if o["kind"] in ("Deployment", "DaemonSet")):
         env = {e["name"]: e.get("value") for e in containers(workload)[0]["env"]}
         assert env["OTEL_SERVICE_NAME"] == workload["metadata"]["name"]
+
+
+def test_commands_and_settings_are_ones_dralloc_knows(objects: list[dict[str, Any]]) -> None:
+    from dralloc.cli import run_app
+
+    commands = {c.name for c in run_app.registered_commands}
+    code = "\n".join(p.read_text() for p in (REPO / "services").rglob("*.py"))
+    settings = dict(find(objects, "ConfigMap", "dralloc-config")["data"])
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "DaemonSet")):
+        container = containers(workload)[0]
+        assert container["args"][1] in commands
+        for variable in [e["name"] for e in container.get("env", [])] + list(settings):
+            if variable.startswith("DRALLOC_") or variable == "NATS_URL":
+                assert f'"{variable}"' in code, f"{workload['metadata']['name']}: {variable} is read nowhere in services/"

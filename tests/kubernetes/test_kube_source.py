@@ -1,0 +1,228 @@
+"""The Kubernetes claim source against the emulated API server, through the real client over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kube_emulator import ApiServer
+
+from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
+from dralloc.ingestor.sources import SourceEvent
+from dralloc.kube import KubeSettings
+from dralloc.schemas import events as ev
+
+CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
+         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}
+SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-0-gpu"},
+         "spec": {"driver": "gpu.example.com", "nodeName": "node-0", "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
+                  "devices": [{"name": "gpu-0"}]}}
+
+
+def claim(name: str, namespace: str = "default", **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}, **extra}
+
+
+class Running:
+    """A source running in the background; its events land in a queue."""
+
+    def __init__(self, source: KubernetesSource) -> None:
+        self.source = source
+        self.stop = asyncio.Event()
+        self.queue: asyncio.Queue[SourceEvent] = asyncio.Queue()
+        self.problems: list[str] = []
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for event in self.source.events(self.stop):
+            self.queue.put_nowait(event)
+
+    async def take(self, count: int, timeout: float = 5.0) -> list[SourceEvent]:
+        async with asyncio.timeout(timeout):
+            return [await self.queue.get() for _ in range(count)]
+
+    async def quiet(self, seconds: float = 0.3) -> list[SourceEvent]:
+        """Whatever arrives within `seconds` (expected: nothing)."""
+        await asyncio.sleep(seconds)
+        found = []
+        while not self.queue.empty():
+            found.append(self.queue.get_nowait())
+        return found
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 5)
+
+
+@pytest.fixture
+async def start(apiserver: ApiServer) -> AsyncIterator[Any]:
+    running: list[Running] = []
+
+    def _start(seen: dict[str, str] | None = None, **options: Any) -> Running:
+        problems: list[str] = []
+        settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
+        source = KubernetesSource(None, problems.append, options=KubeSourceOptions(settings=settings, **options), seen=seen)
+        run = Running(source)
+        run.problems = problems
+        running.append(run)
+        return run
+
+    yield _start
+    for run in running:
+        if not run.task.done():
+            await run.close()
+
+
+def names(events: list[SourceEvent]) -> list[tuple[str, str]]:
+    out = []
+    for event in events:
+        match event:
+            case ev.ClaimSubmitted(claim=c):
+                out.append(("submitted", c.key))
+            case ev.ClaimDeleted():
+                out.append(("deleted", event.key))
+            case ev.DeviceClassPublished(device_class=c):
+                out.append(("class", c.metadata.name))
+            case ev.DeviceClassRemoved(name=n):
+                out.append(("class-removed", n))
+            case ev.ResourceSlicePublished(slice=s):
+                out.append(("slice", s.metadata.name))
+            case ev.ResourceSliceRemoved(name=n):
+                out.append(("slice-removed", n))
+    return out
+
+
+async def test_lists_then_watches_claims_and_classes(apiserver: ApiServer, start: Any) -> None:
+    apiserver.apply(CLASS)
+    apiserver.apply(claim("a"))
+    apiserver.apply(claim("done", status={"allocation": {"devices": {"results": []}}}))
+    run = start()
+    assert sorted(names(await run.take(2))) == [("class", "gpu.example.com"), ("submitted", "default/a")]
+    apiserver.apply(claim("b", "team-1"))
+    apiserver.remove("resourceclaims", "default", "a")
+    apiserver.remove("deviceclasses", None, "gpu.example.com")
+    events = await run.take(3)
+    assert sorted(names(events)) == [("class-removed", "gpu.example.com"), ("deleted", "default/a"), ("submitted", "team-1/b")]
+    submitted = next(e for e in events if isinstance(e, ev.ClaimSubmitted))
+    assert submitted.claim.metadata.uid == apiserver.read("resourceclaims", "team-1", "b")["metadata"]["uid"]
+    deleted = next(e for e in events if isinstance(e, ev.ClaimDeleted))
+    assert deleted.uid  # the uid of the deleted claim: the allocator releases exactly that claim
+    assert await run.quiet() == [] and run.problems == []
+
+
+async def test_status_written_back_is_not_submitted_again(apiserver: ApiServer, start: Any) -> None:
+    stored = apiserver.apply(claim("a"))
+    run = start()
+    assert names(await run.take(1)) == [("submitted", "default/a")]
+    apiserver.apply({**stored, "status": {"allocation": {"devices": {"results": []}}}})  # the status writer's write
+    apiserver.apply({**apiserver.read("resourceclaims", "default", "a"), "metadata": {"name": "a", "namespace": "default", "labels": {"x": "1"}}})
+    assert await run.quiet() == []
+
+
+async def test_claim_held_by_finalizer_is_deleted_when_marked(apiserver: ApiServer, start: Any) -> None:
+    apiserver.apply(claim("a") | {"metadata": {"name": "a", "namespace": "default", "finalizers": ["example.com/hold"]}})
+    run = start()
+    await run.take(1)
+    apiserver.remove("resourceclaims", "default", "a")  # sets deletionTimestamp only
+    assert names(await run.take(1)) == [("deleted", "default/a")]
+
+
+async def test_slices_of_other_drivers_when_asked(apiserver: ApiServer, start: Any) -> None:
+    apiserver.apply(SLICE)
+    without = start()
+    with_slices = start(slices=True)
+    assert names(await with_slices.take(1)) == [("slice", "node-0-gpu")]
+    apiserver.remove("resourceslices", None, "node-0-gpu")
+    removed = await with_slices.take(1)
+    assert names(removed) == [("slice-removed", "node-0-gpu")]
+    assert removed[0].driver == "gpu.example.com" and removed[0].pool == "node-0"
+    assert await without.quiet(0.1) == []
+
+
+async def test_namespace_list(apiserver: ApiServer, start: Any) -> None:
+    for ns in ("a", "b", "c"):
+        apiserver.apply(claim("x", ns))
+    run = start(namespaces=["a", "c"])
+    assert sorted(names(await run.take(2))) == [("submitted", "a/x"), ("submitted", "c/x")]
+    apiserver.apply(claim("y", "b"))
+    apiserver.apply(claim("y", "c"))
+    assert names(await run.take(1)) == [("submitted", "c/y")]
+    assert await run.quiet(0.1) == []
+
+
+async def test_bookmarks_advance_the_resource_version(apiserver: ApiServer, start: Any) -> None:
+    apiserver.bookmark_interval = 0.05
+    apiserver.apply(claim("a"))
+    run = start()
+    await run.take(1)
+    apiserver.apply({**CLASS, "metadata": {"name": "unrelated"}})  # bumps the version; claims' watch sees only a bookmark
+    claims = next(r for r in run.source.reflectors if r.what == "resourceclaims")
+    async with asyncio.timeout(3):
+        while claims.resource_version != str(apiserver.resource_version):
+            await asyncio.sleep(0.02)
+
+
+async def test_expired_watch_resumes_without_loss_or_replay(apiserver: ApiServer, start: Any) -> None:
+    apiserver.max_watch_seconds = 0.2  # the server ends every watch quickly, as API servers do (timeouts)
+    apiserver.apply(claim("a"))
+    run = start()
+    assert names(await run.take(1)) == [("submitted", "default/a")]
+    for i in range(3):
+        await asyncio.sleep(0.25)  # across a watch renewal
+        apiserver.apply(claim(f"n{i}"))
+        assert names(await run.take(1)) == [("submitted", f"default/n{i}")]
+    assert await run.quiet(0.3) == []  # nothing replayed by the renewed watches
+    watches = [r for r in apiserver._requests if r.params.get("watch") and r.resource.plural == "resourceclaims"]
+    assert len(watches) >= 3 and all(r.params.get("resourceVersion") for r in watches)
+
+
+async def test_410_gone_relists_and_finds_what_happened_in_the_gap(apiserver: ApiServer, start: Any) -> None:
+    apiserver.apply(claim("stays"))
+    apiserver.apply(claim("goes"))
+    run = start()
+    assert sorted(names(await run.take(2))) == [("submitted", "default/goes"), ("submitted", "default/stays")]
+    # A partition: the watch drops, changes happen, history is compacted before the client is back.
+    apiserver.hold_watches()
+    apiserver.close_watches()
+    await asyncio.sleep(0.05)
+    apiserver.remove("resourceclaims", "default", "goes")
+    apiserver.apply(claim("new"))
+    apiserver.compact()
+    apiserver.release_watches()
+    events = await run.take(2)
+    assert sorted(names(events)) == [("deleted", "default/goes"), ("submitted", "default/new")]
+    assert await run.quiet() == []  # `stays` was known: not submitted again
+    lists = [r for r in apiserver._requests if r.resource and r.resource.plural == "resourceclaims"
+             and r.method.value == "GET" and not r.params.get("watch")]
+    assert len(lists) == 2  # the first list and the re-list after 410
+
+
+async def test_restart_does_not_submit_handled_claims_again(apiserver: ApiServer, start: Any) -> None:
+    apiserver.apply(claim("a"))
+    first = start()
+    (submitted,) = await first.take(1)
+    await first.close()
+    # What the bus already has for each subject (the ingestor's shell replays it at start).
+    second = start(seen={submitted.subject: submitted.msg_id})
+    assert await second.quiet() == []
+    apiserver.apply(claim("b"))
+    assert names(await second.take(1)) == [("submitted", "default/b")]
+
+
+async def test_bad_object_is_reported_and_skipped(apiserver: ApiServer, start: Any) -> None:
+    apiserver.apply({**CLASS, "metadata": {"name": "bad"}, "spec": {"selectors": "not a list"}})
+    apiserver.apply(CLASS)
+    run = start()
+    assert names(await run.take(1)) == [("class", "gpu.example.com")]
+    assert len(run.problems) == 1 and "DeviceClass/bad" in run.problems[0] and "selectors" in run.problems[0]
+
+
+async def test_api_errors_are_retried(apiserver: ApiServer, start: Any) -> None:
+    apiserver["get", apiserver.resource("resource.k8s.io", "v1", "resourceclaims")][:2] << 503  # the first two fail
+    apiserver.apply(claim("a"))
+    run = start()
+    assert names(await run.take(1)) == [("submitted", "default/a")]
+    assert any("503" in p for p in run.problems)
