@@ -21,6 +21,7 @@ state is "completed".
 
 from __future__ import annotations
 
+import ctypes
 import os
 import uuid as _uuid
 from collections.abc import Callable
@@ -279,6 +280,10 @@ class PynvmlSource:
             raise GpuLost(str(exc)) from None
         except self._nvml.NVMLError as exc:
             raise QueryError(str(exc)) from None
+        except (TypeError, AttributeError, ValueError, OSError) as exc:
+            # A binding that does not match the installed library (a missing symbol, a changed
+            # signature) is one unanswered query too, not a crash of the publisher.
+            raise QueryError(f"{getattr(fn, '__name__', fn)}: {exc}") from None
 
     def close(self) -> None:
         try:
@@ -352,8 +357,6 @@ class _PynvmlDevice:
         return result
 
     def mig_placements(self, profile_id: int) -> list[tuple[int, int]]:
-        import ctypes
-
         n = self._n
         array = (n.c_nvmlGpuInstancePlacement_t * 8)()
         count = ctypes.c_uint(len(array))
@@ -368,7 +371,7 @@ class _PynvmlDevice:
 
     def fabric(self) -> dict[str, Any]:
         info = self._n.c_nvmlGpuFabricInfo_t()
-        self._q(self._n.nvmlDeviceGetGpuFabricInfo, info)
+        self._q(self._n.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info))
         return {
             "clusterUuid": str(_uuid.UUID(bytes=bytes(info.clusterUuid[:16]))),
             "status": int(info.status),
