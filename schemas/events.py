@@ -18,6 +18,7 @@ subject                                                stream        events
 =====================================================  ============  =======================
 ``dra.inventory.<driver>.<pool>.<slice>``              INVENTORY     ResourceSlicePublished/Removed
 ``dra.deviceclasses.<name>``                           INVENTORY     DeviceClassPublished/Removed
+``dra.nodes.<name>``                                   INVENTORY     NodePublished/Removed
 ``dra.claims.<namespace>.<name>``                      CLAIMS        ClaimSubmitted/Deleted
 ``dra.allocations.<namespace>.<name>``                 ALLOCATIONS   AllocationCommitted/Failed/Released
 =====================================================  ============  =======================
@@ -38,7 +39,7 @@ from typing import Literal
 
 import msgspec
 
-from dralloc.schemas.resource import AllocationResult, DeviceClass, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
 
 SCHEMA_VERSION = 1
 """Bumped on any incompatible change to an event; additions of optional fields do not bump it."""
@@ -139,6 +140,32 @@ class DeviceClassRemoved(_Event, tag=True, frozen=True):
     @property
     def msg_id(self) -> str:
         return f"class-removed:{self.name}"
+
+
+class NodePublished(_Event, tag=True, frozen=True):
+    """A node's name and labels (what node selectors match), from discovery."""
+
+    node: Node
+
+    @property
+    def subject(self) -> str:
+        return subject("nodes", self.node.metadata.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"node:{self.node.metadata.name}:{_digest(msgspec.json.encode(self.node))}"
+
+
+class NodeRemoved(_Event, tag=True, frozen=True):
+    name: str
+
+    @property
+    def subject(self) -> str:
+        return subject("nodes", self.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"node-removed:{self.name}"
 
 
 # --- claims ----------------------------------------------------------------------
@@ -248,7 +275,9 @@ class AllocationReleased(_Event, tag=True, frozen=True):
         return f"released:{self.uid or self.key}"
 
 
-InventoryEvent = ResourceSlicePublished | ResourceSliceRemoved | DeviceClassPublished | DeviceClassRemoved
+InventoryEvent = (
+    ResourceSlicePublished | ResourceSliceRemoved | DeviceClassPublished | DeviceClassRemoved | NodePublished | NodeRemoved
+)
 ClaimEvent = ClaimSubmitted | ClaimDeleted
 AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased
 Event = InventoryEvent | ClaimEvent | AllocationEvent
@@ -258,6 +287,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ResourceSliceRemoved,
     DeviceClassPublished,
     DeviceClassRemoved,
+    NodePublished,
+    NodeRemoved,
     ClaimSubmitted,
     ClaimDeleted,
     AllocationCommitted,

@@ -14,8 +14,8 @@ Connecting
     await Bus.connect(...) as bus``); ``await bus.ensure_streams()`` creates or
     updates the streams (idempotent, every service may call it):
 
-    - ``INVENTORY``   ``dra.inventory.>`` and ``dra.deviceclasses.>``, one
-      message per subject (the current slice / class);
+    - ``INVENTORY``   ``dra.inventory.>``, ``dra.deviceclasses.>`` and
+      ``dra.nodes.>``, one message per subject (the current slice / class / node);
     - ``CLAIMS``      ``dra.claims.>``;
     - ``ALLOCATIONS`` ``dra.allocations.>`` (committed, failed, released);
     - ``DEADLETTER``  ``dra.deadletter.<stream>.<consumer>``: messages that can
@@ -26,7 +26,7 @@ Publishing
     ``await bus.publish(event)``: the subject and the ``Nats-Msg-Id`` come from
     the event (content identity, so a retry is deduplicated), a PRODUCER span
     is started and its W3C ``traceparent`` travels in the headers. Returns the
-    stream sequence once JetStream has stored the message.
+    JetStream's ack (stream sequence, ``duplicate``) once stored.
 
 Consuming
     ``await bus.consume(stream, handler, stop, durable="allocator")`` runs a
@@ -78,6 +78,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     KeyValueConfig,
+    PubAck,
     StorageType,
     StreamConfig,
 )
@@ -98,7 +99,7 @@ DUPLICATE_WINDOW_S = 300.0
 STREAMS: dict[str, StreamConfig] = {
     "INVENTORY": StreamConfig(
         name="INVENTORY",
-        subjects=["dra.inventory.>", "dra.deviceclasses.>"],
+        subjects=["dra.inventory.>", "dra.deviceclasses.>", "dra.nodes.>"],
         max_msgs_per_subject=1,  # the last value per subject is the current object
         storage=StorageType.FILE,
         duplicate_window=DUPLICATE_WINDOW_S,
@@ -117,6 +118,9 @@ STREAMS: dict[str, StreamConfig] = {
         duplicate_window=DUPLICATE_WINDOW_S,
     ),
 }
+
+FETCH_WAIT_S = 1.0
+"""Longest wait of one pull request, and so the longest a consumer takes to notice `stop`."""
 
 Handler = Callable[[Event], Awaitable[None]]
 
@@ -207,18 +211,34 @@ class Bus:
     @classmethod
     async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
         url = url or os.environ.get("NATS_URL") or DEFAULT_URL
+        nc = nats.NATS()
+
+        async def on_error(exc: Exception) -> None:
+            # Before the first connection the caller gets one clear error; afterwards, log.
+            if nc.is_connected or nc.is_reconnecting:
+                log.warning("nats: %s", exc)
+
         try:
-            nc = await nats.connect(
-                url,
-                name=f"dralloc-{name}",
-                connect_timeout=timeout,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                drain_timeout=2,
-                error_cb=_log_nats_error,
+            # The client retries forever once connected (reconnects); the first connection
+            # gets `timeout` seconds in all.
+            await asyncio.wait_for(
+                nc.connect(
+                    url,
+                    name=f"dralloc-{name}",
+                    connect_timeout=timeout,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    drain_timeout=2,
+                    error_cb=on_error,
+                ),
+                timeout,
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
-            raise BusError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from None
+            with contextlib.suppress(Exception):
+                await nc.close()
+            reason = str(exc) or f"no answer within {timeout:g}s"
+            raise BusError(f"cannot connect to NATS at {url}: {reason} (is a nats-server with JetStream running there? `dralloc demo` starts its own)") from None
         return cls(nc, name)
 
     async def close(self) -> None:
@@ -245,8 +265,8 @@ class Bus:
                     continue
             await self.js.update_stream(config)
 
-    async def publish(self, event: Event) -> int:
-        """Publish and wait for JetStream to store it; returns the stream sequence."""
+    async def publish(self, event: Event) -> PubAck:
+        """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it)."""
         subject = event.subject
         with telemetry.tracer().start_as_current_span(
             f"send {subject}",
@@ -260,8 +280,7 @@ class Bus:
             },
         ):
             headers = telemetry.inject({"Nats-Msg-Id": event.msg_id})
-            ack = await self.js.publish(subject, events.encode(event), headers=headers)
-        return ack.seq
+            return await self.js.publish(subject, events.encode(event), headers=headers)
 
     async def consume(
         self,
@@ -291,32 +310,28 @@ class Bus:
                 config.opt_start_seq = start_seq
         # An empty filter is the whole stream (INVENTORY has two subject trees).
         sub = await self.js.pull_subscribe(filter_subject or "", durable=durable, stream=stream, config=config)
-        stopped = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                fetch = asyncio.ensure_future(sub.fetch(batch, timeout=5.0))
-                await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not fetch.done():
-                    # Unacked messages of a cancelled fetch are redelivered after ack_wait.
-                    fetch.cancel()
-                    with contextlib.suppress(BaseException):
-                        await fetch
-                    break
                 try:
-                    messages = fetch.result()
+                    # A short long-poll, never cancelled: a cancelled fetch leaves a pull request on the
+                    # server that strands messages until ack_wait, so a stop waits for it (<= 1 s).
+                    messages = await sub.fetch(batch, timeout=FETCH_WAIT_S)
                 except (nats.errors.TimeoutError, TimeoutError):
                     continue
                 except nats.errors.Error as exc:
+                    if stop.is_set():
+                        break
                     log.warning("%s: fetching from %s failed: %s; retrying", consumer_name, stream, exc)
                     await asyncio.sleep(0.5)
                     continue
                 for msg in messages:
-                    await self._process(msg, handler, stream, consumer_name, max_deliver)
+                    if stop.is_set():
+                        await msg.nak()  # fetched but not started: hand it back at once
+                    else:
+                        await self._process(msg, handler, stream, consumer_name, max_deliver)
         finally:
-            stopped.cancel()
-            if durable is None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _process(self, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> None:
         delivered = msg.metadata.num_delivered
@@ -408,5 +423,17 @@ class Bus:
             return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history))
 
 
-async def _log_nats_error(exc: Exception) -> None:
-    log.warning("nats: %s", exc)
+async def run_service(name: str, serve: Callable[..., Awaitable[None]], config: object, url: str | None) -> None:
+    """`dralloc run <name>`: connect, ensure the streams, serve until SIGINT/SIGTERM."""
+    telemetry.setup(name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    bus = await Bus.connect(url, name=name)
+    try:
+        await bus.ensure_streams()
+        log.info("%s: serving (NATS %s)", name, bus.nc.connected_url.geturl() if bus.nc.connected_url else url)
+        await serve(bus, config, stop)
+    finally:
+        await bus.close()

@@ -55,8 +55,9 @@ async def test_publish_is_deduplicated_by_content_identity(bus: Bus):
     first = await bus.publish(claim("a", uid="u1"))
     again = await bus.publish(claim("a", uid="u1"))
     other = await bus.publish(claim("a", uid="u2"))  # same name, new object (deleted and recreated)
-    assert first == again
-    assert other == first + 1
+    assert (first.seq, first.duplicate) == (1, None)
+    assert (again.seq, again.duplicate) == (1, True)
+    assert (other.seq, other.duplicate) == (2, None)
     assert (await bus.js.stream_info("CLAIMS")).state.messages == 2
 
 

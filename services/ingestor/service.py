@@ -1,0 +1,100 @@
+"""The claim ingestor: reads claims (and the classes and slices they need) from a source and publishes them.
+
+    dralloc run ingestor --source files -f examples/ [--watch]
+    dralloc run ingestor --source kubernetes [--namespace NS]
+
+Environment: ``DRALLOC_INGESTOR_SOURCE``, ``DRALLOC_INGESTOR_PATHS`` (paths
+separated by ``:``), ``DRALLOC_INGESTOR_WATCH`` (default true: a service keeps
+following its files; ``false`` publishes once and exits),
+``DRALLOC_INGESTOR_INTERVAL`` (seconds), ``DRALLOC_INGESTOR_NAMESPACE``,
+``KUBECONFIG``; flags override them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import nats.errors
+
+from dralloc.bus import Bus
+from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
+
+log = logging.getLogger("dralloc.ingestor")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Config:
+    source: Literal["files", "kubernetes"] = "files"
+    paths: list[str] = field(default_factory=list)
+    watch: bool = False
+    interval: float = 2.0
+    namespace: str | None = None
+    """Kubernetes source: watch one namespace (default: all)."""
+    kubeconfig: str | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Config:
+        env = os.environ
+        config = cls(
+            source=env.get("DRALLOC_INGESTOR_SOURCE", "files"),  # type: ignore[arg-type]
+            paths=[p for p in env.get("DRALLOC_INGESTOR_PATHS", "").split(os.pathsep) if p],
+            watch=env_flag("DRALLOC_INGESTOR_WATCH", default=True),
+            interval=float(env.get("DRALLOC_INGESTOR_INTERVAL", "2")),
+            namespace=env.get("DRALLOC_INGESTOR_NAMESPACE") or None,
+            kubeconfig=env.get("KUBECONFIG") or None,
+        )
+        for key, value in overrides.items():
+            if value is not None and value != []:
+                setattr(config, key, value)
+        if config.source not in ("files", "kubernetes"):
+            raise ValueError(f"unknown source {config.source!r}: use files or kubernetes")
+        return config
+
+
+def make_source(config: Config) -> ClaimSource:
+    if config.source == "kubernetes":
+        from dralloc.ingestor.kubernetes import KubernetesSource  # only when asked: needs a cluster
+
+        return KubernetesSource(config, report=_report)
+    return FileSource(config.paths, report=_report, watch=config.watch, interval=config.interval)
+
+
+def _report(problem: str) -> None:
+    log.warning("%s", problem)
+
+
+async def publish_until_stored(bus: Bus, event: SourceEvent, stop: asyncio.Event) -> bool:
+    """Publish, retrying while NATS is unreachable; False if stopped first."""
+    delay = 0.1
+    while not stop.is_set():
+        try:
+            await bus.publish(event)
+            return True
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            log.warning("publishing %s failed: %s; retrying in %.1fs", event.subject, exc, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, 5.0)
+    return False
+
+
+async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, source: ClaimSource | None = None) -> None:
+    """Publish everything the source yields until it ends or `stop` is set."""
+    source = source or make_source(config)
+    published = 0
+    async for event in source.events(stop):
+        if not await publish_until_stored(bus, event, stop):
+            break
+        published += 1
+    log.info("ingestor: published %d events", published)

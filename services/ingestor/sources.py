@@ -1,0 +1,158 @@
+"""Where claims come from: the `ClaimSource` protocol and the file source.
+
+A source is an async iterator of events the ingestor publishes unchanged:
+claims (`ClaimSubmitted` / `ClaimDeleted`) and the objects claims need
+(`DeviceClassPublished` / `Removed`, `ResourceSlicePublished` / `Removed`,
+`NodePublished` / `Removed`). Bad input is reported through the `report`
+callback (one line naming file, object and field) and never stops the source.
+Sources: `FileSource` here, `KubernetesSource` in ``kubernetes.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from dralloc.ingestor.templates import expand_pod
+from dralloc.manifests import Manifests, expand_paths, load_paths
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import DeviceClass, Node, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+
+SourceEvent = (
+    ev.ClaimSubmitted
+    | ev.ClaimDeleted
+    | ev.DeviceClassPublished
+    | ev.DeviceClassRemoved
+    | ev.ResourceSlicePublished
+    | ev.ResourceSliceRemoved
+    | ev.NodePublished
+    | ev.NodeRemoved
+)
+
+Report = Callable[[str], None]
+"""Receives one human-readable line per problem in the input."""
+
+
+class ClaimSource(Protocol):
+    def events(self, stop: asyncio.Event) -> AsyncIterator[SourceEvent]:
+        """Events in the order they should be published; ends when the source is exhausted or `stop` is set."""
+        ...
+
+
+_FILE_UID_NAMESPACE = uuid.UUID("5b0c6a3e-4a53-4b52-9a3c-0d1e2f3a4b5c")
+
+
+def with_identity(claim: ResourceClaim) -> ResourceClaim:
+    """A claim from a file has no uid: give it one derived from its key and spec.
+
+    Equal content gives an equal uid (re-reading a file is deduplicated); a
+    changed spec gives a new uid, as deleting and re-creating the claim would
+    in Kubernetes (claim specs are immutable there).
+    """
+    meta = claim.metadata
+    if meta.uid and meta.namespace:
+        return claim
+    digest = hashlib.sha256(msgspec.json.encode(claim.spec)).hexdigest()
+    uid = meta.uid or str(uuid.uuid5(_FILE_UID_NAMESPACE, f"{claim.key}:{digest}"))
+    return msgspec.structs.replace(claim, metadata=msgspec.structs.replace(meta, uid=uid, namespace=meta.namespace or "default"))
+
+
+def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEvent]:
+    """What a set of manifests publishes: classes, nodes and slices first, then claims (Pods expanded)."""
+    for error in manifests.errors:
+        report(str(error))
+    templates = {
+        (t.metadata.namespace or "default", t.metadata.name): t for t in manifests.of_type(ResourceClaimTemplate)
+    }
+    inventory: list[SourceEvent] = []
+    claims: list[SourceEvent] = []
+    for item in manifests.objects:
+        obj = item.obj
+        if isinstance(obj, DeviceClass):
+            inventory.append(ev.DeviceClassPublished(device_class=obj))
+        elif isinstance(obj, ResourceSlice):
+            inventory.append(ev.ResourceSlicePublished(slice=obj))
+        elif isinstance(obj, Node):
+            inventory.append(ev.NodePublished(node=obj))
+        elif isinstance(obj, ResourceClaim):
+            claims.append(ev.ClaimSubmitted(claim=with_identity(obj)))
+        elif isinstance(obj, Pod):
+            expanded, errors = expand_pod(obj, templates)
+            for error in errors:
+                report(f"{item.source}: Pod/{obj.metadata.name}: {error}")
+            claims += [ev.ClaimSubmitted(claim=with_identity(claim)) for claim in expanded]
+    return inventory + claims
+
+
+def removal_of(event: SourceEvent) -> SourceEvent | None:
+    """The event that undoes `event` (a file or object that disappeared)."""
+    match event:
+        case ev.ClaimSubmitted(claim=claim):
+            meta = claim.metadata
+            return ev.ClaimDeleted(namespace=meta.namespace or "default", name=meta.name, uid=meta.uid or "")
+        case ev.DeviceClassPublished(device_class=cls):
+            return ev.DeviceClassRemoved(name=cls.metadata.name)
+        case ev.ResourceSlicePublished(slice=s):
+            return ev.ResourceSliceRemoved(name=s.metadata.name, driver=s.spec.driver, pool=s.spec.pool.name, generation=s.spec.pool.generation)
+        case ev.NodePublished(node=node):
+            return ev.NodeRemoved(name=node.metadata.name)
+    return None
+
+
+def changes(previous: dict[str, SourceEvent], current: Iterable[SourceEvent]) -> tuple[list[SourceEvent], dict[str, SourceEvent]]:
+    """Events that turn the `previous` state (by subject) into `current`: removals first, then news."""
+    now = {event.subject: event for event in current}
+    removed = [undo for subject, old in previous.items() if subject not in now and (undo := removal_of(old))]
+    replaced: list[SourceEvent] = []
+    for subject, event in now.items():
+        old = previous.get(subject)
+        if old is not None and old.msg_id != event.msg_id and isinstance(old, ev.ClaimSubmitted):
+            replaced.append(removal_of(old))  # a changed claim is a new object: delete the old one first
+    fresh = [event for subject, event in now.items() if subject not in previous or previous[subject].msg_id != event.msg_id]
+    return removed + replaced + fresh, now
+
+
+@dataclass
+class FileSource:
+    """Manifests from files and directories; with `watch`, keeps polling for changes and removals."""
+
+    paths: list[str]
+    report: Report
+    watch: bool = False
+    interval: float = 2.0
+    _state: dict[str, SourceEvent] = field(default_factory=dict)
+
+    async def events(self, stop: asyncio.Event) -> AsyncIterator[SourceEvent]:
+        fingerprint = None
+        while not stop.is_set():
+            now = _fingerprint(self.paths)
+            if now != fingerprint:
+                fingerprint = now
+                manifests = await asyncio.to_thread(load_paths, self.paths)
+                todo, self._state = changes(self._state, events_from_manifests(manifests, self.report))
+                for event in todo:
+                    yield event
+            if not self.watch:
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval)
+            except TimeoutError:
+                pass
+
+
+def _fingerprint(paths: list[str]) -> tuple:
+    """Cheap change detection: every manifest file's path, size and mtime."""
+    items = []
+    for file in expand_paths(paths):
+        try:
+            st = file.stat()
+        except OSError:
+            continue
+        items.append((str(file), st.st_size, st.st_mtime_ns))
+    return tuple(items)

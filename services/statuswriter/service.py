@@ -1,0 +1,73 @@
+"""The status writer: applies every allocation decision to a sink (local KV store or Kubernetes).
+
+    dralloc run statuswriter [--sink local|kubernetes] [--bucket NAME]
+
+Environment: ``DRALLOC_STATUSWRITER_SINK``, ``DRALLOC_STATUSWRITER_BUCKET``,
+``KUBECONFIG``; flags override them. The local store is a JetStream KV bucket
+(default ``dralloc-claims``), read by `dralloc get claims`. It reads
+ALLOCATIONS with the durable consumer ``statuswriter-<sink>``, so a restart
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dralloc.bus import Bus
+from dralloc.schemas import events as ev
+from dralloc.statuswriter.sinks import DEFAULT_BUCKET, KVSink, StatusSink
+
+
+@dataclass
+class Config:
+    sink: Literal["local", "kubernetes"] = "local"
+    bucket: str = DEFAULT_BUCKET
+    kubeconfig: str | None = None
+    ack_wait: float = 30.0
+    """Seconds before an unacked event is redelivered (a crashed writer's work is redone)."""
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Config:
+        env = os.environ
+        config = cls(
+            sink=env.get("DRALLOC_STATUSWRITER_SINK", "local"),  # type: ignore[arg-type]
+            bucket=env.get("DRALLOC_STATUSWRITER_BUCKET", DEFAULT_BUCKET),
+            kubeconfig=env.get("KUBECONFIG") or None,
+        )
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(config, key, value)
+        if config.sink not in ("local", "kubernetes"):
+            raise ValueError(f"unknown sink {config.sink!r}: use local or kubernetes")
+        return config
+
+
+async def make_sink(bus: Bus, config: Config) -> StatusSink:
+    if config.sink == "kubernetes":
+        from dralloc.statuswriter.kubernetes import KubernetesSink  # only when asked: needs a cluster
+
+        return KubernetesSink(config)
+    return KVSink(await bus.key_value(config.bucket))
+
+
+async def apply(sink: StatusSink, event: ev.Event) -> None:
+    """One event to the sink (the pure dispatch; other event types are not ours and are ignored)."""
+    if isinstance(event, ev.AllocationCommitted):
+        await sink.committed(event)
+    elif isinstance(event, ev.AllocationFailed):
+        await sink.failed(event)
+    elif isinstance(event, ev.AllocationReleased):
+        await sink.released(event)
+
+
+async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, sink: StatusSink | None = None) -> None:
+    sink = sink or await make_sink(bus, config)
+    durable = f"statuswriter-{config.sink}"
+
+    async def handle(event: ev.Event) -> None:
+        await apply(sink, event)
+
+    await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait)

@@ -1,0 +1,34 @@
+"""`dralloc get claims`: the local store, for people (a table) and machines (JSON)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from dralloc.bus import Bus
+from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all
+
+
+async def fetch_claims(url: str | None, bucket: str | None = None) -> list[ClaimStatus]:
+    async with await Bus.connect(url, name="get") as bus:
+        return await read_all(await bus.key_value(bucket or DEFAULT_BUCKET))
+
+
+def claims_table(statuses: list[ClaimStatus], title: str | None = None):
+    """A rich Table: claim, status, node, devices (shared with the demo)."""
+    from rich.table import Table
+
+    styles = {"allocated": "green", "unsatisfiable": "yellow", "error": "red", "pending": "dim"}
+    table = Table("CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, header_style="bold", box=None)
+    for s in statuses:
+        devices = "\n".join(f"{r.pool}/{r.device}" for r in s.allocation.devices.results) if s.allocation else ""
+        table.add_row(s.claim, f"[{styles.get(s.state, '')}]{s.state}[/]", s.node or "", devices, s.message)
+    return table
+
+
+def render(statuses: list[ClaimStatus], output: str) -> None:
+    if output == "json":
+        print(msgspec.json.format(msgspec.json.encode({"claims": statuses}), indent=2).decode())
+        return
+    from rich.console import Console
+
+    Console().print(claims_table(statuses))

@@ -1,0 +1,103 @@
+"""Where allocation decisions end up: the `StatusSink` protocol and the local store (JetStream KV).
+
+A sink receives every allocation event in stream order and must make it
+durable before returning (the status writer acks the message afterwards, so
+a sink also sees an event again after a crash: it must be idempotent).
+Sinks: `KVSink` here, `KubernetesSink` in ``kubernetes.py`` (patches the
+claim's ``status``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal, Protocol
+
+import msgspec
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import AllocationResult
+
+DEFAULT_BUCKET = "dralloc-claims"
+
+
+class StatusSink(Protocol):
+    async def committed(self, event: ev.AllocationCommitted) -> None: ...
+    async def failed(self, event: ev.AllocationFailed) -> None: ...
+    async def released(self, event: ev.AllocationReleased) -> None: ...
+
+
+class ClaimStatus(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    """One claim's latest allocation state, as stored and as `dralloc get claims -o json` prints it."""
+
+    claim: str
+    """``namespace/name``."""
+    uid: str
+    state: Literal["allocated", "unsatisfiable", "error"]
+    node: str | None = None
+    allocation: AllocationResult | None = None
+    message: str = ""
+    updated: str = ""
+
+    @property
+    def devices(self) -> list[str]:
+        if self.allocation is None:
+            return []
+        return [f"{r.driver}/{r.pool}/{r.device}" for r in self.allocation.devices.results]
+
+
+def status_of(event: ev.AllocationCommitted | ev.AllocationFailed) -> ClaimStatus:
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(event, ev.AllocationCommitted):
+        return ClaimStatus(
+            claim=event.key, uid=event.claim.metadata.uid or "", state="allocated", node=event.node, allocation=event.allocation, updated=now
+        )
+    return ClaimStatus(claim=event.key, uid=event.uid, state=event.reason, message=event.message, updated=now)
+
+
+def kv_key(claim_key: str) -> str:
+    # KV keys allow [-/_=.a-zA-Z0-9]; namespace and name are DNS names, so `ns/name` is a valid key as is.
+    return claim_key
+
+
+class KVSink:
+    """The latest state per claim in a JetStream KV bucket (key ``namespace/name``); released claims are deleted."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def committed(self, event: ev.AllocationCommitted) -> None:
+        await self.kv.put(kv_key(event.key), msgspec.json.encode(status_of(event)))
+
+    async def failed(self, event: ev.AllocationFailed) -> None:
+        current = await read_status(self.kv, event.key)
+        if current is not None and current.state == "allocated" and current.uid == event.uid:
+            return  # a late failure (an older attempt redelivered) never hides a commit
+        await self.kv.put(kv_key(event.key), msgspec.json.encode(status_of(event)))
+
+    async def released(self, event: ev.AllocationReleased) -> None:
+        current = await read_status(self.kv, event.key)
+        if current is not None and current.uid not in (event.uid, ""):
+            return  # the claim was re-created since: that one's status stays
+        await self.kv.delete(kv_key(event.key))
+
+
+async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:
+    try:
+        entry = await kv.get(kv_key(claim_key))
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    if not entry.value:
+        return None
+    return msgspec.json.decode(entry.value, type=ClaimStatus)
+
+
+async def read_all(kv: KeyValue) -> list[ClaimStatus]:
+    """Every stored claim status, sorted by claim."""
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return []
+    found = [status for key in keys if (status := await read_status(kv, key)) is not None]
+    return sorted(found, key=lambda s: s.claim)
