@@ -72,6 +72,240 @@ def discover(
     print(render(build_slices(inventory, layout=layout), output))
 
 
+# --- services on the bus: run, submit, get, demo, schemas -------------------------
+
+NATS_URL_HELP = "NATS server URL (default: $NATS_URL, else nats://127.0.0.1:4222)."
+
+run_app = typer.Typer(help="Run one service (for containers and compose.yaml); stops on SIGINT/SIGTERM.", no_args_is_help=True)
+app.add_typer(run_app, name="run")
+
+
+def _serve(name: str, module: str, nats_url: str | None, **overrides: object) -> None:
+    """Build the service's Config from environment + flags and run it until a signal."""
+    import asyncio
+    import importlib
+    import logging
+
+    from dralloc.bus import BusError, run_service
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    service = importlib.import_module(module)
+    try:
+        config = service.Config.from_env(**overrides)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        asyncio.run(run_service(name, service.serve, config, nats_url))
+    except BusError as exc:
+        fail(str(exc), 1)
+
+
+@run_app.command("discovery")
+def run_discovery(nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP)) -> None:
+    """Publish this node's ResourceSlices (NVML, or simulated nodes from hardware profiles)."""
+    _serve("discovery", "dralloc.discovery.service", nats_url)
+
+
+@run_app.command("ingestor")
+def run_ingestor(
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    source: str = typer.Option(None, "--source", help="files (default) or kubernetes."),
+    paths: list[str] = typer.Option([], "-f", "--filename", help="Manifest file or directory (repeatable)."),
+    watch: bool = typer.Option(None, "--watch/--once", help="Keep following the files (default) or publish once and exit."),
+    namespace: str = typer.Option(None, "--namespace", help="Kubernetes source: one namespace (default: all)."),
+) -> None:
+    """Publish ResourceClaims (Pods' claim templates expanded), DeviceClasses and slices from files or Kubernetes."""
+    _serve("ingestor", "dralloc.ingestor.service", nats_url, source=source, paths=paths, watch=watch, namespace=namespace)
+
+
+@run_app.command("allocator")
+def run_allocator(nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP)) -> None:
+    """Allocate submitted claims and publish the decisions (the only writer of allocations)."""
+    _serve("allocator", "dralloc.allocator.service", nats_url)
+
+
+@run_app.command("statuswriter")
+def run_statuswriter(
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    sink: str = typer.Option(None, "--sink", help="local (JetStream KV, default) or kubernetes."),
+    bucket: str = typer.Option(None, "--bucket", help="KV bucket of the local store."),
+) -> None:
+    """Write each claim's latest allocation to the local store or the Kubernetes API."""
+    _serve("statuswriter", "dralloc.statuswriter.service", nats_url, sink=sink, bucket=bucket)
+
+
+@app.command()
+def submit(
+    paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file or directory (repeatable)."),
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+) -> None:
+    """Publish claims (and classes, slices, Pods' claim templates) from files to the bus.
+
+    Bad documents are reported on stderr (file, object, field) and skipped; the
+    rest is published. Exit 0 when all input was good, 2 when some was not, 1
+    when the bus cannot be reached.
+    """
+    import asyncio
+
+    from dralloc.bus import BusError
+    from dralloc.ingestor.submit import render, submit_paths
+
+    if output not in ("table", "json"):
+        fail(f"--output must be table or json, not {output!r}")
+    problems: list[str] = []
+    try:
+        results = asyncio.run(submit_paths(paths, nats_url, problems.append))
+    except BusError as exc:
+        fail(str(exc), 1)
+    for problem in problems:
+        print(f"dralloc: {problem}", file=sys.stderr)
+    render(results, output)
+    if problems:
+        raise typer.Exit(2)
+
+
+get_app = typer.Typer(help="Show state kept on the bus.", no_args_is_help=True)
+app.add_typer(get_app, name="get")
+
+
+@get_app.command("claims")
+def get_claims(
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    bucket: str = typer.Option(None, "--bucket", help="KV bucket of the local store (default dralloc-claims)."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+) -> None:
+    """Each claim's latest allocation (node, devices) from the status writer's local store."""
+    import asyncio
+
+    from dralloc.bus import BusError
+    from dralloc.statuswriter.show import fetch_claims, render
+
+    if output not in ("table", "json"):
+        fail(f"--output must be table or json, not {output!r}")
+    try:
+        statuses = asyncio.run(fetch_claims(nats_url, bucket))
+    except BusError as exc:
+        fail(str(exc), 1)
+    render(statuses, output)
+
+
+@app.command()
+def demo(
+    examples: list[str] = typer.Option([], "-f", "--filename", help="Manifests to apply (default: the project's examples/)."),
+    fleet: str = typer.Option(None, "--fleet", help="Fleet of simulated nodes: a fleet file (default: 4 H100 + 2 L40S nodes)."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Without a terminal: give up waiting for decisions after this many seconds."),
+) -> None:
+    """The whole system in one process: private nats-server, the four services, a simulated cluster, the examples.
+
+    On a terminal it shows allocations as they commit and runs until Ctrl-C;
+    otherwise it prints the final table and exits. Leaves no process or file behind.
+    """
+    import asyncio
+
+    from dralloc.bus import BusError
+    from dralloc.demo import DemoError, run_demo
+
+    try:
+        code = asyncio.run(run_demo(examples or None, fleet, timeout=timeout))
+    except (BusError, DemoError) as exc:
+        fail(str(exc), 1)
+    raise typer.Exit(code)
+
+
+schemas_app = typer.Typer(help="The bus contract as language-neutral files.", no_args_is_help=True)
+app.add_typer(schemas_app, name="schemas")
+
+
+@schemas_app.command("export")
+def schemas_export(
+    out: str = typer.Option(None, "--out", help="Directory to write (default: the package's schemas/ directory)."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if the files differ from the code."),
+) -> None:
+    """Write JSON Schema per event (jsonschema/*.json) and the AsyncAPI 3 document (asyncapi.yaml)."""
+    from dralloc.schemas.export import default_dir, drift, write
+
+    target = out or str(default_dir())
+    if check:
+        stale = drift(target)
+        for name in stale:
+            print(f"dralloc: {name} differs from the code; run `dralloc schemas export`", file=sys.stderr)
+        raise typer.Exit(1 if stale else 0)
+    for path in write(target):
+        print(path)
+
+
+# --- the engine offline: allocate, explain -----------------------------------------
+
+_OUTPUTS = ("json", "yaml", "table")
+
+
+def _offline(paths: list[str], node: str | None, together: bool, output: str | None, explain: bool):
+    """Shared by allocate and explain: read, allocate, or exit 2 with one clear message."""
+    from dralloc.allocator.offline import InputError, run
+
+    if output is not None and output not in _OUTPUTS:
+        fail(f"--output must be one of {', '.join(_OUTPUTS)}, not {output!r}")
+    try:
+        result = run(paths, node=node, together=together, explain=explain)
+    except InputError as exc:
+        fail(str(exc))
+    for warning in result.warnings:
+        print(f"dralloc: warning: {warning}", file=sys.stderr)
+    return result, output or ("table" if sys.stdout.isatty() else "json")
+
+
+@app.command()
+def allocate(
+    paths: list[str] = typer.Option([], "-f", "--filename", help="Manifest file or directory (repeatable)."),
+    node: str = typer.Option(None, "--node", help="Only consider this node."),
+    together: bool = typer.Option(False, "--together", help="All pending claims as one all-or-nothing unit on one node."),
+    output: str = typer.Option(None, "-o", "--output", help="json, yaml or table (default: table on a terminal, else json)."),
+) -> None:
+    """Allocate the pending ResourceClaims in the inputs (see CLI-CONTRACT.md). Exit 0: all allocated; 1: some not; 2: bad input."""
+    from rich.console import Console
+
+    from dralloc.allocator.explain import render_allocate
+    from dralloc.allocator.offline import exit_code
+
+    result, output = _offline(paths, node, together, output, explain=False)
+    render_allocate(result.outcomes, output, Console(soft_wrap=True))
+    raise typer.Exit(exit_code(result.outcomes))
+
+
+@app.command()
+def explain(
+    paths: list[str] = typer.Option([], "-f", "--filename", help="Manifest file or directory (repeatable)."),
+    claim: str = typer.Option(None, "--claim", help="Only this claim (namespace/name)."),
+    node: str = typer.Option(None, "--node", help="Only consider this node."),
+    together: bool = typer.Option(False, "--together", help="All pending claims as one all-or-nothing unit on one node."),
+    output: str = typer.Option(None, "-o", "--output", help="table (default on a terminal), json or yaml."),
+) -> None:
+    """Why each claim got its devices, or why not: per request, how many devices each filter left
+    (pool, class, selectors, node, in use, counters, capacity, taints, constraints) and which filter
+    emptied the set.
+
+    CEL runtime errors: a selector that fails at run time on any device the request could otherwise
+    take (reachable from the node considered, in a usable pool, not held exclusively by another claim
+    unless the request has admin access or asks for All) makes the claim an error, whatever order the
+    search would visit devices in.
+    """
+    from rich.console import Console
+
+    from dralloc.allocator.explain import render_explain
+    from dralloc.allocator.offline import exit_code
+
+    result, output = _offline(paths, node, together, output, explain=True)
+    outcomes = result.outcomes
+    if claim is not None:
+        key = claim if "/" in claim else f"default/{claim}"
+        outcomes = [o for o in outcomes if o.claim == key]
+        if not outcomes:
+            fail(f"no pending claim {key} in the inputs")
+    render_explain(outcomes, output, Console(soft_wrap=True))
+    raise typer.Exit(exit_code(outcomes))
+
+
 def main() -> None:
     try:
         app()
