@@ -1,0 +1,93 @@
+"""Rendering outcomes and explanations for people (rich) and machines (JSON/YAML)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import msgspec
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from dralloc.allocator.engine import Outcome
+
+CEL_ERROR_RULE = (
+    "CEL runtime errors: a selector that fails at run time (a missing attribute, a type mismatch) on any "
+    "device the request could otherwise take - reachable from the node considered (every known node when "
+    "the engine picks the node), in a usable pool, and not held exclusively by another claim unless the "
+    "request has admin access or asks for All - makes the claim an error, whatever order the search would "
+    "visit devices in. Kubernetes reports such an error only when its search happens to reach that device."
+)
+
+
+def document(outcomes: Sequence[Outcome]) -> dict:
+    """The `allocate -o json` document (CLI-CONTRACT.md)."""
+    return {"results": [o.contract() for o in outcomes]}
+
+
+def render_allocate(outcomes: Sequence[Outcome], output: str, console: Console) -> None:
+    if output == "json":
+        console.file.write(json.dumps(document(outcomes), indent=2) + "\n")
+    elif output == "yaml":
+        console.file.write(yaml.safe_dump(document(outcomes), sort_keys=False))
+    else:
+        table = Table(title="allocations")
+        for column in ("claim", "status", "node", "devices", "message"):
+            table.add_column(column)
+        for o in outcomes:
+            devices = "\n".join(f"{r.request}: {r.driver}/{r.pool}/{r.device}" for r in o.allocation.devices.results) if o.allocation else ""
+            style = {"allocated": "green", "unsatisfiable": "yellow", "error": "red"}[o.status]
+            table.add_row(o.claim, f"[{style}]{o.status}[/]", o.node or "", devices, o.message)
+        console.print(table)
+
+
+def explain_document(outcomes: Sequence[Outcome]) -> dict:
+    return {
+        "rules": {"celRuntimeErrors": CEL_ERROR_RULE},
+        "claims": [
+            {**o.contract(), "explanation": msgspec.to_builtins(o.explanation) if o.explanation is not None else None}
+            for o in outcomes
+        ],
+    }
+
+
+def render_explain(outcomes: Sequence[Outcome], output: str, console: Console) -> None:
+    if output == "json":
+        console.file.write(json.dumps(explain_document(outcomes), indent=2) + "\n")
+        return
+    if output == "yaml":
+        console.file.write(yaml.safe_dump(explain_document(outcomes), sort_keys=False))
+        return
+    for o in outcomes:
+        style = {"allocated": "green", "unsatisfiable": "yellow", "error": "red"}[o.status]
+        console.print(f"[bold]{o.claim}[/]: [{style}]{o.status}[/]" + (f" on {o.node}" if o.node else ""))
+        if o.message:
+            console.print(f"  {o.message}")
+        if o.explanation is None:
+            if o.status == "error":
+                console.print(f"  [dim]{CEL_ERROR_RULE}[/]" if "CEL runtime error" in o.message else "")
+            continue
+        for note in o.explanation.notes:
+            console.print(f"  note: {note}")
+        for node in o.explanation.nodes:
+            table = Table(title=f"node {node.node or '(any)'}" + (f": {node.verdict}" if node.verdict else ""), title_justify="left")
+            table.add_column("request")
+            table.add_column("wanted", justify="right")
+            filters = [f.filter for f in (node.requests[0].filters if node.requests else [])]
+            for name in filters:
+                table.add_column(name, justify="right")
+            table.add_column("emptied by")
+            table.add_column("devices / note")
+            for r in node.requests:
+                if r.claim != o.claim:
+                    continue
+                counts = {f.filter: str(f.left) for f in r.filters}
+                table.add_row(
+                    r.request,
+                    r.wanted,
+                    *[counts.get(name, "") for name in filters],
+                    r.emptied_by or "",
+                    "\n".join(r.devices) or r.note,
+                )
+            console.print(table)
