@@ -1,0 +1,136 @@
+"""End to end over a cluster: claims in the (emulated) API server get their status written with the
+committed allocation, by the real ingestor, allocator and status writer over a real nats-server; and
+the RBAC in infra/ grants each service exactly the API calls it made."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_emulator import ApiServer
+
+from dralloc.allocator import service as allocator
+from dralloc.bus import Bus, embedded_nats
+from dralloc.ingestor import service as ingestor
+from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
+from dralloc.kube import KubeSettings, user_agent
+from dralloc.statuswriter import service as statuswriter
+from dralloc.statuswriter.kubernetes import KubernetesSink
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+from kustomize_render import granted, render  # noqa: E402
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
+         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}
+SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-0-gpu"},
+         "spec": {"driver": "gpu.example.com", "nodeName": "node-0",
+                  "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
+                  "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}},
+                              {"name": "gpu-1", "attributes": {"index": {"int": 1}}}]}}
+
+
+def claim(name: str, **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ml", **meta},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[Bus]:
+    async with embedded_nats() as url:
+        connection = await Bus.connect(url, name="kube-e2e")
+        await connection.ensure_streams()
+        try:
+            yield connection
+        finally:
+            await connection.close()
+
+
+@pytest.fixture
+async def services(apiserver: ApiServer, bus: Bus) -> AsyncIterator[None]:
+    """The ingestor (Kubernetes source, slices on, as infra/ deploys it), allocator and status writer."""
+    settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
+    stop = asyncio.Event()
+    source = KubernetesSource(None, print, options=KubeSourceOptions(settings=settings, slices=True))
+    sink = KubernetesSink(settings=settings)
+    tasks = [
+        asyncio.create_task(ingestor.serve(bus, ingestor.Config(source="kubernetes"), stop, source=source)),
+        asyncio.create_task(allocator.serve(bus, allocator.Config(ack_wait=5), stop)),
+        asyncio.create_task(statuswriter.serve(bus, statuswriter.Config(sink="kubernetes", ack_wait=5), stop, sink=sink)),
+    ]
+    yield
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await sink.close()
+
+
+async def allocation_of(apiserver: ApiServer, name: str, timeout: float = 10) -> dict[str, Any]:
+    async with asyncio.timeout(timeout):
+        while True:
+            obj = apiserver.read("resourceclaims", "ml", name)
+            if obj and (obj.get("status") or {}).get("allocation"):
+                return obj["status"]
+            await asyncio.sleep(0.05)
+
+
+def devices(status: dict[str, Any]) -> set[str]:
+    return {r["device"] for r in status["allocation"]["devices"]["results"]}
+
+
+async def test_claims_get_their_allocation_and_deleted_claims_release_devices(apiserver: ApiServer, services: None) -> None:
+    apiserver.apply(CLASS)
+    apiserver.apply(SLICE)
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": "pod-1", "controller": True}
+    apiserver.apply(claim("a", ownerReferences=[pod]))
+    apiserver.apply(claim("b"))
+    a, b = await allocation_of(apiserver, "a"), await allocation_of(apiserver, "b")
+    assert devices(a) | devices(b) == {"gpu-0", "gpu-1"}
+    result = a["allocation"]["devices"]["results"][0]
+    assert (result["driver"], result["pool"], result["request"]) == ("gpu.example.com", "node-0", "gpu")
+    assert a["allocation"]["nodeSelector"]  # node-local devices: the claim says where it can run
+    assert a["reservedFor"] == [{"resource": "pods", "name": "trainer", "uid": "pod-1"}]
+    assert "reservedFor" not in b
+
+    # Deleting `a` frees its device: the next claim gets exactly that one.
+    apiserver.remove("resourceclaims", "ml", "a")
+    apiserver.apply(claim("d"))
+    d = await allocation_of(apiserver, "d")
+    assert devices(d) == devices(a)
+
+    # Every status write was a patch of the status subresource, each claim written once.
+    status_patches = [key for verb, sub, key in apiserver.writes if sub == "status"]
+    assert sorted(k[2] for k in status_patches) == ["a", "b", "d"]
+
+
+def _verb(request: Any) -> str:
+    method = request.method.value.upper()
+    if method == "GET":
+        if request.params.get("watch") in ("true", "True", "1"):
+            return "watch"
+        return "get" if request.name else "list"
+    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
+
+
+def calls_by(apiserver: ApiServer, service: str) -> set[tuple[str, str, str]]:
+    agent = user_agent(service)
+    return {(r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), _verb(r))
+            for r in apiserver._requests if r.headers.get("User-Agent") == agent and r.resource is not None}
+
+
+async def test_rbac_grants_exactly_what_the_services_call(apiserver: ApiServer, services: None) -> None:
+    apiserver.apply(CLASS)
+    apiserver.apply(SLICE)
+    apiserver.apply(claim("a"))
+    await allocation_of(apiserver, "a")
+    apiserver.remove("resourceclaims", "ml", "a")
+    apiserver.apply(claim("b"))
+    await allocation_of(apiserver, "b")
+    objects = render(INFRA)
+    assert calls_by(apiserver, "ingestor") == granted(objects, "dralloc-ingestor")
+    assert calls_by(apiserver, "statuswriter") == granted(objects, "dralloc-statuswriter")
