@@ -352,3 +352,13 @@ def _size(x: Any) -> int:
 
 
 _FAST_FUNCTIONS = {**rt.FUNCTIONS, _SIZE: _size}
+
+
+def diagnose(expression: str) -> list[str]:
+    """Human-readable problems of a selector that fails to compile or misuses the
+    environment, each with a fix where one is known; the last entry is
+    ``suggested expression: ...`` when a corrected expression compiles. Empty
+    for a valid selector that shows no known misuse."""
+    from .cel_diagnose import diagnose as _diagnose
+
+    return _diagnose(expression, compile_selector)
