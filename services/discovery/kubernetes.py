@@ -7,9 +7,13 @@ logged in one line and the next change tries again, the publisher goes on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+import aiohttp
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
@@ -37,19 +41,29 @@ class KubernetesSlices:
             body = {"apiVersion": s.api_version, "kind": s.kind, **msgspec.to_builtins(s)}
             name = s.metadata.name
             try:
-                try:
-                    await self.api.create_resource_slice(body, _preload_content=False)
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-                    current = await self.api.read_resource_slice(name, _preload_content=False)
-                    body["metadata"]["resourceVersion"] = json.loads(await current.read())["metadata"]["resourceVersion"]
-                    await self.api.replace_resource_slice(name, body, _preload_content=False)
-            except ApiException as exc:
-                log.error("kubernetes: ResourceSlice %s: %s", name, describe(exc))
+                status, answer = await _call(self.api.create_resource_slice(body, _preload_content=False))
+                if status == 409:  # an earlier run's slice: replace it at its resourceVersion
+                    status, answer = await _call(self.api.read_resource_slice(name, _preload_content=False))
+                    if status == 200:
+                        body["metadata"]["resourceVersion"] = answer["metadata"]["resourceVersion"]
+                        status, answer = await _call(self.api.replace_resource_slice(name, body, _preload_content=False))
+                if status >= 300:
+                    log.error("kubernetes: ResourceSlice %s: %s %s", name, status, answer.get("message", ""))
+            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                log.error("kubernetes: ResourceSlice %s: %s", name, describe(exc) if isinstance(exc, ApiException) else exc)
         for _driver, _pool, name in removed:
             try:
-                await self.api.delete_resource_slice(name, _preload_content=False)
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.error("kubernetes: deleting ResourceSlice %s: %s", name, describe(exc))
+                status, answer = await _call(self.api.delete_resource_slice(name, _preload_content=False))
+                if status >= 300 and status != 404:
+                    log.error("kubernetes: deleting ResourceSlice %s: %s %s", name, status, answer.get("message", ""))
+            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                log.error("kubernetes: deleting ResourceSlice %s: %s", name, describe(exc) if isinstance(exc, ApiException) else exc)
+
+
+async def _call(request: Awaitable[Any]) -> tuple[int, dict[str, Any]]:
+    """Status and JSON body of a raw (`_preload_content=False`) call, which does not raise on an error status."""
+    response = await request
+    try:
+        return response.status, json.loads(await response.read() or b"{}")
+    except ValueError:
+        return response.status, {}

@@ -157,3 +157,22 @@ def test_config_mistakes_are_named(tmp_path, monkeypatch) -> None:
         Config.from_env(source="fleet")
     with pytest.raises(ValueError, match="layout"):
         Config.from_env(layout="1.33")
+
+
+async def test_a_fleet_file_publishes_every_node(bus: Bus, tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("- {profile: gb200-nvl72, count: 20}\n- {profile: l40s-pcie, count: 5}\n")
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(bus, Config(source="fleet", fleet=str(fleet)), stop))
+
+    async def all_nodes():
+        slices, _, nodes = await current(bus)
+        return len(nodes) == 25 and len(slices) == 50
+
+    await until(all_nodes)
+    nodes = (await current(bus))[2]
+    assert nodes["gb200-nvl72-17"].metadata.labels[A.LABEL_RACK] == "gb200-nvl72-rack-0"
+    assert nodes["gb200-nvl72-18"].metadata.labels[A.LABEL_RACK] == "gb200-nvl72-rack-1"
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert (await current(bus))[0] == {}
