@@ -20,7 +20,9 @@ def claims_table(statuses: list[ClaimStatus], title: str | None = None):
     styles = {"allocated": "green", "unsatisfiable": "yellow", "error": "red", "pending": "dim"}
     table = Table("CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, header_style="bold", box=None)
     for s in statuses:
-        devices = "\n".join(f"{r.pool}/{r.device}" for r in s.allocation.devices.results) if s.allocation else ""
+        # A node-local pool is named after its node: show the device alone there.
+        results = s.allocation.devices.results if s.allocation else []
+        devices = ", ".join(r.device if r.pool == s.node else f"{r.pool}/{r.device}" for r in results)
         table.add_row(s.claim, f"[{styles.get(s.state, '')}]{s.state}[/]", s.node or "", devices, s.message)
     return table
 

@@ -1,0 +1,207 @@
+"""The allocator service: the only writer of allocation decisions; a thin shell over the engine.
+
+    dralloc run allocator
+
+At start it rebuilds its state from the streams: the current inventory
+(INVENTORY, last value per subject), the ledger (ALLOCATIONS: the last
+decision per claim; committed claims are restored into the engine) and the
+claims still waiting (CLAIMS minus decided and deleted ones). Then it
+follows INVENTORY with an ephemeral consumer and CLAIMS with the durable
+consumer ``allocator``.
+
+For each ClaimSubmitted it asks the engine, publishes AllocationCommitted or
+AllocationFailed and only then acks. A redelivered claim (the process died
+before its ack) finds its allocation in the ledger and re-publishes the same
+AllocationCommitted, which JetStream drops as a duplicate: never a second
+allocation. A claim that does not fit (or names a class not yet known) waits
+and is tried again whenever the inventory changes or devices are released.
+
+Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from dralloc.allocator.engine import Engine
+from dralloc.bus import Bus
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
+
+log = logging.getLogger("dralloc.allocator")
+
+
+@dataclass
+class Config:
+    ack_wait: float = 30.0
+    max_deliver: int = 5
+    retry_after: float = 0.1
+    """Waiting claims are retried this long after the last inventory change (changes come in bursts)."""
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Config:
+        env = os.environ
+        config = cls(
+            ack_wait=float(env.get("DRALLOC_ALLOCATOR_ACK_WAIT", "30")),
+            max_deliver=int(env.get("DRALLOC_ALLOCATOR_MAX_DELIVER", "5")),
+        )
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(config, key, value)
+        return config
+
+
+def _failure(claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed:
+    meta = claim.metadata
+    return ev.AllocationFailed(
+        namespace=meta.namespace or "default",
+        name=meta.name,
+        uid=meta.uid or "",
+        generation=meta.generation or 1,
+        reason="unsatisfiable" if status == "unsatisfiable" else "error",
+        message=message or status,
+    )
+
+
+class Allocator:
+    """The allocator's state around the engine; every mutation holds `lock` (one decision at a time)."""
+
+    def __init__(self, bus: Bus, engine: Engine | None = None) -> None:
+        self.bus = bus
+        self.engine = engine or Engine()
+        self.committed: dict[str, ev.AllocationCommitted] = {}
+        self.waiting: dict[str, ResourceClaim] = {}
+        self.lock = asyncio.Lock()
+        self.room_changed = asyncio.Event()
+
+    # -- start ----------------------------------------------------------------------
+
+    async def rebuild(self) -> int:
+        """State from the streams; returns the INVENTORY sequence to follow from."""
+        inventory, inventory_seq = await self.bus.replay("INVENTORY")
+        for event in inventory:
+            self._apply_inventory(event)
+        decisions, _ = await self.bus.replay("ALLOCATIONS")
+        for event in decisions:
+            if isinstance(event, ev.AllocationCommitted):
+                self.engine.restore(event.claim)
+                self.committed[event.key] = event
+        claims, _ = await self.bus.replay("CLAIMS")
+        for event in claims:
+            if isinstance(event, ev.ClaimSubmitted) and not self._is_committed(event.claim):
+                self.waiting[event.claim.key] = event.claim
+        log.info(
+            "allocator: rebuilt %d inventory objects, %d allocations, %d waiting claims",
+            len(inventory), len(self.committed), len(self.waiting),
+        )  # fmt: skip
+        return inventory_seq
+
+    # -- inventory ------------------------------------------------------------------
+
+    def _apply_inventory(self, event: ev.Event) -> None:
+        match event:
+            case ev.ResourceSlicePublished(slice=obj) | ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj):
+                self.engine.apply(obj)
+            case ev.ResourceSliceRemoved(name=name):
+                self.engine.remove("ResourceSlice", name)
+            case ev.DeviceClassRemoved(name=name):
+                self.engine.remove("DeviceClass", name)
+            case ev.NodeRemoved(name=name):
+                self.engine.remove("Node", name)
+
+    async def on_inventory(self, event: ev.Event) -> None:
+        async with self.lock:
+            self._apply_inventory(event)
+        self.room_changed.set()
+
+    async def retry_waiting(self, stop: asyncio.Event, delay: float) -> None:
+        """Try the waiting claims again after each burst of inventory changes or releases."""
+        while not stop.is_set():
+            changed = asyncio.ensure_future(self.room_changed.wait())
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            stopped.cancel()
+            if stop.is_set():
+                return
+            await asyncio.sleep(delay)
+            self.room_changed.clear()
+            async with self.lock:
+                for claim in list(self.waiting.values()):
+                    if stop.is_set():
+                        return
+                    await self._allocate(claim)
+
+    # -- claims ---------------------------------------------------------------------
+
+    async def on_claim(self, event: ev.Event) -> None:
+        async with self.lock:
+            if isinstance(event, ev.ClaimSubmitted):
+                await self._allocate(event.claim)
+            elif isinstance(event, ev.ClaimDeleted):
+                await self._release(event.key, event.uid)
+
+    def _is_committed(self, claim: ResourceClaim) -> bool:
+        done = self.committed.get(claim.key)
+        return done is not None and done.claim.metadata.uid == claim.metadata.uid
+
+    async def _allocate(self, claim: ResourceClaim) -> None:
+        key = claim.key
+        if self._is_committed(claim):
+            # Seen before (a redelivery): publish the same decision again; JetStream drops the duplicate.
+            self.waiting.pop(key, None)
+            await self.bus.publish(self.committed[key])
+            return
+        if key in self.committed:
+            # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
+            await self._release(key, self.committed[key].claim.metadata.uid or "")
+        (outcome,) = self.engine.allocate([claim])
+        if outcome.status != "allocated":
+            self.waiting[key] = claim
+            await self.bus.publish(_failure(claim, outcome.status, outcome.message))
+            return
+        decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
+        event = ev.AllocationCommitted(claim=decided, node=outcome.node)
+        try:
+            await self.bus.publish(event)
+        except BaseException:
+            self.engine.release(key)  # not durable: the redelivery decides again
+            raise
+        self.committed[key] = event
+        self.waiting.pop(key, None)
+
+    async def _release(self, key: str, uid: str) -> None:
+        waiting = self.waiting.get(key)
+        if waiting is not None and (not uid or waiting.metadata.uid == uid):
+            del self.waiting[key]
+        done = self.committed.get(key)
+        if done is None or (uid and done.claim.metadata.uid != uid):
+            return
+        namespace, name = key.split("/", 1)
+        await self.bus.publish(ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or ""))
+        self.engine.release(key)
+        del self.committed[key]
+        self.room_changed.set()  # freed devices may fit a waiting claim
+
+
+async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine | None = None) -> None:
+    allocator = Allocator(bus, engine)
+    inventory_seq = await allocator.rebuild()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(
+            bus.consume("INVENTORY", allocator.on_inventory, stop, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
+        )
+        tasks.create_task(allocator.retry_waiting(stop, config.retry_after))
+        if allocator.waiting:
+            allocator.room_changed.set()  # claims left waiting by a previous run: try them now
+        tasks.create_task(
+            bus.consume(
+                "CLAIMS", allocator.on_claim, stop, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
+            )
+        )
