@@ -156,6 +156,8 @@ class Reflector(Generic[T]):
                 done, _ = await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if reading not in done:
                     reading.cancel()
+                    # Releasing the response may still fail the read; that outcome is of no interest now.
+                    reading.add_done_callback(lambda f: f.cancelled() or f.exception())
                     return
                 line = reading.result()
                 if not line:

@@ -2,7 +2,8 @@
 
 There is no kubectl here, so the tests render in Python. Only the
 transformations infra/ uses are implemented (`resources`, `namespace`,
-`labels` without selectors, `images`); a kustomization using anything else is
+`labels` without selectors, `images`, `patches` as inline JSON 6902 operations on a
+kind/name target); a kustomization using anything else is
 an error, so the renderer can never silently drop a transformation that
 `kubectl kustomize` would apply.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import yaml
 
-SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "images"}
+SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "images", "patches"}
 
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ResourceSlice",
                   "CustomResourceDefinition", "PriorityClass", "StorageClass"}
@@ -57,7 +58,32 @@ def render(directory: Path) -> list[dict[str, Any]]:
                 name, _, tag = container["image"].partition(":")
                 if name == image["name"]:
                     container["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag or 'latest')}"
+    for patch in kustomization.get("patches", []):
+        if set(patch) != {"target", "patch"} or set(patch["target"]) - {"kind", "name"}:
+            raise KustomizeError(f"only inline JSON 6902 patches with a kind/name target are supported: {patch}")
+        kind, name = patch["target"].get("kind"), patch["target"].get("name")
+        targets = [o for o in objects if kind in (None, o.get("kind")) and name in (None, o["metadata"]["name"])]
+        if not targets:
+            raise KustomizeError(f"patch target {patch['target']} matches nothing")
+        for target in targets:
+            for op in yaml.safe_load(patch["patch"]):
+                _apply_op(target, op)
     return objects
+
+
+def _apply_op(obj: dict[str, Any], op: dict[str, Any]) -> None:
+    *parents, last = op["path"].lstrip("/").split("/")
+    node: Any = obj
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if op["op"] == "add" and isinstance(node, list):
+        node.insert(len(node) if last == "-" else int(last), op["value"])
+    elif op["op"] in ("add", "replace"):
+        node[int(last) if isinstance(node, list) else last] = op["value"]
+    elif op["op"] == "remove":
+        del node[int(last) if isinstance(node, list) else last]
+    else:
+        raise KustomizeError(f"unsupported patch operation {op['op']!r}")
 
 
 def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:

@@ -27,6 +27,20 @@ def test_every_object_validates_against_the_kubernetes_schema(objects: list[dict
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)
 
 
+def test_claim_templates_overlay_validates_and_adds_only_the_controller(objects: list[dict[str, Any]]) -> None:
+    overlay = render(INFRA / "claim-templates")
+    for obj in overlay:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    assert len(overlay) == len(objects) + 2  # the controller's ClusterRole and binding
+    env = {e["name"]: e["value"] for e in containers(find(overlay, "Deployment", "dralloc-ingestor"))[0]["env"]}
+    assert env["DRALLOC_INGESTOR_CLAIM_TEMPLATES"] == "true"
+    base_env = {e["name"] for e in containers(find(objects, "Deployment", "dralloc-ingestor"))[0]["env"]}
+    assert "DRALLOC_INGESTOR_CLAIM_TEMPLATES" not in base_env  # off by default
+    added = granted(overlay, "dralloc-ingestor") - granted(objects, "dralloc-ingestor")
+    assert added == {("", "pods", "list"), ("", "pods", "watch"), ("", "pods/status", "patch"),
+                     ("resource.k8s.io", "resourceclaimtemplates", "get"), ("resource.k8s.io", "resourceclaims", "create")}
+
+
 def test_the_validator_rejects_a_mistake(objects: list[dict[str, Any]]) -> None:
     broken = copy.deepcopy(find(objects, "Deployment", "dralloc-allocator"))
     broken["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["nmae"] = "typo"
@@ -39,8 +53,11 @@ def test_the_validator_rejects_a_mistake(objects: list[dict[str, Any]]) -> None:
 
 
 def test_renderer_refuses_transformations_it_does_not_apply(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nreplacements: [{path: r.yaml}]\n")
+    with pytest.raises(KustomizeError, match="replacements"):
+        render(tmp_path)
     (tmp_path / "kustomization.yaml").write_text("resources: []\npatches: [{path: p.yaml}]\n")
-    with pytest.raises(KustomizeError, match="patches"):
+    with pytest.raises(KustomizeError, match="only inline JSON 6902"):
         render(tmp_path)
 
 

@@ -131,6 +131,10 @@ async def test_rbac_grants_exactly_what_the_services_call(apiserver: ApiServer, 
     apiserver.remove("resourceclaims", "ml", "a")
     apiserver.apply(claim("b"))
     await allocation_of(apiserver, "b")
+    async with asyncio.timeout(5):  # every reflector has gone from its list to its watch
+        while {r.resource.plural for r in apiserver._requests if r.resource and r.params.get("watch")} != {
+                "resourceclaims", "deviceclasses", "resourceslices"}:
+            await asyncio.sleep(0.02)
     objects = render(INFRA)
     assert calls_by(apiserver, "ingestor") == granted(objects, "dralloc-ingestor")
     assert calls_by(apiserver, "statuswriter") == granted(objects, "dralloc-statuswriter")
