@@ -43,6 +43,7 @@ def discover(
     node: str = typer.Option(None, "--node", help="Node name (default: $NODE_NAME, else the hostname)."),
     layout: str = typer.Option("1.35", "--layout", help="ResourceSlice layout: 1.35 (separate counter slices) or 1.34."),
     mig: bool = typer.Option(True, "--mig/--no-mig", help="Publish MIG-capable GPUs as partitionable devices."),
+    nics: bool = typer.Option(False, "--nics", help="With NVML: also this machine's physical NICs (sysfs), as driver dra.net."),
     output: str = typer.Option("yaml", "--output", "-o", help="yaml, json or table."),
     list_profiles: bool = typer.Option(False, "--list-profiles", help="List the hardware profiles and exit."),
 ) -> None:
@@ -64,7 +65,7 @@ def discover(
     if layout not in LAYOUTS:
         fail(f"--layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     try:
-        inventory = inventory_from(profile=profile, replay=replay, node=node or default_node_name(), mig=mig)
+        inventory = inventory_from(profile=profile, replay=replay, node=node or default_node_name(), mig=mig, nics=nics)
     except NvmlUnavailable as exc:
         fail(f"{exc}. No NVIDIA GPU is usable here; use --profile NAME to simulate one, or --replay FILE.", 1)
     except (ReplayError, ValueError) as exc:

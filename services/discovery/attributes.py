@@ -17,6 +17,8 @@ GPUs and NICs alike (one domain, so `matchAttribute` works across drivers):
 - `dralloc.dev/nvlinkDomain` (string): GPUs with the same value reach each
   other over NVLink (one NVSwitch fabric, or an NVLink-bridged pair); unique
   across nodes (`<node>/<domain>`), absent for a GPU without NVLink.
+- `dralloc.dev/linkSpeedGbps` (int), `dralloc.dev/productName` (string): a
+  NIC's speed and model (DraNet has no attribute for either).
 - `dralloc.dev/nvlinkClique` (string): the multi-node NVLink clique of GB200
   NVL72 racks, NVML's fabric info as `<clusterUuid>.<cliqueId>` (the form
   NVIDIA's ComputeDomains use); absent unless the fabric is up.
@@ -28,7 +30,8 @@ import re
 
 GPU_DRIVER = "gpu.nvidia.com"
 NIC_DRIVER = "dra.net"
-"""The NIC devices' driver: the name of the Kubernetes DraNet driver."""
+"""The NIC devices' driver: the Kubernetes DraNet driver, whose attribute names NICs follow
+(`dra.net/ifName`, `pciAddress`, `numaNode`, `rdma`)."""
 
 DRALLOC = "dralloc.dev"
 STANDARD = "resource.kubernetes.io"
@@ -54,9 +57,13 @@ NVLINK = f"{DRALLOC}/nvlink"
 NVLINK_DOMAIN = f"{DRALLOC}/nvlinkDomain"
 NVLINK_CLIQUE = f"{DRALLOC}/nvlinkClique"
 
-# NIC attributes (unqualified: the NIC driver's domain).
+# NIC attributes: DraNet's names in its own domain (unqualified), plus the shared ones above.
+NIC_IF_NAME = "ifName"
+NIC_PCI_ADDRESS = "pciAddress"
+NIC_NUMA_NODE = "numaNode"
 NIC_RDMA = "rdma"
-NIC_LINK_SPEED = "linkSpeedGbps"
+NIC_LINK_SPEED = f"{DRALLOC}/linkSpeedGbps"
+PRODUCT = f"{DRALLOC}/productName"
 
 # Capacities. MIG capacities use NVIDIA's camelCase names; counters are DNS
 # labels, so they carry the same names in kebab case (as NVIDIA derives them).

@@ -14,10 +14,12 @@ from typing import Any
 import msgspec
 import yaml
 
+from dralloc.discovery.attributes import NIC_DRIVER, PCI_BUS_ID, PRODUCT
 from dralloc.discovery.inventory import NodeInventory
 from dralloc.discovery.nvml import PynvmlSource, read_inventory
 from dralloc.discovery.profiles import simulate
 from dralloc.discovery.replay import ReplaySource
+from dralloc.discovery.sysfs import read_nics
 from dralloc.schemas.resource import ResourceSlice
 
 OUTPUTS = ("yaml", "json", "table")
@@ -28,8 +30,13 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname().split(".")[0].lower()
 
 
-def inventory_from(*, profile: str | None, replay: str | None, node: str, mig: bool = True) -> NodeInventory:
+def inventory_from(
+    *, profile: str | None, replay: str | None, node: str, mig: bool = True, nics: bool = False
+) -> NodeInventory:
     """The node's inventory from a profile, a replayed capture, or (neither given) NVML.
+
+    `nics`: with NVML, also publish this machine's physical NICs from sysfs (off by
+    default: a cluster running DraNet publishes them already).
 
     Raises `NvmlUnavailable`, `ReplayError` or `ValueError` (unknown profile) with a message for people.
     """
@@ -37,9 +44,12 @@ def inventory_from(*, profile: str | None, replay: str | None, node: str, mig: b
         return simulate(profile, node)
     source = ReplaySource.from_file(replay) if replay else PynvmlSource()
     try:
-        return read_inventory(source, node, mig=mig)
+        inventory = read_inventory(source, node, mig=mig)
     finally:
         source.close()
+    if nics and not replay:
+        inventory.nics = read_nics(node)
+    return inventory
 
 
 def render(slices: list[ResourceSlice], output: str) -> str:
@@ -66,14 +76,14 @@ def _table(slices: list[ResourceSlice]) -> str:
             table.add_row(s.metadata.name, s.spec.driver, "", "counters", names, "", "", "")
         for d in s.spec.devices:
             attr: dict[str, Any] = {k: (v.string or v.version or v.int if v.bool is None else v.bool) for k, v in d.attributes.items()}
-            what = attr.get("profile") or attr.get("productName") or ""
+            what = attr.get("profile") or attr.get("productName") or attr.get(PRODUCT) or attr.get("ifName") or ""
             memory = d.capacity["memory"].value if "memory" in d.capacity else ""
             counters = ", ".join(c.counter_set for c in d.consumes_counters)
             topo = " ".join(
-                f"{k.split('/')[-1]}={attr[k]}" for k in sorted(attr) if "/" in k and not k.endswith("pciBusID")
+                f"{k.split('/')[-1]}={attr[k]}" for k in sorted(attr) if "/" in k and k not in (PCI_BUS_ID, PRODUCT)
             )
             taints = " ".join(f"taint:{t.key}={t.value}" for t in d.taints)
-            table.add_row(s.metadata.name, s.spec.driver, d.name, str(attr.get("type", "")), str(what), str(memory), counters, f"{topo} {taints}".strip())
+            table.add_row(s.metadata.name, s.spec.driver, d.name, str(attr.get("type", "nic" if s.spec.driver == NIC_DRIVER else "")), str(what), str(memory), counters, f"{topo} {taints}".strip())
     console = Console(width=200, record=True, file=open(os.devnull, "w"))
     console.print(table)
     return console.export_text()

@@ -82,6 +82,7 @@ class Nic:
     """A network interface, published by the NIC driver under the same PCIe root as its GPUs."""
 
     name: str
+    if_name: str | None = None
     product_name: str | None = None
     pci_bus_id: str | None = None
     pcie_root: str | None = None

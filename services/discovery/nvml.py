@@ -32,6 +32,7 @@ from dralloc.discovery import attributes as A
 from dralloc.discovery.health import assess
 from dralloc.discovery.inventory import Gpu, MigProfile, NodeInventory
 from dralloc.discovery.profiles.mig_tables import STANDARD_PLACEMENTS
+from dralloc.discovery.sysfs import pcie_switch
 
 T = TypeVar("T")
 
@@ -166,21 +167,6 @@ def _read_sysfs(gpu: Gpu, sysfs: dict[str, str] | None, node: str) -> None:
         gpu.pcie_root = A.pcie_root(realpath)
         switch = pcie_switch(realpath)
         gpu.pcie_switch = f"{node}/{switch}" if switch else None
-
-
-def pcie_switch(realpath: str) -> str | None:
-    """The upstream port of the PCIe switch above a device, from its sysfs path.
-
-    `/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0`:
-    root port 15:01.0, switch upstream port 16:00.0, downstream port 17:00.0,
-    device 18:00.0. A device directly on a root port (as in a VM) has none.
-    """
-    parts = realpath.rstrip("/").split("/")
-    roots = [i for i, p in enumerate(parts) if p.startswith("pci") and ":" in p]
-    if not roots:
-        return None
-    below = parts[roots[0] + 1 :]
-    return below[1] if len(below) >= 4 else None
 
 
 def _read_fabric(gpu: Gpu, fabric: dict[str, Any] | None) -> None:

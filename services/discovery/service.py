@@ -24,7 +24,9 @@ Configuration (flags override the environment):
 (a capture JSON), ``DRALLOC_DISCOVERY_FLEET`` (a fleet file), ``NODE_NAME``
 (default: the hostname), ``DRALLOC_DISCOVERY_INTERVAL`` (seconds, default 30),
 ``DRALLOC_DISCOVERY_LAYOUT`` (1.35 | 1.34), ``DRALLOC_DISCOVERY_MIG``
-(true/false), ``DRALLOC_DISCOVERY_KUBERNETES`` (true/false).
+(true/false), ``DRALLOC_DISCOVERY_NICS`` (true/false: with NVML, also the
+node's physical NICs from sysfs, as driver `dra.net`; off where DraNet runs),
+``DRALLOC_DISCOVERY_KUBERNETES`` (true/false).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from dralloc.discovery.profiles import PROFILES, simulate
 from dralloc.discovery.publisher import Publisher, SliceKey, Update
 from dralloc.discovery.replay import ReplayError, ReplaySource
 from dralloc.discovery.slices import LAYOUTS
+from dralloc.discovery.sysfs import read_nics
 from dralloc.schemas import events as ev
 
 log = logging.getLogger("dralloc.discovery")
@@ -69,6 +72,7 @@ class Config:
     interval: float = 30.0
     layout: str = "1.35"
     mig: bool = True
+    nics: bool = False
     kubernetes: bool = False
 
     @classmethod
@@ -81,6 +85,7 @@ class Config:
             fleet=env.get("DRALLOC_DISCOVERY_FLEET") or None,
             layout=env.get("DRALLOC_DISCOVERY_LAYOUT", "1.35"),
             mig=_flag(env.get("DRALLOC_DISCOVERY_MIG", "true")),
+            nics=_flag(env.get("DRALLOC_DISCOVERY_NICS", "false")),
             kubernetes=_flag(env.get("DRALLOC_DISCOVERY_KUBERNETES", "false")),
         )
         try:
@@ -127,9 +132,12 @@ def scanner(config: Config) -> tuple[Scan, bool]:
         # so a GPU that fell off the bus is seen as gone rather than cached.
         source = ReplaySource.from_file(config.replay) if config.source == "replay" else PynvmlSource()
         try:
-            return [read_inventory(source, config.node, mig=config.mig)]
+            inventory = read_inventory(source, config.node, mig=config.mig)
         finally:
             source.close()
+        if config.nics and config.source == "nvml":
+            inventory.nics = read_nics(config.node)
+        return [inventory]
 
     return scan, True
 

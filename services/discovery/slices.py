@@ -212,17 +212,19 @@ def _partitions(gpu_name: str, set_name: str, profile: MigProfile) -> list[tuple
 
 
 def _nic_device(nic: Nic) -> Device:
-    attrs: dict[str, DeviceAttribute] = {A.TYPE: _string("nic")}
+    attrs: dict[str, DeviceAttribute] = {}
     for key, value in (
-        (A.PRODUCT_NAME, nic.product_name),
+        (A.NIC_IF_NAME, nic.if_name),
+        (A.NIC_PCI_ADDRESS, nic.pci_bus_id),
         (A.PCI_BUS_ID, nic.pci_bus_id),
         (A.PCIE_ROOT, nic.pcie_root),
         (A.PCIE_SWITCH, nic.pcie_switch),
+        (A.PRODUCT, nic.product_name),
     ):
         if value is not None:
             attrs[key] = _string(value)
     if nic.numa_node is not None and nic.numa_node >= 0:
-        attrs[A.NUMA_NODE] = DeviceAttribute(int=nic.numa_node)
+        attrs[A.NIC_NUMA_NODE] = attrs[A.NUMA_NODE] = DeviceAttribute(int=nic.numa_node)
     if nic.rdma is not None:
         attrs[A.NIC_RDMA] = DeviceAttribute(bool=nic.rdma)
     if nic.link_speed_gbps is not None:

@@ -153,6 +153,7 @@ def simulate(profile: str, node: str, *, rack: str | None = None) -> NodeInvento
             bus = switch.root_bus + 1 + switch.gpus + n
             inventory.nics.append(Nic(
                 name=f"nic-{nic_index}",
+                if_name=f"ibp{bus}s0",
                 product_name=hw.nic_product,
                 pci_bus_id=f"0000:{bus:02x}:00.0",
                 pcie_root=root,
