@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration
 
+from dralloc.cli import UsageError  # a configuration mistake is reported as the CLI reports usage errors
+
 from importlib.metadata import version as _dist_version
 
 
@@ -38,19 +40,39 @@ class KubeSettings:
         )
 
 
+class KubeConfigError(UsageError):
+    """No usable way to reach the API server: reported in one line when a service starts, never per event."""
+
+
+def check_settings(settings: KubeSettings) -> None:
+    """Fail now, with what to set, when no API server can be configured (before any event is consumed)."""
+    if settings.server or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    kubeconfig = settings.kubeconfig or os.path.expanduser("~/.kube/config")
+    if not all(os.path.isfile(path) for path in kubeconfig.split(os.pathsep) if path):
+        raise KubeConfigError(
+            f"no Kubernetes API to talk to: kubeconfig {kubeconfig} not found and not running in a Pod; "
+            "set KUBECONFIG or DRALLOC_KUBE_SERVER (an API URL such as `kubectl proxy`'s)"
+        )
+
+
 async def api_client(settings: KubeSettings, service: str) -> ApiClient:
     """A kubernetes-asyncio client for `settings`; the caller closes it (``async with``)."""
     from kubernetes_asyncio import config as kube_config
 
+    check_settings(settings)
     configuration = Configuration()
-    if settings.server:
-        configuration.host = settings.server.rstrip("/")
-    elif os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.kubeconfig:
-        kube_config.load_incluster_config(client_configuration=configuration)
-    else:
-        await kube_config.load_kube_config(
-            config_file=settings.kubeconfig, context=settings.context, client_configuration=configuration
-        )
+    try:
+        if settings.server:
+            configuration.host = settings.server.rstrip("/")
+        elif os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.kubeconfig:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        else:
+            await kube_config.load_kube_config(
+                config_file=settings.kubeconfig, context=settings.context, client_configuration=configuration
+            )
+    except kube_config.ConfigException as exc:
+        raise KubeConfigError(f"Kubernetes configuration: {exc}") from None
     client = ApiClient(configuration)
     client.user_agent = user_agent(service)
     return client

@@ -147,6 +147,7 @@ class Reflector(Generic[T]):
             _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_seconds + 60),
         )
         stopping = asyncio.ensure_future(stop.wait())
+        reading: asyncio.Future[bytes] | None = None
         try:
             if response.status == 410:
                 raise Gone()
@@ -155,9 +156,6 @@ class Reflector(Generic[T]):
                 reading = asyncio.ensure_future(response.content.readline())
                 done, _ = await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if reading not in done:
-                    reading.cancel()
-                    # Releasing the response may still fail the read; that outcome is of no interest now.
-                    reading.add_done_callback(lambda f: f.cancelled() or f.exception())
                     return
                 line = reading.result()
                 if not line:
@@ -165,6 +163,10 @@ class Reflector(Generic[T]):
                 await self._event(line)
         finally:
             stopping.cancel()
+            if reading is not None and not reading.done():
+                reading.cancel()
+                # Releasing the response may still fail the read; that outcome is of no interest now.
+                reading.add_done_callback(lambda f: f.cancelled() or f.exception())
             response.release()
 
     async def _event(self, line: bytes) -> None:

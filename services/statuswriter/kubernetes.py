@@ -42,7 +42,7 @@ import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
 
 from dralloc.bus import Permanent
-from dralloc.kube import KubeSettings, api_client, body_of, describe
+from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
 
@@ -103,6 +103,8 @@ class KubernetesSink:
             kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
             context=env.context,
         )
+        if api is None:
+            check_settings(self.settings)  # misconfigured: fail at start, not on every event
         self._api = api
         self._owns_api = api is None
         self.report = report or _log_result

@@ -1,0 +1,72 @@
+"""`dralloc run ingestor|statuswriter` as processes, configured the way infra/ configures them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kube_emulator import ApiServer
+from test_kube_e2e import CLASS, SLICE, allocation_of, claim
+
+from dralloc.allocator import service as allocator
+from dralloc.bus import Bus, embedded_nats
+
+DRALLOC = str(Path(sys.executable).parent / "dralloc")
+
+
+@pytest.fixture
+async def nats_url() -> AsyncIterator[str]:
+    async with embedded_nats() as url:
+        yield url
+
+
+def service_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "DRALLOC_", "OTEL_"))}
+    env.pop("KUBECONFIG", None)
+    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
+    return env | extra
+
+
+async def start(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(DRALLOC, "run", *args, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+
+
+async def test_services_run_against_the_api_server(apiserver: ApiServer, nats_url: str) -> None:
+    env = service_env(DRALLOC_KUBE_SERVER=str(apiserver.url).rstrip("/"), NATS_URL=nats_url,
+                      DRALLOC_INGESTOR_SOURCE="kubernetes", DRALLOC_INGESTOR_SLICES="true",
+                      DRALLOC_STATUSWRITER_SINK="kubernetes")
+    processes = [await start(["ingestor"], env), await start(["statuswriter"], env)]
+    bus = await Bus.connect(nats_url, name="test")
+    await bus.ensure_streams()
+    stop = asyncio.Event()
+    running = asyncio.create_task(allocator.serve(bus, allocator.Config(), stop))
+    try:
+        apiserver.apply(CLASS)
+        apiserver.apply(SLICE)
+        apiserver.apply(claim("a"))
+        status = await allocation_of(apiserver, "a", timeout=30)
+        assert status["allocation"]["devices"]["results"][0]["pool"] == "node-0"
+    finally:
+        stop.set()
+        await running
+        await bus.close()
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        codes = [await asyncio.wait_for(p.wait(), 15) for p in processes]
+    assert codes == [0, 0]
+
+
+async def test_statuswriter_without_kubernetes_config_says_what_to_set(nats_url: str) -> None:
+    process = await start(["statuswriter", "--sink", "kubernetes"], service_env(NATS_URL=nats_url))
+    _, stderr = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2
+    message = stderr.decode().strip().splitlines()[-1]
+    assert message.startswith("dralloc: no Kubernetes API") and "KUBECONFIG" in message
+    assert "Traceback" not in stderr.decode()
