@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from dralloc.discovery.inventory import NodeInventory, node_object
-from dralloc.discovery.slices import Layout, build_slices, slice_key
+from dralloc.discovery.slices import Layout, build_slices, slice_key, stamp_generation
 from dralloc.schemas.resource import Node, ResourceSlice
 
 SliceKey = tuple[str, str, str]
@@ -51,7 +51,8 @@ class Publisher:
 
     def update(self, inventory: NodeInventory) -> Update | None:
         # Compare at a fixed generation: only content counts as change.
-        fingerprint = msgspec.json.encode(build_slices(inventory, layout=self.layout, generation=0))
+        slices = build_slices(inventory, layout=self.layout, generation=0)
+        fingerprint = msgspec.json.encode(slices)
         node = node_object(inventory)
         node_fingerprint = msgspec.json.encode(node)
         node_changed = node_fingerprint != self._node
@@ -60,7 +61,7 @@ class Publisher:
             return Update(self.generation, [], [], node) if node_changed else None
         self._fingerprint = fingerprint
         self.generation += 1
-        slices = build_slices(inventory, layout=self.layout, generation=self.generation)
+        stamp_generation(slices, self.generation)
         keys = {slice_key(s) for s in slices}
         removed = sorted(self.published - keys)
         self.published = keys

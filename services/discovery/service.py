@@ -67,7 +67,8 @@ class Config:
     source: str = "nvml"
     profile: str = "h100-sxm"
     replay: str | None = None
-    fleet: str | None = None
+    fleet: Any = None
+    """A fleet file path, or a parsed fleet spec (what `fleet.load_fleet` takes)."""
     node: str = field(default_factory=default_node_name)
     interval: float = 30.0
     layout: str = "1.35"

@@ -90,6 +90,17 @@ def build_slices(inventory: NodeInventory, *, layout: Layout = "1.35", generatio
     return slices
 
 
+def stamp_generation(slices: list[ResourceSlice], generation: int) -> list[ResourceSlice]:
+    """Set the pool generation of freshly built slices (in place; cheaper than building again)."""
+    pools: dict[tuple[str, str], ResourcePool] = {}
+    for s in slices:
+        key = (s.spec.driver, s.spec.pool.name)
+        if key not in pools:
+            pools[key] = ResourcePool(name=s.spec.pool.name, generation=generation, resource_slice_count=s.spec.pool.resource_slice_count)
+        s.spec.pool = pools[key]
+    return slices
+
+
 def slice_key(slice_: ResourceSlice) -> tuple[str, str, str]:
     """(driver, pool, slice name): a slice's identity."""
     return slice_.spec.driver, slice_.spec.pool.name, slice_.metadata.name

@@ -176,3 +176,18 @@ async def test_a_fleet_file_publishes_every_node(bus: Bus, tmp_path: Path) -> No
     stop.set()
     await asyncio.wait_for(task, 10)
     assert (await current(bus))[0] == {}
+
+
+async def test_nvml_source_without_nvml_exits_non_zero(bus: Bus) -> None:
+    from dralloc.discovery.nvml import NvmlUnavailable, PynvmlSource
+
+    try:
+        PynvmlSource().close()
+    except NvmlUnavailable:
+        pass
+    else:
+        pytest.skip("NVML works on this machine: the unavailable path cannot happen here")
+    with pytest.raises(SystemExit) as exc:
+        await serve(bus, Config(source="nvml", node="x"), asyncio.Event())
+    assert exc.value.code == 1
+    assert (await current(bus))[0] == {}
