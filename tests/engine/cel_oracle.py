@@ -338,13 +338,14 @@ _env = celpy.Environment()
 _programs: dict[str, Any] = {}
 
 
-def verdict(expression: str, driver: str, device: dict) -> bool | str:
-    """True / False, or "error" for anything Kubernetes would report as an error."""
+def verdict(expression: str, driver: str, device: dict, activation: dict | None = None) -> bool | str:
+    """True / False, or "error" for anything Kubernetes would report as an error.
+    ``activation`` (from ``device_activation``) saves rebuilding the device per call."""
     try:
         program = _programs.get(expression)
         if program is None:
             program = _programs[expression] = _env.program(_env.compile(rewrite(expression)), functions=FUNCTIONS)
-        result = program.evaluate(device_activation(driver, device))
+        result = program.evaluate(activation if activation is not None else device_activation(driver, device))
     except Exception:  # noqa: BLE001 - celpy reports errors as several exception types
         return "error"
     if isinstance(result, celtypes.BoolType):

@@ -12,8 +12,13 @@ closed here, once per expression, never per claim:
   comparisons of an order-preserving key.
 - ``cel.bind(x, init, body)`` becomes ``[init].map(x, body)[0]``.
 - ``device.attributes[d]`` for an unknown domain ``d`` is an empty map:
-  the lookup is guarded (``d in m ? m[d] : {}``), and ``has()`` on the outer
-  map is true, as Kubernetes' map with a default answers.
+  where the result is used as a map (``has()``, ``in``, ``size``, macros) the
+  lookup is guarded (``d in m ? m[d] : {}``); where a name is read from it, an
+  unknown domain fails in both worlds and the error path below decides.
+  ``has()`` on the outer map is true, as Kubernetes' map with a default answers.
+- ``==`` with a Kubernetes type on the left and another type on the right is
+  an error in cel-go, false in the Rust core: such comparisons (a dyn left side
+  on devices with version attributes) go through a checked function.
 - ``size()`` of a string counts code points (the Rust core counts bytes).
 - Errors: whenever the fast path reports one, the reference interpreter
   (``cel_eval``) re-evaluates with cel-go's semantics (``&&``/``||``/``exists``
@@ -36,7 +41,7 @@ import cel as _fast
 
 from . import cel_runtime as rt
 from .cel_check import ATTRIBUTES_TYPE, CAPACITY_TYPE, Checker, CheckError, Info, type_str
-from .cel_eval import DefaultMap, EvalError, Interpreter
+from .cel_eval import DefaultMap, EvalError, Interpreter, equal
 from .cel_syntax import (
     Bind, Binary, Call, CelSyntaxError, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select,
     Unary, parse, unparse,
@@ -70,13 +75,17 @@ class CelRuntimeError(CelError):
 class DeviceEnv:
     """One device as selectors see it. Built once per device (per slice generation)."""
 
-    __slots__ = ("driver", "name", "value", "ctx", "error")
+    __slots__ = ("driver", "name", "value", "ctx", "error", "has_versions")
 
     def __init__(self, driver: str, name: str, value: dict[str, Any], error: str | None):
         self.driver = driver
         self.name = name
         self.value = value  # for the reference interpreter (outer maps are DefaultMaps)
         self.error = error  # Kubernetes fails every selector on a device it cannot represent
+        # version attributes are the only Kubernetes-typed values behind a dyn type: selectors
+        # compare them with == only through a checked path (see _Emitter.equality)
+        self.has_versions = any(
+            rt.is_semver_value(v) for names in value["attributes"].values() for v in names.values())
         plain = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
         self.ctx = _fast.Context(variables={"device": plain}, functions=_FAST_FUNCTIONS)
 
@@ -131,22 +140,27 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
 class Selector:
     """A compiled selector. ``matches`` is safe to call from several threads."""
 
-    __slots__ = ("expression", "ast", "cost", "fast_source", "_program")
+    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions")
 
-    def __init__(self, expression: str, ast: Node, cost: int, fast_source: str | None):
+    def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None):
         self.expression = expression
         self.ast = ast
         self.cost = cost  # estimated worst-case cost, <= MAX_COST
-        self.fast_source = fast_source
-        self._program = _fast.compile(fast_source) if fast_source is not None else None
+        self.fast_source = sources[0] if sources else None
+        self._program = self._program_versions = None
+        if sources is not None:
+            self._program = _fast.compile(sources[0])
+            # devices with version attributes get the variant whose dyn equalities are checked
+            self._program_versions = self._program if sources[1] == sources[0] else _fast.compile(sources[1])
 
     def matches(self, device: DeviceEnv) -> bool:
         """Does the device satisfy the selector? Raises CelRuntimeError."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
-        if self._program is not None:
+        program = self._program_versions if device.has_versions else self._program
+        if program is not None:
             try:
-                result = self._program.execute(device.ctx)
+                result = program.execute(device.ctx)
             except Exception:  # noqa: BLE001 - any fast-path error is re-decided below
                 pass
             else:
@@ -213,9 +227,9 @@ def _compile(expression: str) -> Selector:
         raise CelCompileError(
             f"{expression}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
             "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)")
-    source = _Emitter(checker.types).emit(ast)
+    sources = (_Emitter(checker.types, False).emit(ast), _Emitter(checker.types, True).emit(ast))
     try:
-        return Selector(expression, ast, info.cost, source)
+        return Selector(expression, ast, info.cost, sources)
     except Exception:  # noqa: BLE001 - the fast core rejected the rewrite: the interpreter still runs it
         return Selector(expression, ast, info.cost, None)
 
@@ -248,31 +262,46 @@ def _q_literal(nano: int) -> str:
 class _Emitter:
     """AST -> source for the fast evaluator, with the rewrites described above."""
 
-    def __init__(self, types: dict[int, Any]):
+    def __init__(self, types: dict[int, Any], check_versions: bool):
         self.types = types
+        self.check_versions = check_versions
 
     def t(self, node: Node) -> Any:
         return self.types.get(id(node))
+
+    def _domain_lookup(self, node: Node) -> bool:
+        """device.attributes[d] / device.capacity[d] (or .d): a domain lookup."""
+        return isinstance(node, (Index, Select)) and self.t(node.operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE)
+
+    def inner(self, node: Node) -> str:
+        """A domain lookup whose result is read further (``.name``, ``[name]``): an unknown
+        domain fails there anyway, so the fast path skips the empty-map guard and the
+        interpreter (on the error) decides; everything else is emitted normally."""
+        if isinstance(node, Index) and self._domain_lookup(node):
+            return f"{self.emit(node.operand)}[{self.emit(node.index)}]"
+        if isinstance(node, Select) and self._domain_lookup(node):
+            return f"{self.emit(node.operand)}.{node.field}"
+        return self.emit(node)
 
     def emit(self, node: Node) -> str:
         e = self.emit
         match node:
             case Lit() | Ident():
                 return unparse(node)
-            case Select(operand, field) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
+            case Select(operand, field) if self._domain_lookup(node):
                 m = e(operand)
                 return f'("{field}" in {m} ? {m}.{field} : {{}})'
             case Select(operand, field):
-                return f"{e(operand)}.{field}"
+                return f"{self.inner(operand)}.{field}"
             case Has(operand, field) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
                 return "true"
             case Has(operand, field):
                 return f"has({e(operand)}.{field})"
-            case Index(operand, index) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
+            case Index(operand, index) if self._domain_lookup(node):
                 m, k = e(operand), e(index)
                 return f"({k} in {m} ? {m}[{k}] : {{}})"
             case Index(operand, index):
-                return f"{e(operand)}[{e(index)}]"
+                return f"{self.inner(operand)}[{e(index)}]"
             case Call():
                 return self.call(node)
             case Unary(op, operand):
@@ -280,6 +309,9 @@ class _Emitter:
             case Binary(op, Call("compareTo", (other,), target), Lit(0, "int")) if (
                     op in ("==", "!=", "<", "<=", ">", ">=") and self._quantities(target, other)):
                 return f"({self._key(target)} {op} {self._key(other)})"
+            case Binary("==" | "!=" as op, left, right) if self._checked_equality(left, right):
+                call = f"{_EQ}({e(left)}, {e(right)})"
+                return call if op == "==" else f"!{call}"
             case Binary(op, left, right):
                 return f"({e(left)} {op} {e(right)})"
             case Cond(c, t, o):
@@ -294,6 +326,16 @@ class _Emitter:
             case Bind(var, init, body):
                 return f"[{e(init)}].map({var}, {e(body)})[0]"
         raise TypeError(f"cannot emit {node!r}")
+
+    def _checked_equality(self, left: Node, right: Node) -> bool:
+        """cel-go: a Quantity or Semver on the left of == rejects other types (an error);
+        the fast core would answer false. Such comparisons go through a checked function:
+        always for a typed Quantity/Semver against dyn, and for a dyn left side only in
+        the program for devices that have version attributes."""
+        lt, rt_ = self.t(left), self.t(right)
+        if lt in ("Quantity", "Semver"):
+            return rt_ == "dyn"
+        return lt == "dyn" and self.check_versions and rt_ not in ("Quantity", "Semver")
 
     def _quantities(self, a: Node, b: Node) -> bool:
         return self.t(a) == "Quantity" and self.t(b) == "Quantity"
@@ -351,7 +393,14 @@ def _size(x: Any) -> int:
     raise rt.LibraryError(f"no such overload: size({rt.type_name(x)})")
 
 
-_FAST_FUNCTIONS = {**rt.FUNCTIONS, _SIZE: _size}
+_EQ = "dralloc_equal"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return equal(a, b)  # raises EvalError where cel-go's == has no such overload
+
+
+_FAST_FUNCTIONS = {**rt.FUNCTIONS, _SIZE: _size, _EQ: _equal}
 
 
 def diagnose(expression: str) -> list[str]:
