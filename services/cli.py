@@ -44,6 +44,7 @@ def discover(
     layout: str = typer.Option("1.35", "--layout", help="ResourceSlice layout: 1.35 (separate counter slices) or 1.34."),
     mig: bool = typer.Option(True, "--mig/--no-mig", help="Publish MIG-capable GPUs as partitionable devices."),
     nics: bool = typer.Option(False, "--nics", help="With NVML: also this machine's physical NICs (sysfs), as driver dra.net."),
+    capture: str = typer.Option(None, "--capture", help="Also write every NVML answer to this file (what --replay reads)."),
     output: str = typer.Option("yaml", "--output", "-o", help="yaml, json or table."),
     list_profiles: bool = typer.Option(False, "--list-profiles", help="List the hardware profiles and exit."),
 ) -> None:
@@ -65,11 +66,15 @@ def discover(
     if layout not in LAYOUTS:
         fail(f"--layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     try:
-        inventory = inventory_from(profile=profile, replay=replay, node=node or default_node_name(), mig=mig, nics=nics)
+        inventory = inventory_from(
+            profile=profile, replay=replay, node=node or default_node_name(), mig=mig, nics=nics, capture=capture
+        )
     except NvmlUnavailable as exc:
         fail(f"{exc}. No NVIDIA GPU is usable here; use --profile NAME to simulate one, or --replay FILE.", 1)
     except (ReplayError, ValueError) as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"--capture {capture}: cannot write: {exc.strerror or exc}")
     print(render(build_slices(inventory, layout=layout), output))
 
 
@@ -307,6 +312,35 @@ def explain(
     raise typer.Exit(exit_code(outcomes))
 
 
+@app.command()
+def lint(
+    paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file or directory (repeatable)."),
+    output: str = typer.Option("text", "-o", "--output", help="text or json."),
+) -> None:
+    """Check manifests without a running system: schema, API validation, CEL against the device
+    environment (with corrected expressions), and references between the given objects.
+    Exit 0: no problem; 1: problems found (all listed)."""
+    import json
+
+    from dralloc.lint import lint as lint_manifests
+    from dralloc.manifests import load_paths
+
+    if output not in ("text", "json"):
+        fail(f"--output must be text or json, not {output!r}")
+    manifests = load_paths(paths)
+    problems = lint_manifests(manifests)
+    if output == "json":
+        print(json.dumps({"problems": [p.as_json() for p in problems]}, indent=2))
+    else:
+        for skipped in manifests.skipped:
+            print(f"dralloc: warning: {skipped}", file=sys.stderr)
+        for problem in problems:
+            print(problem, end="\n\n")
+        checked = len(manifests.objects)
+        print(f"{checked} object(s) checked, {len(problems)} problem(s)")
+    raise typer.Exit(1 if problems else 0)
+
+
 def main() -> None:
     try:
         app()
@@ -315,3 +349,7 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
