@@ -61,6 +61,8 @@ def discover(
         return
     if profile and replay:
         fail("--profile and --replay exclude each other: pick one source")
+    if profile and capture:
+        fail("--capture records NVML's answers; a --profile has none")
     if output not in OUTPUTS:
         fail(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}")
     if layout not in LAYOUTS:

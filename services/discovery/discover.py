@@ -18,6 +18,7 @@ from dralloc.discovery.attributes import NIC_DRIVER, PCI_BUS_ID, PRODUCT
 from dralloc.discovery.inventory import NodeInventory
 from dralloc.discovery.nvml import PynvmlSource, read_inventory
 from dralloc.discovery.profiles import simulate
+from dralloc.discovery.record import RecordingSource
 from dralloc.discovery.replay import ReplaySource
 from dralloc.discovery.sysfs import read_nics
 from dralloc.schemas.resource import ResourceSlice
@@ -31,22 +32,27 @@ def default_node_name() -> str:
 
 
 def inventory_from(
-    *, profile: str | None, replay: str | None, node: str, mig: bool = True, nics: bool = False
+    *, profile: str | None, replay: str | None, node: str, mig: bool = True, nics: bool = False,
+    capture: str | None = None,
 ) -> NodeInventory:
     """The node's inventory from a profile, a replayed capture, or (neither given) NVML.
 
     `nics`: with NVML, also publish this machine's physical NICs from sysfs (off by
-    default: a cluster running DraNet publishes them already).
+    default: a cluster running DraNet publishes them already). `capture`: write every
+    NVML answer to this file, in the format `--replay` reads.
 
     Raises `NvmlUnavailable`, `ReplayError` or `ValueError` (unknown profile) with a message for people.
     """
     if profile:
         return simulate(profile, node)
     source = ReplaySource.from_file(replay) if replay else PynvmlSource()
+    recorder = RecordingSource(source) if capture else None
     try:
-        inventory = read_inventory(source, node, mig=mig)
+        inventory = read_inventory(recorder or source, node, mig=mig)
     finally:
         source.close()
+    if recorder is not None:
+        recorder.save(capture)
     if nics and not replay:
         inventory.nics = read_nics(node)
     return inventory

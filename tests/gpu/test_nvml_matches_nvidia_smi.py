@@ -7,22 +7,28 @@ initialise, or `nvidia-smi` is missing. Run it on a GPU machine with
 
 It prints, per GPU, what discovery publishes next to what nvidia-smi reports
 (name, UUID, memory, driver and CUDA versions, compute capability, PCI bus
-id, MIG mode), and fails on any disagreement.
+id, MIG mode), and fails on any disagreement. It also records every NVML
+answer and checks that replaying the recording publishes identical slices;
+with ``DRALLOC_GPU_CAPTURE=PATH`` the recording is kept there (a new fixture).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dralloc.discovery import attributes as A
 from dralloc.discovery.nvml import NvmlUnavailable, PynvmlSource, read_inventory
+from dralloc.discovery.record import RecordingSource
+from dralloc.discovery.replay import ReplaySource
 from dralloc.discovery.slices import build_slices
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "discovery"))
@@ -35,7 +41,7 @@ def nvml():
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no nvidia-smi on PATH: no NVIDIA GPU here")
     try:
-        source = PynvmlSource()
+        source = RecordingSource(PynvmlSource())
     except NvmlUnavailable as exc:
         pytest.skip(f"NVML unavailable: {exc}")
     yield source
@@ -73,6 +79,15 @@ def test_nvml_inventory_matches_nvidia_smi(nvml) -> None:
           f"CUDA {inventory.cuda_driver_version}")
     assert problems == []
     assert rows and disagreements(rows) == []
+
+    # The recording of this very scan replays to the same slices.
+    recording = json.loads(json.dumps(nvml.capture))
+    replayed = build_slices(read_inventory(ReplaySource(recording), "gpu-check"))
+    assert msgspec.json.encode(replayed) == msgspec.json.encode(slices)
+    keep = os.environ.get("DRALLOC_GPU_CAPTURE")
+    if keep:
+        nvml.save(keep)
+        print(f"NVML answers recorded to {keep}")
 
 
 def test_discover_command_uses_the_real_gpu(nvml) -> None:
