@@ -28,7 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
 
+from dralloc import telemetry
 from dralloc.allocator.engine import Engine
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
@@ -77,6 +80,8 @@ class Allocator:
         self.engine = engine or Engine()
         self.committed: dict[str, ev.AllocationCommitted] = {}
         self.waiting: dict[str, ResourceClaim] = {}
+        self.traces: dict[str, Context] = {}
+        """Each waiting claim's trace context, so a retry continues the claim's one trace."""
         self.lock = asyncio.Lock()
         self.room_changed = asyncio.Event()
 
@@ -133,10 +138,14 @@ class Allocator:
             await asyncio.sleep(delay)
             self.room_changed.clear()
             async with self.lock:
-                for claim in list(self.waiting.values()):
+                for key, claim in list(self.waiting.items()):
                     if stop.is_set():
                         return
-                    await self._allocate(claim)
+                    with telemetry.tracer().start_as_current_span("retry allocation", context=self.traces.get(key)):
+                        try:
+                            await self._allocate(claim)
+                        except Exception as exc:  # the bus is down: the next change retries again
+                            log.warning("allocator: retrying %s failed: %s", key, exc)
 
     # -- claims ---------------------------------------------------------------------
 
@@ -155,15 +164,20 @@ class Allocator:
         key = claim.key
         if self._is_committed(claim):
             # Seen before (a redelivery): publish the same decision again; JetStream drops the duplicate.
-            self.waiting.pop(key, None)
+            self._stop_waiting(key)
             await self.bus.publish(self.committed[key])
             return
         if key in self.committed:
             # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
             await self._release(key, self.committed[key].claim.metadata.uid or "")
-        (outcome,) = self.engine.allocate([claim])
+        with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": key}) as span:
+            (outcome,) = self.engine.allocate([claim])
+            span.set_attribute("dralloc.outcome", outcome.status)
+            if outcome.node:
+                span.set_attribute("dralloc.node", outcome.node)
         if outcome.status != "allocated":
             self.waiting[key] = claim
+            self.traces[key] = otel_context.get_current()
             await self.bus.publish(_failure(claim, outcome.status, outcome.message))
             return
         decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
@@ -174,12 +188,16 @@ class Allocator:
             self.engine.release(key)  # not durable: the redelivery decides again
             raise
         self.committed[key] = event
+        self._stop_waiting(key)
+
+    def _stop_waiting(self, key: str) -> None:
         self.waiting.pop(key, None)
+        self.traces.pop(key, None)
 
     async def _release(self, key: str, uid: str) -> None:
         waiting = self.waiting.get(key)
         if waiting is not None and (not uid or waiting.metadata.uid == uid):
-            del self.waiting[key]
+            self._stop_waiting(key)
         done = self.committed.get(key)
         if done is None or (uid and done.claim.metadata.uid != uid):
             return

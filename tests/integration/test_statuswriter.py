@@ -80,7 +80,9 @@ async def test_store_keeps_the_latest_decision_per_claim(bus: Bus, nats_url: str
     table = await asyncio.to_thread(
         subprocess.run, [DRALLOC, "get", "claims"], env=env, capture_output=True, text=True, timeout=60
     )
-    assert "ml/b" in table.stdout and "node-1/gpu-1" in table.stdout and "bad CEL" in table.stdout
+    rows = [line.split() for line in table.stdout.splitlines()]
+    assert ["ml/b", "allocated", "node-1", "gpu-1"] in rows
+    assert ["ml/c", "error", "bad", "CEL"] in rows
 
 
 async def test_a_redelivered_old_event_does_not_undo_a_newer_state(bus: Bus):
