@@ -15,8 +15,10 @@ GPUs and NICs alike (one domain, so `matchAttribute` works across drivers):
 - `dralloc.dev/nvlink` (bool): whether the GPU has active NVLink to another
   GPU (direct or through NVSwitch); absent when NVML cannot tell.
 - `dralloc.dev/nvlinkDomain` (string): GPUs with the same value reach each
-  other over NVLink (one NVSwitch fabric, or an NVLink-bridged pair); unique
-  across nodes (`<node>/<domain>`), absent for a GPU without NVLink.
+  other over NVLink (one NVSwitch fabric, or an NVLink-bridged pair). Node
+  local domains are unique across nodes (`<node>/...`); a multi-node NVLink
+  domain (a GB200 NVL72 rack) is shared by its nodes' GPUs (the rack, or from
+  NVML the fabric clique). Absent for a GPU without NVLink.
 - `dralloc.dev/linkSpeedGbps` (int), `dralloc.dev/productName` (string): a
   NIC's speed and model (DraNet has no attribute for either).
 - `dralloc.dev/nvlinkClique` (string): the multi-node NVLink clique of GB200

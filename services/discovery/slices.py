@@ -13,14 +13,19 @@ profile `1g.18gb`, GI profile id 19, placement start 0) that consumes its
 profile's engines and the memory slices of its placement; the whole GPU
 (`gpu-0`) consumes all of them. So an allocator that honours counters can
 never hand out a whole GPU and a slice of it, or two overlapping placements.
+Every possible placement is published whether or not MIG mode is on now, as
+NVIDIA's driver does with dynamic MIG: creating the instance is the node
+side's job once a claim is allocated. The whole GPU's `memory` capacity is
+what NVML reports; its `memory` counter is the largest profile's (what the
+partitions' counters are measured against).
 
 Layouts:
 - `"1.35"` (Kubernetes 1.35+, the default): counter sets live in their own
   slices (at most 8 sets each) and no slice mixes devices and counters;
   devices reference counter sets anywhere in the pool.
 - `"1.34"`: a slice holds the counter sets its devices consume, so each
-  partitionable GPU gets its own slice (its 15 counters and 20 devices stay
-  under 1.34's limits).
+  partitionable GPU gets its own slice (an H200's 15 counters and 26 devices
+  stay under the limits of 32 counters and 64 devices).
 Either way a slice has at most 128 devices, 64 when any device in it consumes
 counters or has taints, and every slice of the pool carries the same
 generation and the pool's `resourceSliceCount`.
@@ -195,9 +200,9 @@ def _gpu_group(gpu: Gpu, inventory: NodeInventory) -> _Group:
     mig_common = {A.TYPE: _string("mig"), **({A.PARENT_UUID: _string(gpu.uuid)} if gpu.uuid else {}), **common}
     for profile in gpu.mig_profiles:
         mig_attrs = {**mig_common, A.PROFILE: _string(profile.name)}
-        for name, capacity, consumes in _partitions(gpu.name, set_name, profile):
+        for name, part_capacity, consumes in _partitions(gpu.name, set_name, profile):
             devices.append(Device(
-                name=name, attributes=mig_attrs, capacity=capacity, consumes_counters=consumes, taints=taints,
+                name=name, attributes=mig_attrs, capacity=part_capacity, consumes_counters=consumes, taints=taints,
             ))
     return _Group(devices, CounterSet(name=set_name, counters=counters))
 
