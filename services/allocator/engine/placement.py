@@ -1,0 +1,389 @@
+"""Placement scoring: among the valid answers, the closest and best-fitting one.
+
+Kubernetes' allocator takes the first valid answer. The engine's search does
+too (search.py): it takes nodes and candidate devices in the order it is
+given. Placement changes only that order, so every answer stays one the
+search validated, and with scoring off the order is Kubernetes' (nodes by
+rank, devices by driver/pool/slice/name).
+
+Two hooks:
+
+- `order_nodes(plans, viable)`: the nodes to try, best first. Best fit:
+  nodes with the fewest free devices come first (read from the ledger's
+  free-count buckets, so it costs nothing per node), ties broken by the
+  fewest free devices in the node's multi-node domain (NVLink clique or
+  rack), then rank. For a unit that needs several devices the nodes are also
+  scored for locality: the tightest level (one NVLink domain, PCIe switch,
+  PCIe root, NUMA node, node) at which one group of the node has enough free
+  devices for every request. The scan walks nodes in best-fit order and stops
+  at the first node that reaches the best level its hardware can give, so
+  the usual cost is a few nodes, not the fleet.
+- `order_slots(slots, node)`: each request's candidates on the chosen node,
+  best first: devices in groups that can hold the whole unit at the tightest
+  level first (same NVLink domain > same PCIe switch > same PCIe root > same
+  NUMA node), then best fit inside (the fullest group that still fits:
+  partitioned GPUs before whole ones for MIG, partly used switches and NUMA
+  nodes before free ones), then Kubernetes' order. Several requests of a
+  unit (a GPU and a NIC) are scored together, so they land under one switch
+  or root. Cost: one pass over the candidates per level.
+
+Same input, same order: every tie ends in group index (by device id) and the
+device's Kubernetes order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.ledger import Ledger
+from dralloc.allocator.engine.topology import GPU, GROUP_LEVELS, LEVEL_NAMES, NODE, NUMA, NVLINK, ROOT, SWITCH, NodeTopology, Topology, level_of
+
+if TYPE_CHECKING:
+    from dralloc.allocator.engine.plan import Alt, ClaimPlan
+    from dralloc.allocator.engine.search import Slot
+    from dralloc.allocator.engine.verdicts import Verdicts
+
+SCAN_LIMIT = 256
+"""Nodes scored for locality per unit before the best one seen is taken (bounds the work on huge fleets)."""
+
+Demand = list[tuple["Alt", int]]
+
+
+class Placement:
+    def __init__(self, inventory: Inventory, ledger: Ledger, verdicts: Verdicts, *, scoring: bool = True) -> None:
+        self.inv = inventory
+        self.ledger = ledger
+        self.verdicts = verdicts
+        self.scoring = scoring
+        self.topology = Topology(inventory)
+        self.within: int | None = None
+        """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
+        self._static: dict[tuple, int | None] = {}
+
+    # --- nodes -------------------------------------------------------------------------
+
+    def order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
+        """Known nodes among the `viable` ranks (-1: all), in the order to try them."""
+        inv = self.inv
+        names = inv.node_names
+        viable &= (1 << len(names)) - 1
+        if self.within is not None:
+            viable &= self.within
+        if not self.scoring:
+            for rank in iter_bits(viable):
+                if names[rank] in inv.node_known:
+                    yield names[rank]
+            return
+        demand = _demand(plans)
+        if sum(count for _, count in demand) < 2:
+            later = []
+            for rank in self._fit_order(viable):
+                name = names[rank]
+                if demand and not self._any_free(name, demand[0][0]):
+                    later.append(name)  # full for this request: tried last (another alternative may fit)
+                else:
+                    yield name
+            yield from later
+            return
+        yield from self._locality_order(demand, viable)
+
+    def _fit_order(self, viable: int) -> Iterator[int]:
+        """Known node ranks in best-fit order: fewest free exclusive devices first
+        (the ledger's buckets: free_ge[k] holds the nodes with at least k free)."""
+        free_ge = self.ledger.free_ge
+        names = self.inv.node_names
+        known = self.inv.node_known
+        top = len(free_ge)
+        for k in range(1, top):
+            if not viable & free_ge[k]:
+                break
+            bucket = viable & free_ge[k] & ~(free_ge[k + 1] if k + 1 < top else 0)
+            ranks = [r for r in iter_bits(bucket) if names[r] in known]
+            if len(ranks) > 1:
+                ranks = self._by_domain(ranks)
+            yield from ranks
+        # nodes with no free exclusive device (they may still have shared devices)
+        rest = viable & ~(free_ge[1] if top > 1 else 0)
+        yield from (r for r in iter_bits(rest) if names[r] in known)
+
+    def _by_domain(self, ranks: list[int]) -> list[int]:
+        """Ranks sorted by how free their multi-node domain is (fullest first), then rank."""
+        of, members = self.topology.domains()
+        if not of:
+            return ranks
+        names = self.inv.node_names
+        free = self.ledger.free_local
+        totals: dict[str, int] = {}
+
+        def key(rank: int) -> tuple[int, int]:
+            domain = of.get(names[rank])
+            if domain is None:
+                return (1 << 60, rank)
+            total = totals.get(domain)
+            if total is None:
+                total = totals[domain] = sum(free.get(n, 0) for n in members[domain])
+            return (total, rank)
+
+        return sorted(ranks, key=key)
+
+    def _any_free(self, node: str, alt: Alt) -> bool:
+        mask, _ = self.inv.node_mask(node)
+        return bool(self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits)
+
+    def _locality_order(self, demand: Demand, viable: int) -> Iterator[str]:
+        names = self.inv.node_names
+        scanned: list[tuple[int, int, str]] = []
+        unfit: list[str] = []
+        order = self._fit_order(viable)
+        for rank in order:
+            name = names[rank]
+            level = self.node_level(name, demand)
+            if level is None:
+                unfit.append(name)
+                continue
+            if level <= self._static_level(name, demand):
+                yield name  # the best its hardware can do, on the fullest such node
+                break
+            scanned.append((level, len(scanned), name))
+            if len(scanned) >= SCAN_LIMIT:
+                break
+        else:
+            order = iter(())
+        for _, _, name in sorted(scanned):
+            yield name
+        for rank in order:
+            yield names[rank]
+        yield from unfit
+
+    def node_level(self, node: str, demand: Demand, *, free_only: bool = True) -> int | None:
+        """The tightest level at which one group of `node` has enough free devices for every
+        request of the demand (NODE if only the node as a whole has), None if the node has not."""
+        topo = self.topology.node(node)
+        if topo is None or not topo.groups:
+            return None
+        counts = self._counts(topo, node, demand, free_only)
+        if counts is None:
+            return None
+        return _tightest(topo, counts, demand)
+
+    def _static_level(self, node: str, demand: Demand) -> int:
+        """The best level the node's hardware could give the demand if it were free (cached)."""
+        topo = self.topology.node(node)
+        key = (node, topo.stamp if topo else None, tuple((alt.verdict_key, count) for alt, count in demand))
+        if key not in self._static:
+            if len(self._static) > 100_000:
+                self._static.clear()
+            self._static[key] = self.node_level(node, demand, free_only=False)
+        level = self._static[key]
+        return NODE if level is None else level
+
+    def _counts(self, topo: NodeTopology, node: str, demand: Demand, free_only: bool) -> list[list[dict[int, int]]] | None:
+        """Per demand item, per level: group -> free matching devices (shared devices count as enough)."""
+        inv, ledger = self.inv, self.ledger
+        mask, _ = inv.node_mask(node)
+        lo = min(topo.groups)
+        used = ledger.used_bits if free_only else 0
+        out = []
+        for alt, count in demand:
+            verdict = self.verdicts.get(alt, mask)
+            bits = (verdict.matched & mask & ~used) >> lo
+            per_level: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
+            total = 0
+            for off in iter_bits(bits):
+                rec = inv.devices[off + lo]
+                groups = topo.groups.get(off + lo)
+                if rec is None or groups is None:
+                    continue
+                if free_only and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+                    continue
+                weight = count if rec.multi else 1
+                total += weight
+                for pos, gid in enumerate(groups):
+                    level = per_level[pos]
+                    level[gid] = level.get(gid, 0) + weight
+            if total < count:
+                return None
+            out.append(per_level)
+        return out
+
+    # --- devices on one node -----------------------------------------------------------
+
+    def order_slots(self, slots: list[Slot], node: str | None) -> dict[int, int] | None:
+        """Sort each slot's candidates best first (in place); returns device id -> rank,
+        the order in which matchAttribute values are tried. None: order unchanged."""
+        if not self.scoring:
+            return None
+        topo = self.topology.node(node)
+        demanding = [s for s in slots if not s.alt.all_mode]
+        if topo is None or not demanding or all(len(s.cands) <= 1 for s in demanding):
+            return None
+        groups = topo.groups
+        totals: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
+        holds: list[set[int] | None] = [None] * len(GROUP_LEVELS)
+        for slot in demanding:
+            counts: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
+            need = slot.alt.count
+            for rec in slot.cands:
+                g = groups.get(rec.id)
+                if g is None:
+                    continue
+                weight = need if rec.multi else 1
+                for pos in range(len(GROUP_LEVELS)):
+                    counts[pos][g[pos]] = counts[pos].get(g[pos], 0) + weight
+            for pos in range(len(GROUP_LEVELS)):
+                ok = {gid for gid, n in counts[pos].items() if n >= need}
+                holds[pos] = ok if holds[pos] is None else holds[pos] & ok  # type: ignore[operator]
+                total = totals[pos]
+                for gid, n in counts[pos].items():
+                    total[gid] = total.get(gid, 0) + n
+        named = topo.names[NVLINK]
+        holds[NVLINK] = {gid for gid in holds[NVLINK] or () if gid in named}
+        far = (1, 1, 1, 1, 1)
+
+        def key(rec: DeviceRec) -> tuple:
+            g = groups.get(rec.id)
+            if g is None:
+                return (far, 0, (), 0, rec.order)
+            vector = tuple(0 if g[pos] in holds[pos] else 1 for pos in GROUP_LEVELS)  # type: ignore[operator]
+            tight = vector.index(0) if 0 in vector else NODE
+            fit = totals[tight][g[tight]] if tight != NODE else 0
+            # best fit outward: the fullest NVLink domain, NUMA node, root, switch, GPU
+            coarse = (totals[NVLINK][g[NVLINK]], totals[NUMA][g[NUMA]], totals[ROOT][g[ROOT]], totals[SWITCH][g[SWITCH]], totals[GPU][g[GPU]])
+            return (vector, fit, coarse, g[tight] if tight != NODE else 0, rec.order)
+
+        rank: dict[int, int] = {}
+        for slot in slots:
+            if not slot.alt.all_mode:
+                slot.cands.sort(key=key)
+            for rec in slot.cands:
+                rank.setdefault(rec.id, len(rank))
+        return rank
+
+    # --- words ---------------------------------------------------------------------------
+
+    def describe(self, node: str | None, chosen: list[DeviceRec], demand: Demand) -> list[str]:
+        """The chosen placement's score against the next best, in words (for `dralloc explain`)."""
+        if not self.scoring:
+            return ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]
+        topo = self.topology.node(node)
+        if topo is None or not chosen:
+            return []
+        ids = [rec.id for rec in chosen]
+        lines = [f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, before=len(chosen))}"]
+        if sum(c for _, c in demand) >= 2:
+            level = level_of(topo, ids)
+            best = self._static_level(node, demand)
+            lines.append(
+                f"locality: {LEVEL_NAMES[level]} level" + (" (the tightest this node's hardware allows)" if level <= best else f" (the hardware allows {LEVEL_NAMES[best]}, but not enough of it is free)")
+            )
+        other = self._next_best(node, demand)
+        if other is not None:
+            name, level = other
+            where = f"one {LEVEL_NAMES[level]}" if level != NODE else "spread over the node"
+            lines.append(f"next best: node {name}: {where}; {self._fullness(name, demand, before=0)}")
+        else:
+            lines.append("next best: none; no other node could hold it now")
+        return lines
+
+    def _closeness(self, topo: NodeTopology, ids: list[int]) -> str:
+        if len(ids) == 1:
+            g = topo.groups.get(ids[0])
+            if g is None:
+                return "one device"
+            parts = [f"{LEVEL_NAMES[level]} {topo.names[level][g[level]]}" for level in (SWITCH, NUMA) if g[level] in topo.names[level]]
+            return "one device" + (f" ({', '.join(parts)})" if parts else "")
+        words = []
+        for level, same, differ in (
+            (NVLINK, "same NVLink domain", "not all on one NVLink domain"),
+            (SWITCH, "same PCIe switch", "{n} PCIe switches"),
+            (ROOT, "same PCIe root", "{n} PCIe roots"),
+            (NUMA, "same NUMA node", "{n} NUMA nodes"),
+        ):
+            seen = {topo.groups[i][level] for i in ids if i in topo.groups}
+            named = all(topo.groups[i][level] in topo.names[level] for i in ids if i in topo.groups)
+            if len(seen) == 1 and named:
+                name = topo.names[level][seen.pop()]
+                words.append(f"{same} ({name})")
+                if level in (SWITCH, ROOT):
+                    break  # the coarser PCIe levels follow
+            elif level != NVLINK or any(topo.groups[i][NVLINK] in topo.names[NVLINK] for i in ids if i in topo.groups):
+                words.append(differ.format(n=len(seen)))
+        return ", ".join(words) or "same node"
+
+    def _fullness(self, node: str, demand: Demand, before: int) -> str:
+        """How full the node is for the demand's first request: its matching devices in use."""
+        if not demand:
+            return ""
+        alt = demand[0][0]
+        mask, _ = self.inv.node_mask(node)
+        matched = self.verdicts.get(alt, mask).matched & mask
+        total = matched.bit_count()
+        if not total:
+            return "no matching devices"
+        free = self._free_count(node, alt, matched) + before
+        used = total - free
+        return f"node {round(100 * used / total)}% full ({used} of {total} matching devices in use before)"
+
+    def _free_count(self, node: str, alt: Alt, matched: int) -> int:
+        ledger = self.ledger
+        n = 0
+        for i in iter_bits(matched & ~ledger.used_bits):
+            rec = self.inv.devices[i]
+            if rec is not None and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec)):
+                n += 1
+        return n
+
+    def _next_best(self, chosen: str | None, demand: Demand) -> tuple[str, int] | None:
+        """The best other node for the same demand now, by (level, best-fit order)."""
+        if not demand:
+            return None
+        total = sum(c for _, c in demand)
+        best: tuple[int, int, str] | None = None
+        for n, rank in enumerate(self._fit_order(-1 & ((1 << len(self.inv.node_names)) - 1))):
+            name = self.inv.node_names[rank]
+            if name == chosen:
+                continue
+            level = self.node_level(name, demand)
+            if level is None:
+                continue
+            if total < 2:
+                return name, level
+            if best is None or (level, n) < best[:2]:
+                best = (level, n, name)
+            if n >= SCAN_LIMIT or level <= self._static_level(name, demand):
+                break
+        return (best[2], best[0]) if best else None
+
+
+def _demand(plans: list[ClaimPlan]) -> Demand:
+    """What the unit needs, per request: its first alternative and count (All and admin
+    requests take what there is and are not scored)."""
+    out: Demand = []
+    for plan in plans:
+        for request in plan.requests:
+            alt = request.alts[0]
+            if not alt.all_mode and not alt.admin:
+                out.append((alt, alt.count))
+    return out
+
+
+def demand_of(plans: list[ClaimPlan]) -> Demand:
+    return _demand(plans)
+
+
+def _tightest(topo: NodeTopology, counts: list[list[dict[int, int]]], demand: Demand) -> int:
+    named = topo.names[NVLINK]
+    for pos in GROUP_LEVELS:
+        candidates: set[int] | None = None
+        for (_, need), per_level in zip(demand, counts):
+            ok = {gid for gid, n in per_level[pos].items() if n >= need}
+            candidates = ok if candidates is None else candidates & ok
+            if not candidates:
+                break
+        if pos == NVLINK and candidates:
+            candidates = {gid for gid in candidates if gid in named}
+        if candidates:
+            return pos
+    return NODE

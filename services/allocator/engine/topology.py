@@ -1,0 +1,223 @@
+"""The topology model: which devices sit close together, per node and across nodes.
+
+Built from what discovery publishes on the devices (`dralloc.dev/nvlinkDomain`,
+`dralloc.dev/pcieSwitch`, `resource.kubernetes.io/pcieRoot`,
+`dralloc.dev/numaNode`, `dralloc.dev/nvlinkClique`, shared counter sets and
+NVIDIA's `uuid`/`parentUUID`) and on the nodes (labels such as
+`nvidia.com/gpu.clique` or `dralloc.dev/rack`).
+
+Per node, a networkx graph links every device to hubs (its physical GPU, its
+NVLink domain, PCIe switch, PCIe root, NUMA node); the connected components
+of the edges of one level are that level's groups. PCIe levels are
+cumulative (a device that shares a switch with a device of NUMA node 0 is on
+NUMA node 0 too, even if its own attribute is missing), so they nest:
+switch within root within NUMA node. A device without an attribute is a group
+of its own at that level (it is close to nothing there).
+
+The graph is built when a node's devices change (the inventory's per-node
+stamp), never per claim: the hot path reads `NodeTopology.groups`, a tuple of
+small integers per device, and compares them.
+
+Across nodes, a second graph links nodes to their multi-node domains (the
+NVLink clique of GB200 NVL72 trays, from the devices or the node label, or
+any node label a gang names); its components are the domains gangs stay in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+
+# Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
+GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
+LEVEL_NAMES = ("physical GPU", "NVLink domain", "PCIe switch", "PCIe root", "NUMA node", "node")
+GROUP_LEVELS = (GPU, NVLINK, SWITCH, ROOT, NUMA)
+
+NVLINK_DOMAIN = "dralloc.dev/nvlinkDomain"
+NVLINK_CLIQUE = "dralloc.dev/nvlinkClique"
+PCIE_SWITCH = "dralloc.dev/pcieSwitch"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "dralloc.dev/numaNode"
+
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+"""NVIDIA GPU feature discovery's node label for the NVLink clique of a multi-node NVLink node."""
+RACK_LABEL = "dralloc.dev/rack"
+
+# Which edge levels make a level's groups (PCIe levels accumulate, see above).
+_EDGES = {GPU: {GPU}, NVLINK: {NVLINK}, SWITCH: {SWITCH}, ROOT: {SWITCH, ROOT}, NUMA: {SWITCH, ROOT, NUMA}}
+
+
+@dataclass(slots=True)
+class NodeTopology:
+    node: str
+    stamp: tuple
+    groups: dict[int, tuple[int, ...]]
+    """Device id -> group index per level in GROUP_LEVELS order (GPU, NVLINK, SWITCH, ROOT, NUMA)."""
+    names: list[dict[int, str]]
+    """Per level: group index -> a name a person recognises (`pci0000:15`, `NUMA 1`), for groups that have one."""
+    sizes: list[dict[int, int]]
+    """Per level: group index -> number of devices in it (all kinds)."""
+    clique: str | None
+    """The multi-node NVLink clique the node's devices report, if any."""
+    devices: int
+
+
+def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
+    """(level, hub) pairs a device links to."""
+    out: list[tuple[int, object]] = []
+    for key, _ in rec.consumes:
+        out.append((GPU, ("counters", key[0], key[1], key[2])))
+    attrs = rec.spec.attributes
+    for own in ("uuid", "parentUUID"):
+        attr = attrs.get(own)
+        if attr is not None and attr.string:
+            out.append((GPU, ("uuid", rec.driver, attr.string)))
+    for level, name in ((NVLINK, NVLINK_DOMAIN), (SWITCH, PCIE_SWITCH), (ROOT, PCIE_ROOT), (NUMA, NUMA_NODE)):
+        value = rec.attribute(name)
+        if value is not None:
+            out.append((level, value[1]))
+    return out
+
+
+def _hub_name(level: int, hub: object) -> str:
+    if level == NUMA:
+        return f"NUMA {hub}"
+    if level == GPU and isinstance(hub, tuple):
+        return str(hub[-1])
+    return str(hub)
+
+
+def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
+    """The topology of one node's devices (pure; networkx graph, components per level).
+
+    Devices with the same hubs (a GPU and its MIG partitions) share one graph
+    vertex, which keeps the graph of a MIG node as small as that of its GPUs."""
+    alike: dict[tuple, list[int]] = {}
+    for rec in recs:
+        alike.setdefault(tuple(sorted(set(_hubs(rec)), key=repr)), []).append(rec.id)
+    graphs = {level: nx.Graph() for level in GROUP_LEVELS}
+    for sig in alike:
+        for level, hub in sig:
+            for target in GROUP_LEVELS:
+                if level in _EDGES[target]:
+                    graphs[target].add_edge(("sig", sig), (level, hub))
+    per_device: dict[int, list[int]] = {rec.id: [] for rec in recs}
+    names: list[dict[int, str]] = []
+    sizes: list[dict[int, int]] = []
+    for level in GROUP_LEVELS:
+        level_names: dict[int, str] = {}
+        level_sizes: dict[int, int] = {}
+        seen: set[int] = set()
+        # components ordered by their first device id, so group indexes (and ties) are deterministic
+        components = []
+        for comp in nx.connected_components(graphs[level]):
+            members = sorted(i for v in comp if v[0] == "sig" for i in alike[v[1]])
+            own = sorted((v[1] for v in comp if v[0] == level), key=repr)
+            components.append((members, own))
+        components.sort(key=lambda c: c[0][0])
+        index = 0
+        for members, own in components:
+            for dev_id in members:
+                per_device[dev_id].append(index)
+                seen.add(dev_id)
+            if own:
+                level_names[index] = _hub_name(level, own[0])
+            level_sizes[index] = len(members)
+            index += 1
+        for rec in recs:  # alone at this level
+            if rec.id not in seen:
+                per_device[rec.id].append(index)
+                level_sizes[index] = 1
+                index += 1
+        names.append(level_names)
+        sizes.append(level_sizes)
+    cliques = sorted({v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None})
+    return NodeTopology(
+        node=node,
+        stamp=stamp,
+        groups={i: tuple(g) for i, g in per_device.items()},
+        names=names,
+        sizes=sizes,
+        clique=cliques[0] if cliques else None,
+        devices=len(recs),
+    )
+
+
+class Topology:
+    """Per-node topologies and multi-node domains of an inventory, rebuilt only when it changes."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inv = inventory
+        self._nodes: dict[str, NodeTopology] = {}
+        self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
+
+    def node(self, node: str | None) -> NodeTopology | None:
+        """The node's topology (its node-local devices), built on first use after a change."""
+        if node is None:
+            return None
+        inv = self.inv
+        stamp = (inv._local_version.get(node, 0),)
+        topo = self._nodes.get(node)
+        if topo is None or topo.stamp != stamp:
+            bits = inv.local.get(node, 0)
+            recs = [rec for i in iter_bits(bits) if (rec := inv.devices[i]) is not None]
+            topo = self._nodes[node] = build_node(node, recs, stamp)
+        return topo
+
+    def domains(self, label: str | None = None) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """(node -> domain, domain -> nodes in rank order) for the multi-node domains.
+
+        `label` None: the NVLink clique (a device's `dralloc.dev/nvlinkClique`,
+        else the node label `nvidia.com/gpu.clique`), else the `dralloc.dev/rack`
+        label. A label key: nodes that share its value. Nodes without one are in
+        no domain. Rebuilt when the inventory changes."""
+        inv = self.inv
+        hit = self._domains.get(label)
+        if hit is not None and hit[0] == inv.version:
+            return hit[1], hit[2]
+        graph = nx.Graph()
+        for name in inv.nodes():
+            graph.add_node(("node", name))
+            labels = inv.node_labels.get(name, {})
+            if label is None:
+                clique = self.node(name).clique or labels.get(CLIQUE_LABEL)  # type: ignore[union-attr]
+                if clique:
+                    graph.add_edge(("node", name), ("clique", clique))
+                elif labels.get(RACK_LABEL):
+                    graph.add_edge(("node", name), ("rack", labels[RACK_LABEL]))
+            elif labels.get(label):
+                graph.add_edge(("node", name), ("label", labels[label]))
+        of: dict[str, str] = {}
+        members: dict[str, list[str]] = {}
+        rank = inv.node_rank
+        for comp in nx.connected_components(graph):
+            hubs = sorted(str(v[1]) for v in comp if v[0] != "node")
+            if not hubs:
+                continue
+            nodes = sorted((v[1] for v in comp if v[0] == "node"), key=lambda n: rank[n])
+            members[hubs[0]] = nodes
+            for n in nodes:
+                of[n] = hubs[0]
+        self._domains[label] = (inv.version, of, members)
+        return of, members
+
+
+def level_of(topo: NodeTopology, ids: list[int]) -> int:
+    """The tightest level at which all the devices are in one group (NODE if only the node is shared).
+
+    The NVLink level counts only when every device has an NVLink domain."""
+    if not ids:
+        return NODE
+    groups = [topo.groups.get(i) for i in ids]
+    if any(g is None for g in groups):
+        return NODE
+    for pos, level in enumerate(GROUP_LEVELS):
+        first = groups[0][pos]  # type: ignore[index]
+        if all(g[pos] == first for g in groups):  # type: ignore[index]
+            if level == NVLINK and first not in topo.names[pos]:
+                continue  # one device alone "in" no domain
+            return level
+    return NODE
