@@ -25,8 +25,8 @@ What is published:
 - DeviceClass / ResourceSlice -> `...Published` / `...Removed`.
 Every event's `Nats-Msg-Id` is its content identity (claim uid + generation),
 and the source also skips an event identical to the last one it produced for
-the same subject (seeded from the bus at start with `seen`), so a restart or a
-re-list does not submit a handled claim again.
+the same subject (seeded at start from what the bus holds, `seed`), so a
+restart or a re-list does not submit a handled claim again.
 
 Pods with `resourceClaimTemplateName` entries get their generated claims the
 way Kubernetes' resourceclaim controller makes them (`ClaimController`), when
@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -46,6 +46,7 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
+from dralloc.bus import Bus
 from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.ingestor.templates import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
@@ -284,13 +285,18 @@ class KubeSourceOptions:
 class KubernetesSource:
     """A `ClaimSource` over a cluster's API server (see the module doc)."""
 
-    def __init__(self, config: Any, report: Report, *, options: KubeSourceOptions | None = None,
-                 seen: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: Any, report: Report, *, options: KubeSourceOptions | None = None) -> None:
         self.options = options or KubeSourceOptions.from_config(config)
         self.report = report
-        self.last: dict[str, str] = dict(seen or {})
+        self.last: dict[str, str] = {}
         """subject -> msg id of the last event produced for it: an identical event is not produced again."""
         self.reflectors: list[Reflector[Any]] = []
+
+    async def seed(self, bus: Bus) -> None:
+        """Resume: what the bus already holds (the last event per subject) is not produced again."""
+        for stream in ("CLAIMS", "INVENTORY"):
+            events, _ = await bus.replay(stream)
+            self.last.update((event.subject, event.msg_id) for event in events)
 
     async def events(self, stop: asyncio.Event) -> AsyncIterator[SourceEvent]:
         queue: asyncio.Queue[SourceEvent] = asyncio.Queue(maxsize=1024)

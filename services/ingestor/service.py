@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import nats.errors
 
-from dralloc.bus import Bus
+from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
 
 log = logging.getLogger("dralloc.ingestor")
@@ -73,12 +73,16 @@ def _report(problem: str) -> None:
 
 
 async def publish_until_stored(bus: Bus, event: SourceEvent, stop: asyncio.Event) -> bool:
-    """Publish, retrying while NATS is unreachable; False if stopped first."""
+    """Publish, retrying while NATS is unreachable; False if stopped first. An event that can
+    never be published is reported and skipped."""
     delay = 0.1
     while not stop.is_set():
         try:
             await bus.publish(event)
             return True
+        except PublishRefused as exc:
+            _report(f"not published: {exc}")
+            return True  # nothing to retry; go on with the rest
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             log.warning("publishing %s failed: %s; retrying in %.1fs", event.subject, exc, delay)
             try:
@@ -92,6 +96,8 @@ async def publish_until_stored(bus: Bus, event: SourceEvent, stop: asyncio.Event
 async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, source: ClaimSource | None = None) -> None:
     """Publish everything the source yields until it ends or `stop` is set."""
     source = source or make_source(config)
+    if (seed := getattr(source, "seed", None)) is not None:
+        await seed(bus)  # a source that can resume skips what the bus already has
     published = 0
     async for event in source.events(stop):
         if not await publish_until_stored(bus, event, stop):
