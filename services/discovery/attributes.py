@@ -146,6 +146,11 @@ def quantity(value: int) -> str:
     return str(value)
 
 
+def label_value(value: str) -> str:
+    """A string as a Kubernetes label value (`NVIDIA H200` -> `NVIDIA-H200`)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", value).strip("-._")[:63]
+
+
 def dns_label(value: str) -> str:
     """A string as a DNS label (lower case, `-` for anything else), for device and counter names."""
     return re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:63]

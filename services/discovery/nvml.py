@@ -92,24 +92,37 @@ def ask(query: Callable[[], T]) -> T | None:
         return None
 
 
+def ask_any(query: Callable[[], T]) -> T | None:
+    """The answer, or None for any failure, a lost GPU included (queries about links and the system)."""
+    try:
+        return query()
+    except QueryError:
+        return None
+
+
 def read_inventory(source: Source, node: str, *, mig: bool = True) -> NodeInventory:
     """What `source` says this node has. `mig`: publish MIG-capable GPUs as partitionable."""
-    driver = ask(source.driver_version)
-    cuda = ask(source.cuda_driver_version)
+    driver = ask_any(source.driver_version)
+    cuda = ask_any(source.cuda_driver_version)
     inventory = NodeInventory(
         node=node,
         driver_version=A.semver(driver) if driver else None,
         cuda_driver_version=A.cuda_version(cuda) if cuda else None,
     )
-    count = ask(source.device_count) or 0
+    count = ask_any(source.device_count) or 0
     indices: list[int] = []
     for index in range(count):
-        gpu = _read_gpu(source.device(index), index, node, mig)
-        inventory.gpus.append(gpu)
+        try:
+            device = source.device(index)
+        except QueryError:
+            # No handle at all (fallen off the bus before we could ask, or not ours to see):
+            # it is not published, so it vanishes from the next generation.
+            continue
+        inventory.gpus.append(_read_gpu(device, index, node, mig))
         indices.append(index)
     _nvlink_domains(source, inventory, indices)
     if inventory.gpus:
-        inventory.labels[A.LABEL_PRODUCT] = (inventory.gpus[0].product_name or "unknown").replace(" ", "-")
+        inventory.labels[A.LABEL_PRODUCT] = A.label_value(inventory.gpus[0].product_name or "unknown")
         cliques = {g.clique for g in inventory.gpus if g.clique}
         if len(cliques) == 1:
             inventory.labels[A.LABEL_CLIQUE] = cliques.pop()
@@ -217,18 +230,18 @@ def _nvlink_domains(source: Source, inventory: NodeInventory, indices: list[int]
     active: list[bool | None] = []
     for i, index in enumerate(indices):
         dev = source.device(index)
-        states = [ask(lambda: dev.nvlink_state(link)) for link in range(NVLINK_MAX_LINKS)]
+        states = [ask_any(lambda: dev.nvlink_state(link)) for link in range(NVLINK_MAX_LINKS)]
         known = [s for s in states if s is not None]
         active.append(any(known) if known else None)
         for link, state in enumerate(states):
             if state:
-                remote = ask(lambda: dev.nvlink_remote_bus_id(link))
+                remote = ask_any(lambda: dev.nvlink_remote_bus_id(link))
                 j = by_bus.get(A.pci_bus_id(remote)) if remote else None
                 if j is not None:
                     parent[find(j)] = find(i)
     for i in range(len(gpus)):
         for j in range(i + 1, len(gpus)):
-            if ask(lambda: source.p2p_nvlink(indices[i], indices[j])) == P2P_STATUS_OK:
+            if ask_any(lambda: source.p2p_nvlink(indices[i], indices[j])) == P2P_STATUS_OK:
                 parent[find(j)] = find(i)
                 active[i] = active[j] = True
     for i, gpu in enumerate(gpus):

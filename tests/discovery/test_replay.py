@@ -143,3 +143,11 @@ def test_bad_capture_files_are_clear_errors(tmp_path) -> None:
         ReplaySource.from_file(tmp_path / "y.json")
     with pytest.raises(ReplayError, match="cannot read"):
         ReplaySource.from_file(tmp_path / "missing.json")
+
+
+def test_a_gpu_lost_during_link_queries_does_not_stop_the_scan(capture) -> None:
+    lost = copy.deepcopy(capture)
+    lost["devices"][0]["nvlinks"] = [{"link": 0, "state": {"error": "NVMLError_GpuIsLost: GPU is lost"}}]
+    lost["cudaDriverVersion"] = {"error": "NVMLError_GpuIsLost: GPU is lost"}
+    inv = read_inventory(ReplaySource(lost), "n")
+    assert [g.name for g in inv.gpus] == ["gpu-0"] and inv.gpus[0].nvlink is None and inv.cuda_driver_version is None

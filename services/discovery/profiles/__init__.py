@@ -108,7 +108,7 @@ def simulate(profile: str, node: str, *, rack: str | None = None) -> NodeInvento
         hw = PROFILES[profile]
     except KeyError:
         raise ValueError(f"unknown hardware profile {profile!r}; known: {', '.join(sorted(PROFILES))}") from None
-    labels = {A.LABEL_PROFILE: hw.name, A.LABEL_PRODUCT: hw.gpu.product_name.replace(" ", "-")}
+    labels = {A.LABEL_PROFILE: hw.name, A.LABEL_PRODUCT: A.label_value(hw.gpu.product_name)}
     clique = None
     if hw.nvlink == "rack":
         rack = rack or f"{node}-rack"
