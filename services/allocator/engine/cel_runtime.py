@@ -288,12 +288,12 @@ def last_index_of(x: Any, sub_: Any, offset: Any = None) -> int:
 
 def lower_ascii(s: Any) -> str:
     _s("lowerAscii", s)
-    return "".join(c.lower() if c.isascii() else c for c in s)
+    return s.lower() if s.isascii() else "".join(c.lower() if c.isascii() else c for c in s)
 
 
 def upper_ascii(s: Any) -> str:
     _s("upperAscii", s)
-    return "".join(c.upper() if c.isascii() else c for c in s)
+    return s.upper() if s.isascii() else "".join(c.upper() if c.isascii() else c for c in s)
 
 
 def replace(s: Any, old: Any, new: Any, n: Any = -1) -> str:
