@@ -6,16 +6,14 @@ from collections import defaultdict
 
 import msgspec
 
+from dralloc.allocator.engine.quantity import NANO, parse_quantity
 from dralloc.schemas.resource import ResourceSlice
 from dralloc.schemas.validation import validate
 
 
 def _amount(value: str | int) -> int:
-    text = str(value)
-    for suffix, shift in (("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)):
-        if text.endswith(suffix):
-            return int(text[: -len(suffix)]) << shift
-    return int(text)
+    """A quantity in whole units, parsed by the engine (so discovery's spelling is checked against it)."""
+    return parse_quantity(value) // NANO
 
 
 def slice_problems(slices: list[ResourceSlice], layout: str) -> list[str]:
