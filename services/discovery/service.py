@@ -174,6 +174,9 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event) -> None:
                 # Keep what was published: one failed scan is not proof that the GPUs are gone.
                 log.warning("discovery: scan failed, keeping the last published slices: %s", exc)
                 inventories = []
+            except Exception:  # a bug in a reader must not take the node's slices down with it
+                log.exception("discovery: scan failed unexpectedly, keeping the last published slices")
+                inventories = []
     finally:
         await _withdraw(bus, kube, publishers)
         if kube is not None:
@@ -249,4 +252,8 @@ async def _send(bus: Bus, events: list[Any]) -> None:
 async def _kubernetes(config: Config) -> Any:
     from dralloc.discovery.kubernetes import KubernetesSlices  # only when asked: keeps startup light
 
-    return await KubernetesSlices.connect()
+    try:
+        return await KubernetesSlices.connect()
+    except Exception as exc:  # no kubeconfig, no service account: a setup mistake, said once
+        log.error("discovery: cannot write slices to Kubernetes (DRALLOC_DISCOVERY_KUBERNETES): %s", exc)
+        raise SystemExit(2) from None

@@ -63,3 +63,12 @@ async def test_an_unreachable_api_server_is_logged_not_fatal(caplog) -> None:
     finally:
         await writer.close()
     assert "kubernetes: ResourceSlice n-gpu-0" in caplog.text and "deleting ResourceSlice n-gpu-7" in caplog.text
+
+
+async def test_kubernetes_asked_for_but_not_configured_is_a_clear_exit(bus: Bus, monkeypatch, caplog, tmp_path) -> None:
+    monkeypatch.delenv("DRALLOC_KUBE_SERVER", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    with pytest.raises(SystemExit) as exc:
+        await serve(bus, Config(source="profile", node="k2", kubernetes=True), asyncio.Event())
+    assert exc.value.code == 2 and "cannot write slices to Kubernetes" in caplog.text
