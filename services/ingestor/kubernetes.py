@@ -276,7 +276,7 @@ class KubeSourceOptions:
             namespaces=namespaces,
             slices=_env_flag("DRALLOC_INGESTOR_SLICES"),
             claim_templates=_env_flag("DRALLOC_INGESTOR_CLAIM_TEMPLATES"),
-            settings=KubeSettings(server=getattr(config, "kube_server", None) or env.server,
+            settings=KubeSettings(server=env.server,
                                   kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
                                   context=env.context),
         )

@@ -99,7 +99,7 @@ class KubernetesSink:
                  report: Callable[[Result], None] | None = None, settings: KubeSettings | None = None) -> None:
         env = KubeSettings.from_env()
         self.settings = settings or KubeSettings(
-            server=getattr(config, "kube_server", None) or env.server,
+            server=env.server,
             kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
             context=env.context,
         )
