@@ -26,7 +26,9 @@ Publishing
     ``await bus.publish(event)``: the subject and the ``Nats-Msg-Id`` come from
     the event (content identity, so a retry is deduplicated), a PRODUCER span
     is started and its W3C ``traceparent`` travels in the headers. Returns the
-    JetStream's ack (stream sequence, ``duplicate``) once stored.
+    JetStream's ack (stream sequence, ``duplicate``) once stored; raises
+    `PublishRefused` for an event that can never be stored (over the server's
+    message size limit).
 
 Consuming
     ``await bus.consume(stream, handler, stop, durable="allocator")`` runs a
@@ -131,6 +133,10 @@ class Permanent(Exception):
 
 class BusError(Exception):
     """The bus cannot be reached or used; the message says what to check."""
+
+
+class PublishRefused(BusError):
+    """This event can never be published (too large for the server): retrying will not help."""
 
 
 # --- the embedded server -----------------------------------------------------------
@@ -265,8 +271,11 @@ class Bus:
                     continue
             await self.js.update_stream(config)
 
-    async def publish(self, event: Event) -> PubAck:
-        """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it)."""
+    async def publish(self, event: Event, *, headers: dict[str, str] | None = None) -> PubAck:
+        """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it).
+
+        `headers` are added to the message (e.g. ``Nats-Expected-Last-Sequence``, which makes the
+        server refuse the write when the stream has moved on: the allocator's fence)."""
         subject = event.subject
         with telemetry.tracer().start_as_current_span(
             f"send {subject}",
@@ -279,8 +288,14 @@ class Bus:
                 "dralloc.event": type(event).__name__,
             },
         ):
-            headers = telemetry.inject({"Nats-Msg-Id": event.msg_id})
-            return await self.js.publish(subject, events.encode(event), headers=headers)
+            data = events.encode(event)
+            if len(data) > self.nc.max_payload:
+                raise PublishRefused(
+                    f"{type(event).__name__} on {subject} is {len(data)} bytes, over the server's "
+                    f"message limit of {self.nc.max_payload} bytes"
+                )
+            headers = telemetry.inject({**(headers or {}), "Nats-Msg-Id": event.msg_id})
+            return await self.js.publish(subject, data, headers=headers)
 
     async def consume(
         self,

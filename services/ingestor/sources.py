@@ -4,7 +4,9 @@ A source is an async iterator of events the ingestor publishes unchanged:
 claims (`ClaimSubmitted` / `ClaimDeleted`) and the objects claims need
 (`DeviceClassPublished` / `Removed`, `ResourceSlicePublished` / `Removed`,
 `NodePublished` / `Removed`). Bad input is reported through the `report`
-callback (one line naming file, object and field) and never stops the source.
+callback (one line naming file, object and field) and never stops the source;
+an object the Kubernetes API server would refuse (`dralloc.schemas.validation`)
+is reported and not published.
 Sources: `FileSource` here, `KubernetesSource` in ``kubernetes.py``.
 """
 
@@ -23,6 +25,7 @@ from dralloc.ingestor.templates import expand_pod
 from dralloc.manifests import Manifests, expand_paths, load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import DeviceClass, Node, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from dralloc.schemas.validation import validate
 
 SourceEvent = (
     ev.ClaimSubmitted
@@ -67,13 +70,23 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
     """What a set of manifests publishes: classes, nodes and slices first, then claims (Pods expanded)."""
     for error in manifests.errors:
         report(str(error))
-    templates = {
-        (t.metadata.namespace or "default", t.metadata.name): t for t in manifests.of_type(ResourceClaimTemplate)
-    }
+    templates: dict[tuple[str, str], ResourceClaimTemplate] = {}
+    invalid_templates: set[tuple[str, str]] = set()
+    for t in manifests.of_type(ResourceClaimTemplate):
+        key = (t.metadata.namespace or "default", t.metadata.name)
+        if validate(t):
+            invalid_templates.add(key)
+        else:
+            templates[key] = t
     inventory: list[SourceEvent] = []
     claims: list[SourceEvent] = []
     for item in manifests.objects:
         obj = item.obj
+        if problems := validate(obj):
+            # The API server would refuse it, so it is not published.
+            for problem in problems:
+                report(f"{item.source}: {obj.kind}/{obj.metadata.name}: field {problem.field}: {problem.message}")
+            continue
         if isinstance(obj, DeviceClass):
             inventory.append(ev.DeviceClassPublished(device_class=obj))
         elif isinstance(obj, ResourceSlice):
@@ -83,7 +96,7 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
         elif isinstance(obj, ResourceClaim):
             claims.append(ev.ClaimSubmitted(claim=with_identity(obj)))
         elif isinstance(obj, Pod):
-            expanded, errors = expand_pod(obj, templates)
+            expanded, errors = expand_pod(obj, templates, invalid=invalid_templates)
             for error in errors:
                 report(f"{item.source}: Pod/{obj.metadata.name}: {error}")
             claims += [ev.ClaimSubmitted(claim=with_identity(claim)) for claim in expanded]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dralloc.bus import Bus
+from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests
 from dralloc.manifests import load_paths
 
@@ -38,7 +38,11 @@ async def submit_paths(paths: list[str], url: str | None, report: Report) -> lis
     async with await Bus.connect(url, name="submit") as bus:
         await bus.ensure_streams()
         for event in todo:
-            ack = await bus.publish(event)
+            try:
+                ack = await bus.publish(event)
+            except PublishRefused as exc:
+                report(f"{describe(event)}: not published: {exc}")
+                continue
             results.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
     return results
 

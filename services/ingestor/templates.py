@@ -21,7 +21,7 @@ Pod twice yields the same claim.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from dralloc.schemas.resource import (
     ObjectMeta,
@@ -90,12 +90,16 @@ def claim_from_template(pod: Pod, pod_claim: PodResourceClaim, template: Resourc
 
 
 def expand_pod(
-    pod: Pod, templates: Mapping[tuple[str, str], ResourceClaimTemplate]
+    pod: Pod,
+    templates: Mapping[tuple[str, str], ResourceClaimTemplate],
+    *,
+    invalid: Container[tuple[str, str]] = (),
 ) -> tuple[list[ResourceClaim], list[TemplateError]]:
     """Claims for every template entry of the Pod; `templates` is keyed by (namespace, name).
 
     Entries naming an existing claim (``resourceClaimName``) need no expansion
-    and yield nothing. A missing template is an error for that entry only.
+    and yield nothing. A missing template, or one in `invalid` (refused on
+    its own, with its own error), is an error for that entry only.
     """
     namespace = pod.metadata.namespace or "default"
     claims: list[ResourceClaim] = []
@@ -106,7 +110,16 @@ def expand_pod(
             if entry.resource_claim_name is None:
                 errors.append(TemplateError(f"field {field}: one of resourceClaimName and resourceClaimTemplateName is required"))
             continue
-        template = templates.get((namespace, entry.resource_claim_template_name))
+        key = (namespace, entry.resource_claim_template_name)
+        template = templates.get(key)
+        if template is None and key in invalid:
+            errors.append(
+                TemplateError(
+                    f"field {field}.resourceClaimTemplateName: ResourceClaimTemplate {namespace}/{key[1]} "
+                    "is invalid (see its own error); no claim made"
+                )
+            )
+            continue
         if template is None:
             errors.append(
                 TemplateError(

@@ -162,3 +162,53 @@ async def test_watching_file_source_sees_a_deleted_file(tmp_path: Path):
     await task
     assert [type(e).__name__ for e in seen] == ["ClaimSubmitted", "ClaimDeleted"]
     assert seen[1].uid == seen[0].claim.metadata.uid
+
+
+def test_objects_the_api_server_would_refuse_are_reported_not_published():
+    text = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: t, namespace: ml}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: Bad_Name
+        exactly: {deviceClassName: gpu.nvidia.com}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ml}
+spec:
+  resourceClaims:
+  - {name: gpus, resourceClaimTemplateName: t}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.nvidia.com, count: 2}
+    constraints:
+    - {matchAttribute: nvlinkDomain}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: ok, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.nvidia.com}
+"""
+    problems: list[str] = []
+    events = events_from_manifests(load_text(text, "x.yaml"), problems.append)
+    assert [e.claim.key for e in events] == ["ml/ok"]
+    assert problems == [
+        "x.yaml (document 1): ResourceClaimTemplate/t: field spec.spec.devices.requests[0].name: 'Bad_Name' must be a DNS label",
+        "x.yaml (document 2): Pod/p: field spec.resourceClaims[0].resourceClaimTemplateName: "
+        "ResourceClaimTemplate ml/t is invalid (see its own error); no claim made",
+        "x.yaml (document 3): ResourceClaim/c: field spec.devices.constraints[0].matchAttribute: "
+        "'nvlinkDomain' must be fully qualified (domain/name), e.g. gpu.nvidia.com/nvlinkDomain",
+    ]

@@ -1,0 +1,97 @@
+"""The bus commands as users run them: `dralloc submit`, `dralloc run <service>`, `dralloc get claims`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from dralloc.bus import Bus
+
+DRALLOC = str(Path(sys.executable).parent / "dralloc")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+GOOD = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: good, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.nvidia.com}
+"""
+
+
+def dralloc(*args: str, url: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NATS_URL": url}
+    return subprocess.run([DRALLOC, *args], env=env, capture_output=True, text=True, timeout=60, **kwargs)
+
+
+async def test_submit_publishes_the_good_objects_and_names_each_bad_one(bus: Bus, nats_url: str, tmp_path: Path):
+    (tmp_path / "a.yaml").write_text(GOOD + "---\nkind: [\n")
+    (tmp_path / "b.yaml").write_text(GOOD.replace("good", "wrong").replace("deviceClassName: gpu.nvidia.com", "deviceClassName: 7"))
+    huge = GOOD.replace("name: good,", "name: huge, annotations: {blob: '" + "x" * 2_000_000 + "'},")
+    (tmp_path / "c.yaml").write_text(huge)
+    out = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path), "-o", "json", url=nats_url)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    problems = out.stderr.strip().splitlines()
+    assert len(problems) == 3, out.stderr
+    assert problems[0].startswith(f"dralloc: {tmp_path / 'a.yaml'} (document 2): invalid YAML")
+    assert problems[1] == (
+        f"dralloc: {tmp_path / 'b.yaml'} (document 1): ResourceClaim/wrong: "
+        "field spec.devices.requests[0].exactly.deviceClassName: Expected `str`, got `int`"
+    )
+    assert problems[2].startswith("dralloc: ResourceClaim/ml/huge: not published: ClaimSubmitted on dra.claims.ml.huge is ")
+    assert "over the server's message limit" in problems[2]
+    published = json.loads(out.stdout)["published"]
+    assert [(p["object"], p["duplicate"]) for p in published] == [("ResourceClaim/ml/good", False)]
+    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1
+
+    again = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "a.yaml"), url=nats_url)
+    assert again.returncode == 2  # the YAML error is still there
+    assert "ResourceClaim/ml/good" in again.stdout and "unchanged" in again.stdout
+    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1
+
+
+async def test_each_service_runs_alone_as_its_own_process(bus: Bus, nats_url: str, tmp_path: Path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("- {profile: h100-sxm, count: 1}\n- {profile: l40s-pcie, count: 1}\n")
+    env = {
+        **os.environ,
+        "NATS_URL": nats_url,
+        "DRALLOC_DISCOVERY_SOURCE": "fleet",
+        "DRALLOC_DISCOVERY_FLEET": str(fleet),
+        "DRALLOC_INGESTOR_PATHS": str(EXAMPLES),
+    }
+    procs = {
+        name: subprocess.Popen([DRALLOC, "run", name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in ("discovery", "allocator", "statuswriter", "ingestor")
+    }
+    try:
+        wanted = {"team-a/single-gpu-40gi", "inference/l40s-inference", "team-b/hopper-nvlink-quad"}
+        allocated: set[str] = set()
+        async with asyncio.timeout(60):
+            while not wanted <= allocated:
+                await asyncio.sleep(0.3)
+                out = await asyncio.to_thread(dralloc, "get", "claims", "-o", "json", url=nats_url)
+                claims = json.loads(out.stdout)["claims"] if out.returncode == 0 else []
+                allocated = {c["claim"] for c in claims if c["state"] == "allocated"}
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = {name: proc.wait(timeout=30) for name, proc in procs.items()}
+        logs = {name: proc.stderr.read() for name, proc in procs.items()}
+    assert codes == dict.fromkeys(procs, 0), logs
+    assert not any("Traceback" in log for log in logs.values()), logs
+
+
+def test_run_with_a_bad_setting_says_which_in_one_line(tmp_path: Path):
+    env = {**os.environ, "DRALLOC_STATUSWRITER_SINK": "floppy", "NATS_URL": "nats://127.0.0.1:9"}
+    out = subprocess.run([DRALLOC, "run", "statuswriter"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "dralloc: unknown sink 'floppy': use local or kubernetes"
