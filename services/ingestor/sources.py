@@ -43,6 +43,8 @@ Report = Callable[[str], None]
 
 
 class ClaimSource(Protocol):
+    """Optionally also ``async def seed(bus)``: called once before `events`, to resume from what the bus holds."""
+
     def events(self, stop: asyncio.Event) -> AsyncIterator[SourceEvent]:
         """Events in the order they should be published; ends when the source is exhausted or `stop` is set."""
         ...

@@ -70,4 +70,8 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, sink: StatusSi
     async def handle(event: ev.Event) -> None:
         await apply(sink, event)
 
-    await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait)
+    try:
+        await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait)
+    finally:
+        if (close := getattr(sink, "close", None)) is not None:
+            await close()
