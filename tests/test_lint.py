@@ -90,8 +90,8 @@ def test_corpus_lints_clean_except_its_missing_classes(shared_dir):
     import yaml
 
     for path in sorted((shared_dir / "corpus" / "upstream-verdicts").glob("*.yaml")):
-        header, *docs = yaml.safe_load_all(path.read_text())
-        problems = lint(load_text(yaml.safe_dump_all(docs), str(path)))
+        header = next(yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader))
+        problems = [p for p in lint(load_paths([path])) if "DifferentialCase" not in p.where]
         missing_upstream = {r["message"].split("device class ")[1].split(":")[0] for r in header["upstream"]["results"] if "could not retrieve device class" in r["message"]}
         missing_here = {p.message.split("'")[1] for p in problems if p.message.startswith("DeviceClass ")}
         assert [p for p in problems if not p.message.startswith("DeviceClass ")] == [], path
