@@ -27,6 +27,17 @@ def test_every_object_validates_against_the_kubernetes_schema(objects: list[dict
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)
 
 
+def test_publish_slices_overlay_validates_and_gives_discovery_a_token(objects: list[dict[str, Any]]) -> None:
+    overlay = render(INFRA / "publish-slices")
+    for obj in overlay:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    pod = find(overlay, "DaemonSet", "dralloc-discovery")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert {"name": "DRALLOC_DISCOVERY_KUBERNETES", "value": "true"} in pod["containers"][0]["env"]
+    assert {res for _, res, _ in granted(overlay, "dralloc-discovery")} == {"resourceslices"}
+    assert granted(overlay, "dralloc-ingestor") == granted(objects, "dralloc-ingestor")
+
+
 def test_claim_templates_overlay_validates_and_adds_only_the_controller(objects: list[dict[str, Any]]) -> None:
     overlay = render(INFRA / "claim-templates")
     for obj in overlay:
