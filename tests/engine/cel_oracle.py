@@ -197,6 +197,18 @@ def _sets_contains(a: Any, b: Any) -> celtypes.BoolType:
     return _b(all(any(_same(x, y) for x in a) for y in b))
 
 
+def _strings(fn: Any) -> Any:
+    """String functions take strings only (celpy would stringify anything)."""
+
+    def call(s: Any, *args: Any) -> Any:
+        if not isinstance(s, celtypes.StringType) or not all(
+                isinstance(a, (celtypes.StringType, celtypes.IntType)) for a in args):
+            raise TypeError("no such overload")
+        return fn(s, *args)
+
+    return call
+
+
 FUNCTIONS = {
     "quantity": lambda s: oracle_parse_quantity(str(s)),
     "isQuantity": lambda s: _b(_is_q(str(s))),
@@ -214,18 +226,18 @@ FUNCTIONS = {
     "major": lambda v: celtypes.IntType(v.nums[0]),
     "minor": lambda v: celtypes.IntType(v.nums[1]),
     "patch": lambda v: celtypes.IntType(v.nums[2]),
-    "lowerAscii": lambda s: celtypes.StringType("".join(c.lower() if c.isascii() else c for c in str(s))),
-    "upperAscii": lambda s: celtypes.StringType("".join(c.upper() if c.isascii() else c for c in str(s))),
-    "trim": lambda s: celtypes.StringType(str(s).strip()),
-    "replace": lambda s, a, b, *n: celtypes.StringType(str(s).replace(str(a), str(b), int(n[0]) if n else -1)),
-    "split": _split,
+    "lowerAscii": _strings(lambda s: celtypes.StringType("".join(c.lower() if c.isascii() else c for c in str(s)))),
+    "upperAscii": _strings(lambda s: celtypes.StringType("".join(c.upper() if c.isascii() else c for c in str(s)))),
+    "trim": _strings(lambda s: celtypes.StringType(str(s).strip())),
+    "replace": _strings(lambda s, a, b, *n: celtypes.StringType(str(s).replace(str(a), str(b), int(n[0]) if n else -1))),
+    "split": _strings(_split),
     "join": _join,
     "indexOf": _index_of,
     "lastIndexOf": _last_index_of,
-    "substring": _substring,
-    "charAt": lambda s, i: celtypes.StringType(str(s)[int(i):int(i) + 1]),
-    "find": lambda s, p: celtypes.StringType((m := re.search(str(p), str(s))) and m.group(0) or ""),
-    "findAll": lambda s, p: celtypes.ListType([celtypes.StringType(x.group(0)) for x in re.finditer(str(p), str(s))]),
+    "substring": _strings(_substring),
+    "charAt": _strings(lambda s, i: celtypes.StringType(str(s)[int(i):int(i) + 1])),
+    "find": _strings(lambda s, p: celtypes.StringType((m := re.search(str(p), str(s))) and m.group(0) or "")),
+    "findAll": _strings(lambda s, p: celtypes.ListType([celtypes.StringType(x.group(0)) for x in re.finditer(str(p), str(s))])),
     "isSorted": lambda xs: _b(all(a <= b for a, b in zip(_ordered(xs), _ordered(xs)[1:]))),
     "sum": lambda xs: sum(_ordered(xs), celtypes.IntType(0)) if xs else celtypes.IntType(0),
     "min": lambda xs: min(_ordered(xs)),

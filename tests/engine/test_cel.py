@@ -143,7 +143,7 @@ def test_upstream_corpus_selectors_agree_with_oracle(upstream) -> None:
         shape = (driver, tuple(sorted(raw.get("attributes") or {})), tuple(sorted(raw.get("capacity") or {})))
         shapes.setdefault(shape, (driver, raw))
     sample = []
-    for driver in sorted({d for d, _ in devices}):  # four shapes per driver, spread over its shapes
+    for driver in sorted({d for d, _ in devices}):  # spread over the shapes of each driver
         reps = [shapes[k] for k in sorted(shapes) if k[0] == driver]
         sample += reps[:: max(1, len(reps) // 3)][:3]
     envs = [(driver, raw, _env(driver, raw), oracle_activation(driver, raw)) for driver, raw in sample]
@@ -314,6 +314,17 @@ def test_diagnose_relational_quantity_comparison() -> None:
     compile_selector(fixed)
 
 
+def test_diagnose_sign_method() -> None:
+    problems = diagnose("device.capacity['gpu.nvidia.com'].memory.sign() == 1")
+    assert "suggested expression: sign(device.capacity['gpu.nvidia.com'].memory) == 1" in problems
+
+
+def test_device_with_out_of_range_int_fails_every_selector() -> None:
+    env = _env("gpu.nvidia.com", {"name": "big", "attributes": {"n": {"int": 2**63}}})
+    with pytest.raises(CelRuntimeError, match="int64"):
+        compile_selector("true").matches(env)
+
+
 def test_diagnose_unknown_variable() -> None:
     problems = diagnose("driver == 'gpu.nvidia.com'")
     assert any("device.driver" in p for p in problems)
@@ -327,3 +338,61 @@ def test_compile_speed_is_bounded_for_hostile_input() -> None:
     elapsed = time.perf_counter() - start
     # not a speed assertion: a hang would never get here; the number is printed for the report
     print(f"hostile compile refused in {elapsed * 1e3:.1f} ms")
+
+
+# --- random selectors: the three evaluators on generated combinations -------------------------
+
+
+_DOMAINS = ['"gpu.nvidia.com"', '"resource.kubernetes.io"', '"nic.example.com"', '"nope.example.com"']
+_TYPED = {"productName": "s", "type": "s", "pcieRoot": "s", "architecture": "s", "index": "i", "speedGbps": "i",
+          "node": "i", "healthy": "b", "rdma": "b", "driverVersion": "v", "nosuch": "s"}
+
+
+def _random_selector(rnd, depth: int = 0) -> str:
+    """Type-consistent selectors (heterogeneous == is a known oracle divergence) mixing
+    every rewrite the fast path makes: domain lookups, has(), macros, bind, quantities, semver."""
+
+    def attrs() -> str:
+        return f"device.attributes[{rnd.choice(_DOMAINS)}]"
+
+    def val(kind: str | None = None) -> str:
+        return f"{attrs()}.{rnd.choice([n for n, k in _TYPED.items() if kind in (None, k)])}"
+
+    if depth < 3 and rnd.random() < 0.45:
+        a, b = _random_selector(rnd, depth + 1), _random_selector(rnd, depth + 1)
+        return rnd.choice([f"{a} && {b}", f"({a} || {b})", f"!({a})",
+                           f"({a} ? {b} : {_random_selector(rnd, depth + 1)})"])
+    return rnd.choice([
+        lambda: 'device.driver == "gpu.nvidia.com"',
+        lambda: f"has({val()})",
+        lambda: val("s") + " == " + rnd.choice(['"Hopper"', '"gpu"', '"pci0000:5b"']),
+        lambda: f"{val('i')} {rnd.choice(['<', '>=', '!='])} {rnd.choice(['0', '2', '400'])}",
+        lambda: val("b"),
+        lambda: f'{val("s")}.{rnd.choice(["startsWith", "contains"])}("{rnd.choice("pNH")}")',
+        lambda: f'"{rnd.choice(list(_TYPED))}" in {attrs()}',
+        lambda: f'device.capacity[{rnd.choice(_DOMAINS)}].{rnd.choice(["memory", "bandwidth"])}'
+                f'.compareTo(quantity("{rnd.choice(["40Gi", "10G", "1500m"])}")) {rnd.choice([">=", "<"])} 0',
+        lambda: f'{val("v")}.isGreaterThan(semver("{rnd.choice(["550.0.0", "1.0.0"])}"))',
+        lambda: f"[0, 2].{rnd.choice(['exists', 'all'])}(x, {val('i')} == x)",
+        lambda: f"cel.bind(g, {attrs()}, has(g.{rnd.choice(list(_TYPED))}) || g.index == 0)",
+        lambda: f'{attrs()}.exists(k, k.startsWith("{rnd.choice("pin")}"))',
+        lambda: f"size({attrs()}) > {rnd.choice(['0', '3'])}",
+        lambda: "device.allowMultipleAllocations",
+    ])()
+
+
+def test_random_selectors_agree() -> None:
+    import random
+
+    rnd = random.Random(20260301)
+    envs = [(driver, raw, _env(driver, raw), oracle_activation(driver, raw)) for driver, raw in DEVICES]
+    outcomes: set = set()
+    for _ in range(120):
+        expression = _random_selector(rnd)
+        selector = compile_selector(expression)
+        for driver, raw, env, activation in envs:
+            fast, slow = _ours(selector, env, True), _ours(selector, env, False)
+            oracle = oracle_verdict(expression, driver, raw, activation)
+            assert fast == slow == oracle, (expression, raw["name"], fast, slow, oracle)
+            outcomes.add(fast)
+    assert outcomes == {True, False, "error"}

@@ -107,6 +107,9 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
         domain, ident = _split_name(name, driver)
         if attr.int is not None:
             value: Any = attr.int
+            if not -(2**63) <= value < 2**63:
+                error = error or f"device {device.name}: attribute {name}: integer {value} is out of the int64 range"
+                continue
         elif attr.bool is not None:
             value = attr.bool
         elif attr.string is not None:

@@ -12,7 +12,8 @@ expression) and rewrites it:
   ``.boolean``, ``.int``, ``.string``, ``.version``): CEL sees the value itself;
   a quantity is a capacity, not an attribute;
 - ``<``/``>=`` on quantities: they compare with ``compareTo``/``isGreaterThan``;
-- ``driver``/``attributes``/``capacity`` without ``device.``.
+- ``driver``/``attributes``/``capacity`` without ``device.``;
+- ``q.sign()``: Kubernetes declares ``sign`` as a global function only.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ class _Fixer:
                 return self._quantity_relation(Binary(op, left, right))
             case Binary(op, left, right):
                 return self._quantity_relation(Binary(op, f(left), f(right)))
+            case Call("sign", (), target) if target is not None:
+                fixed = Call("sign", (f(target),))
+                self.note(f"sign is a function, not a method (despite the library's documentation): "
+                          f"use {self.show(fixed)}")
+                return fixed
             case Select(operand, field) if field in _VALUE_FIELDS and self._is_value(operand):
                 inner = f(operand)
                 if _VALUE_FIELDS[field] == "capacity":

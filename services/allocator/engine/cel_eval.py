@@ -295,7 +295,7 @@ class Interpreter:
                     if isinstance(rv, list):
                         return any(cel_equal(lv, x) for x in rv)
                     if isinstance(rv, dict):
-                        return any(cel_equal(lv, k) for k in rv) if not isinstance(lv, (str, bool)) else lv in rv
+                        return lv in rv if isinstance(lv, str) else any(cel_equal(lv, k) for k in rv)
                     raise _no_overload("@in", lv, rv)
                 return _arith(op, lv, rv)
             case Cond(c, t, o):
