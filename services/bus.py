@@ -121,6 +121,9 @@ STREAMS: dict[str, StreamConfig] = {
     ),
 }
 
+INITIAL_REFUSALS = 3
+"""Refused connections (about a second) before `Bus.connect` gives up on a first connection."""
+
 FETCH_WAIT_S = 1.0
 """Longest wait of one pull request, and so the longest a consumer takes to notice `stop`."""
 
@@ -219,10 +222,15 @@ class Bus:
         url = url or os.environ.get("NATS_URL") or DEFAULT_URL
         nc = nats.NATS()
 
+        failures = 0
+
         async def on_error(exc: Exception) -> None:
             # Before the first connection the caller gets one clear error; afterwards, log.
+            nonlocal failures
             if nc.is_connected or nc.is_reconnecting:
                 log.warning("nats: %s", exc)
+            elif isinstance(exc, ConnectionRefusedError) and (failures := failures + 1) >= INITIAL_REFUSALS:
+                raise exc  # nothing listens there: say so now rather than at the timeout
 
         try:
             # The client retries forever once connected (reconnects); the first connection
