@@ -77,17 +77,18 @@ class CelRuntimeError(CelError):
 class DeviceEnv:
     """One device as selectors see it. Built once per device (per slice generation)."""
 
-    __slots__ = ("driver", "name", "value", "ctx", "error", "has_versions")
+    __slots__ = ("driver", "name", "value", "ctx", "error", "version_paths")
 
     def __init__(self, driver: str, name: str, value: dict[str, Any], error: str | None):
         self.driver = driver
         self.name = name
         self.value = value  # for the reference interpreter (outer maps are DefaultMaps)
         self.error = error  # Kubernetes fails every selector on a device it cannot represent
-        # version attributes are the only Kubernetes-typed values behind a dyn type: selectors
-        # compare them with == only through a checked path (see _Emitter.equality)
-        self.has_versions = any(
-            rt.is_semver_value(v) for names in value["attributes"].values() for v in names.values())
+        # version attributes are the only Kubernetes-typed values behind a dyn type: a selector
+        # that compares one of these (domain, name) with == runs its checked variant
+        self.version_paths = frozenset(
+            (domain, name) for domain, names in value["attributes"].items()
+            for name, v in names.items() if rt.is_semver_value(v))
         plain = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
         self.ctx = _fast.Context(variables={"device": plain}, functions=_FAST_FUNCTIONS)
 
@@ -145,24 +146,30 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
 class Selector:
     """A compiled selector. ``matches`` is safe to call from several threads."""
 
-    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions")
+    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared")
 
-    def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None):
+    def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None,
+                 compared: frozenset[tuple[str, str]] | None = frozenset()):
         self.expression = expression
         self.ast = ast
         self.cost = cost  # estimated worst-case cost, <= MAX_COST
         self.fast_source = sources[0] if sources else None
         self._program = self._program_versions = None
+        # attributes (domain, name) this selector compares with ==; None: not known statically
+        self._compared = compared
         if sources is not None:
             self._program = _fast.compile(sources[0])
-            # devices with version attributes get the variant whose dyn equalities are checked
+            # the variant whose == on dynamic values is checked, for devices where one of
+            # the compared attributes is a version
             self._program_versions = self._program if sources[1] == sources[0] else _fast.compile(sources[1])
 
     def matches(self, device: DeviceEnv) -> bool:
         """Does the device satisfy the selector? Raises CelRuntimeError."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
-        program = self._program_versions if device.has_versions else self._program
+        program = self._program
+        if device.version_paths and (self._compared is None or not self._compared.isdisjoint(device.version_paths)):
+            program = self._program_versions
         if program is not None:
             try:
                 result = program.execute(device.ctx)
@@ -232,9 +239,11 @@ def _compile(expression: str) -> Selector:
         raise CelCompileError(
             f"{expression}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
             "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)")
-    sources = (_Emitter(checker.types, False).emit(ast), _Emitter(checker.types, True).emit(ast))
+    checked = _Emitter(checker.types, True)
+    sources = (_Emitter(checker.types, False).emit(ast), checked.emit(ast))
+    compared = None if checked.compared is None else frozenset(checked.compared)
     try:
-        return Selector(expression, ast, info.cost, sources)
+        return Selector(expression, ast, info.cost, sources, compared)
     except Exception:  # noqa: BLE001 - the fast core rejected the rewrite: the interpreter still runs it
         return Selector(expression, ast, info.cost, None)
 
@@ -272,6 +281,8 @@ class _Emitter:
         self.check_versions = check_versions
         # cel.bind names replaced by their value's expression: name -> (node, bindings in force there)
         self.subst: dict[str, tuple[Node, dict]] = {}
+        # attributes compared with a checked ==, or None when one is not a literal attribute path
+        self.compared: set[tuple[str, str]] | None = set()
 
     def _under(self, subst: dict[str, tuple[Node, dict]], fn: Any, *args: Any) -> str:
         saved, self.subst = self.subst, subst
@@ -372,7 +383,34 @@ class _Emitter:
         lt, rt_ = self.t(left), self.t(right)
         if lt in ("Quantity", "Semver"):
             return rt_ == "dyn"
-        return lt == "dyn" and self.check_versions and rt_ not in ("Quantity", "Semver")
+        if lt == "dyn" and self.check_versions and rt_ not in ("Quantity", "Semver"):
+            path = self._attribute_path(left)
+            if path is None:
+                self.compared = None
+            elif self.compared is not None:
+                self.compared.add(path)
+            return True
+        return False
+
+    def _attribute_path(self, node: Node) -> tuple[str, str] | None:
+        """(domain, name) of ``device.attributes["domain"].name`` (or ``["name"]``, or through
+        an inlined cel.bind name), else None."""
+        if isinstance(node, Select):
+            name: Any = node.field
+        elif isinstance(node, Index) and isinstance(node.index, Lit) and node.index.kind == "string":
+            name = node.index.value
+        else:
+            return None
+        domain_node = node.operand
+        subst = self.subst
+        while isinstance(domain_node, Ident) and domain_node.name in subst:
+            domain_node, subst = subst[domain_node.name]
+        if not (self._domain_lookup(domain_node) and self.t(domain_node.operand) == ATTRIBUTES_TYPE):
+            return None
+        if isinstance(domain_node, Select):
+            return domain_node.field, name
+        index = domain_node.index
+        return (index.value, name) if isinstance(index, Lit) and index.kind == "string" else None
 
     def _quantities(self, a: Node, b: Node) -> bool:
         return self.t(a) == "Quantity" and self.t(b) == "Quantity"
