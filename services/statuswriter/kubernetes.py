@@ -40,7 +40,9 @@ from typing import Any
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
+from opentelemetry.trace import SpanKind
 
+from dralloc import telemetry
 from dralloc.bus import Permanent
 from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe
 from dralloc.schemas import events as ev
@@ -128,15 +130,24 @@ class KubernetesSink:
     # --- the StatusSink protocol --------------------------------------------------------------
 
     async def committed(self, event: ev.AllocationCommitted) -> None:
-        self.report(await self._locked(event.key, self._commit, event))
+        self.report(await self._traced("write", event.key, self._commit, event))
 
     async def released(self, event: ev.AllocationReleased) -> None:
-        self.report(await self._locked(event.key, self._release, event))
+        self.report(await self._traced("clear", event.key, self._release, event))
 
     async def failed(self, event: ev.AllocationFailed) -> None:
         self.report(Result(event.key, Outcome.SKIPPED, f"{event.reason}: {event.message}"))
 
     # --- decisions -----------------------------------------------------------------------------
+
+    async def _traced(self, what: str, key: str, action: Callable[[Any], Any], event: Any) -> Result:
+        # A span in the claim's trace (the status writer's consumer span is current): what was done to its status.
+        namespace, _, name = key.partition("/")
+        with telemetry.tracer().start_as_current_span(f"{what} ResourceClaim status", kind=SpanKind.CLIENT, attributes={
+                "k8s.namespace.name": namespace, "dralloc.claim": name}) as span:
+            result = await self._locked(key, action, event)
+            span.set_attribute("dralloc.outcome", result.outcome.value)
+            return result
 
     async def _locked(self, key: str, action: Callable[[Any], Any], event: Any) -> Result:
         entry = self._locks.setdefault(key, [asyncio.Lock(), 0])

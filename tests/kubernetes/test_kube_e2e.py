@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 from kube_emulator import ApiServer
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
+from dralloc import telemetry
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus, embedded_nats
 from dralloc.ingestor import service as ingestor
@@ -106,6 +111,26 @@ async def test_claims_get_their_allocation_and_deleted_claims_release_devices(ap
     # Every status write was a patch of the status subresource, each claim written once.
     status_patches = [key for verb, sub, key in apiserver.writes if sub == "status"]
     assert sorted(k[2] for k in status_patches) == ["a", "b", "d"]
+
+
+async def test_the_status_write_is_part_of_the_claims_trace(apiserver: ApiServer, services: None) -> None:
+    telemetry.setup("test")
+    exporter = InMemorySpanExporter()
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+    apiserver.apply(CLASS)
+    apiserver.apply(SLICE)
+    apiserver.apply(claim("traced"))
+    await allocation_of(apiserver, "traced")
+    async with asyncio.timeout(5):
+        while not (writes := [s for s in exporter.get_finished_spans() if s.name == "write ResourceClaim status"]):
+            await asyncio.sleep(0.02)
+    exporter.shutdown()
+    (write,) = writes
+    assert write.kind is SpanKind.CLIENT and write.attributes["dralloc.outcome"] == "written"
+    assert write.attributes["dralloc.claim"] == "traced" and write.attributes["k8s.namespace.name"] == "ml"
+    # Same trace as the ingestor's publish of the claim: one trace per claim, Kubernetes to Kubernetes.
+    (sent,) = [s for s in exporter.get_finished_spans() if s.name == "send dra.claims.ml.traced"]
+    assert write.context.trace_id == sent.context.trace_id
 
 
 def _verb(request: Any) -> str:
