@@ -147,12 +147,13 @@ def submit(
     paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file or directory (repeatable)."),
     nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    wait: float = typer.Option(0.0, "--wait", help="Wait up to this many seconds for each claim's allocation and show it."),
 ) -> None:
     """Publish claims (and classes, slices, Pods' claim templates) from files to the bus.
 
     Bad documents are reported on stderr (file, object, field) and skipped; the
-    rest is published. Exit 0 when all input was good, 2 when some was not, 1
-    when the bus cannot be reached.
+    rest is published. Exit 2 when some input was bad; with --wait, 1 when a
+    claim was not allocated in time; 1 when the bus cannot be reached; else 0.
     """
     import asyncio
 
@@ -163,14 +164,16 @@ def submit(
         fail(f"--output must be table or json, not {output!r}")
     problems: list[str] = []
     try:
-        results = asyncio.run(submit_paths(paths, nats_url, problems.append))
+        submission = asyncio.run(submit_paths(paths, nats_url, problems.append, wait=wait))
     except BusError as exc:
         fail(str(exc), 1)
     for problem in problems:
         print(f"dralloc: {problem}", file=sys.stderr)
-    render(results, output)
+    render(submission, output)
     if problems:
         raise typer.Exit(2)
+    if submission.decisions is not None and any(d.state != "allocated" for d in submission.decisions):
+        raise typer.Exit(1)
 
 
 get_app = typer.Typer(help="Show state kept on the bus.", no_args_is_help=True)

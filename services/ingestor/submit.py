@@ -1,13 +1,20 @@
-"""`dralloc submit`: the file source, once, from the command line."""
+"""`dralloc submit`: the file source, once, from the command line (optionally waiting for the decisions)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import nats.js.errors
 
 from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests
 from dralloc.manifests import load_paths
+from dralloc.schemas import events as ev
+from dralloc.statuswriter.sinks import ClaimStatus, status_of
 
 
 @dataclass(frozen=True)
@@ -17,6 +24,13 @@ class Published:
     object: str
     sequence: int
     duplicate: bool
+
+
+@dataclass
+class Submission:
+    published: list[Published] = field(default_factory=list)
+    decisions: list[ClaimStatus] | None = None
+    """With a wait: each submitted claim's decision (``pending`` when none came in time)."""
 
 
 def describe(event: SourceEvent) -> str:
@@ -29,36 +43,77 @@ def describe(event: SourceEvent) -> str:
     return f"{type(event).__name__}/{getattr(event, 'key', None) or getattr(event, 'name', '')}"
 
 
-async def submit_paths(paths: list[str], url: str | None, report: Report) -> list[Published]:
-    """Read the files and publish what they hold; problems go to `report`, the rest is published."""
+async def submit_paths(paths: list[str], url: str | None, report: Report, *, wait: float = 0.0) -> Submission:
+    """Read the files and publish what they hold; problems go to `report`, the rest is published.
+
+    With `wait` > 0, also wait up to that many seconds for the allocator's decision on each claim.
+    """
     todo = events_from_manifests(load_paths(paths), report)
-    results: list[Published] = []
+    result = Submission()
     if not todo:
-        return results
+        return result
     async with await Bus.connect(url, name="submit") as bus:
         await bus.ensure_streams()
+        claims: list[ev.ClaimSubmitted] = []
         for event in todo:
             try:
                 ack = await bus.publish(event)
             except PublishRefused as exc:
                 report(f"{describe(event)}: not published: {exc}")
                 continue
-            results.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
-    return results
+            result.published.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
+            if isinstance(event, ev.ClaimSubmitted):
+                claims.append(event)
+        if wait > 0:
+            result.decisions = await _decisions(bus, claims, wait)
+    return result
 
 
-def render(results: list[Published], output: str) -> None:
+async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> list[ClaimStatus]:
+    """The latest decision about each claim (this very object: same uid), polling ALLOCATIONS directly."""
+    deadline = time.monotonic() + wait
+    found: dict[str, ClaimStatus] = {}
+    while True:
+        for submitted in claims:
+            key, uid = submitted.claim.key, submitted.claim.metadata.uid
+            try:
+                msg = await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", *key.split("/", 1)))
+                decision = ev.decode(msg.data)
+            except (nats.js.errors.NotFoundError, ev.EventDecodeError):
+                continue
+            if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and (
+                getattr(decision, "uid", None) or decision.claim.metadata.uid  # type: ignore[union-attr]
+            ) == uid:
+                found[key] = status_of(decision)
+        settled = all(found.get(c.claim.key) is not None and found[c.claim.key].state == "allocated" for c in claims)
+        if settled or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    pending = ClaimStatus(claim="", uid="", state="pending", message="no decision yet")  # type: ignore[arg-type]
+    return [found.get(c.claim.key) or msgspec.structs.replace(pending, claim=c.claim.key, uid=c.claim.metadata.uid or "") for c in claims]
+
+
+def render(submission: Submission, output: str) -> None:
     if output == "json":
         rows = [
             {"event": r.event, "object": r.object, "subject": r.subject, "sequence": r.sequence, "duplicate": r.duplicate}
-            for r in results
+            for r in submission.published
         ]
-        print(json.dumps({"published": rows}, indent=2))
+        doc: dict = {"published": rows}
+        if submission.decisions is not None:
+            doc["claims"] = msgspec.to_builtins(submission.decisions)
+        print(json.dumps(doc, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
+    from dralloc.statuswriter.show import claims_table
+
+    console = Console()
+    if submission.decisions is not None:
+        console.print(claims_table(submission.decisions))
+        return
     table = Table("OBJECT", "EVENT", "RESULT", box=None, header_style="bold")
-    for r in results:
+    for r in submission.published:
         table.add_row(r.object, r.event, "unchanged (already published)" if r.duplicate else f"published (seq {r.sequence})")
-    Console().print(table)
+    console.print(table)

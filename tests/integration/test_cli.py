@@ -95,3 +95,21 @@ def test_run_with_a_bad_setting_says_which_in_one_line(tmp_path: Path):
     out = subprocess.run([DRALLOC, "run", "statuswriter"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip() == "dralloc: unknown sink 'floppy': use local or kubernetes"
+
+
+async def test_submit_wait_shows_each_claims_decision(bus: Bus, nats_url: str, tmp_path: Path):
+    from dralloc import demo
+
+    (tmp_path / "classes.yaml").write_text((EXAMPLES / "deviceclasses.yaml").read_text())
+    (tmp_path / "fits.yaml").write_text(GOOD)
+    (tmp_path / "too-big.yaml").write_text(GOOD.replace("good", "too-big").replace("deviceClassName: gpu.nvidia.com", "deviceClassName: gpu.nvidia.com, count: 9"))
+    async with demo.running(nats_url, paths=[str(tmp_path / "classes.yaml")], fleet=[{"profile": "h100-sxm", "count": 1}]):
+        fits = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "fits.yaml"), "--wait", "30", "-o", "json", url=nats_url)
+        assert fits.returncode == 0, fits.stderr
+        (claim,) = json.loads(fits.stdout)["claims"]
+        assert (claim["claim"], claim["state"], claim["node"]) == ("ml/good", "allocated", "h100-sxm-0")
+        assert len(claim["allocation"]["devices"]["results"]) == 1
+
+        big = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "too-big.yaml"), "--wait", "3", url=nats_url)
+        assert big.returncode == 1
+        assert ["ml/too-big", "unsatisfiable"] == big.stdout.split()[5:7]
