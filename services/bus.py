@@ -25,7 +25,7 @@ Connecting
 Publishing
     ``await bus.publish(event)``: the subject and the ``Nats-Msg-Id`` come from
     the event (content identity, so a retry is deduplicated), a PRODUCER span
-    is started and its W3C ``traceparent`` travels in the headers. Returns the
+    is started and its W3C ``traceparent`` travels in the headers. Returns
     JetStream's ack (stream sequence, ``duplicate``) once stored; raises
     `PublishRefused` for an event that can never be stored (over the server's
     message size limit).
@@ -52,8 +52,9 @@ Service shape (all four services follow it)
     ``Config.from_env(**overrides)``: flags override ``DRALLOC_*`` variables)
     and ``async def serve(bus: Bus, config: Config, stop: asyncio.Event)``,
     which returns soon after ``stop`` is set. ``dralloc run <name>`` builds
-    the Config, connects to ``--nats-url`` / ``NATS_URL``, calls
-    ``ensure_streams`` and ``serve``.
+    the Config and calls ``run_service(name, serve, config, url)``, which
+    connects to ``--nats-url`` / ``NATS_URL``, ensures the streams and serves
+    until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations

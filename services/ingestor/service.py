@@ -31,6 +31,16 @@ def env_flag(name: str, default: bool = False) -> bool:
     return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, not {value!r}") from None
+
+
 @dataclass
 class Config:
     source: Literal["files", "kubernetes"] = "files"
@@ -48,7 +58,7 @@ class Config:
             source=env.get("DRALLOC_INGESTOR_SOURCE", "files"),  # type: ignore[arg-type]
             paths=[p for p in env.get("DRALLOC_INGESTOR_PATHS", "").split(os.pathsep) if p],
             watch=env_flag("DRALLOC_INGESTOR_WATCH", default=True),
-            interval=float(env.get("DRALLOC_INGESTOR_INTERVAL", "2")),
+            interval=env_seconds("DRALLOC_INGESTOR_INTERVAL", 2.0),
             namespace=env.get("DRALLOC_INGESTOR_NAMESPACE") or None,
             kubeconfig=env.get("KUBECONFIG") or None,
         )
@@ -57,6 +67,8 @@ class Config:
                 setattr(config, key, value)
         if config.source not in ("files", "kubernetes"):
             raise ValueError(f"unknown source {config.source!r}: use files or kubernetes")
+        if config.source == "files" and not config.paths:
+            raise ValueError("the file source needs manifests: -f PATH or DRALLOC_INGESTOR_PATHS")
         return config
 
 
