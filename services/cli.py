@@ -93,6 +93,7 @@ def _serve(name: str, module: str, nats_url: str | None, **overrides: object) ->
     import asyncio
     import importlib
     import logging
+    import os
 
     from dralloc.bus import BusError, run_service
 
@@ -106,6 +107,9 @@ def _serve(name: str, module: str, nats_url: str | None, **overrides: object) ->
         asyncio.run(run_service(name, service.serve, config, nats_url))
     except BusError as exc:
         fail(str(exc), 1)
+    except Exception as exc:  # a crash: one line (the traceback only with DRALLOC_DEBUG=1)
+        logging.getLogger(f"dralloc.{name}").error("stopped: %s", exc, exc_info=bool(os.environ.get("DRALLOC_DEBUG")))
+        fail(f"{name} stopped: {exc}", 1)
 
 
 @run_app.command("discovery")
