@@ -24,9 +24,7 @@ Type = Union[str, tuple]
 
 MAX_ELEMENTS = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 ATTRIBUTE_MAX_LENGTH = 64  # DeviceAttributeMaxValueLength
-DOMAIN_MAX_LENGTH = 63
 DRIVER_MAX_LENGTH = 63
-UNBOUNDED = 10**12  # size of something without a known bound (never reached by devices)
 
 ATTRIBUTES_TYPE: Type = ("map", "string", ("map", "string", "dyn"))
 CAPACITY_TYPE: Type = ("map", "string", ("map", "string", "Quantity"))

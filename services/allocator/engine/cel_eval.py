@@ -18,12 +18,12 @@ import math
 from typing import Any
 
 from . import cel_runtime as rt
+from .cel_check import TYPE_NAMES
 from .cel_runtime import LibraryError, UInt, cel_equal, is_quantity_value, is_semver_value, type_name
 from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 UINT_MAX = 2**64 - 1
-TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
 
 
 class EvalError(Exception):
@@ -188,8 +188,7 @@ def _string_pred(name: str, s: Any, arg: Any) -> bool:
 
 
 def _type_of(x: Any) -> CelType:
-    name = type_name(x)
-    return CelType({"kubernetes.Quantity": "kubernetes.Quantity"}.get(name, name))
+    return CelType(type_name(x))
 
 
 def _call(name: str, args: list[Any]) -> Any:
