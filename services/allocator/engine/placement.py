@@ -33,7 +33,7 @@ device's Kubernetes order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
@@ -52,11 +52,14 @@ Demand = list[tuple["Alt", int]]
 
 
 class Placement:
-    def __init__(self, inventory: Inventory, ledger: Ledger, verdicts: Verdicts, *, scoring: bool = True) -> None:
+    def __init__(self, inventory: Inventory, ledger: Ledger, verdicts: Verdicts, *, scoring: bool = True, learn: Callable | None = None) -> None:
         self.inv = inventory
         self.ledger = ledger
         self.verdicts = verdicts
         self.scoring = scoring
+        self.learn = learn
+        """The engine's per-node match memory (`learn(plans, node, mask)`): nodes scored here
+        are remembered as the engine's own attempts are, so later units skip those that cannot serve."""
         self.topology = Topology(inventory)
         self.within: int | None = None
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
@@ -81,13 +84,15 @@ class Placement:
             later = []
             for rank in self._fit_order(viable):
                 name = names[rank]
+                if self.learn is not None:
+                    self.learn(plans, name, self.inv.node_mask(name)[0])
                 if demand and not self._any_free(name, demand[0][0]):
                     later.append(name)  # full for this request: tried last (another alternative may fit)
                 else:
                     yield name
             yield from later
             return
-        yield from self._locality_order(demand, viable)
+        yield from self._locality_order(plans, demand, viable)
 
     def _fit_order(self, viable: int) -> Iterator[int]:
         """Known node ranks in best-fit order: fewest free exclusive devices first
@@ -100,10 +105,15 @@ class Placement:
             if not viable & free_ge[k]:
                 break
             bucket = viable & free_ge[k] & ~(free_ge[k + 1] if k + 1 < top else 0)
-            ranks = [r for r in iter_bits(bucket) if names[r] in known]
-            if len(ranks) > 1:
-                ranks = self._by_domain(ranks)
-            yield from ranks
+            if bucket & (bucket - 1) and self.topology.domains()[0]:
+                yield from self._by_domain([r for r in iter_bits(bucket) if names[r] in known])
+                continue
+            while bucket:  # lazily: the first node usually fits
+                low = bucket & -bucket
+                bucket ^= low
+                rank = low.bit_length() - 1
+                if names[rank] in known:
+                    yield rank
         # nodes with no free exclusive device (they may still have shared devices)
         rest = viable & ~(free_ge[1] if top > 1 else 0)
         yield from (r for r in iter_bits(rest) if names[r] in known)
@@ -111,8 +121,6 @@ class Placement:
     def _by_domain(self, ranks: list[int]) -> list[int]:
         """Ranks sorted by how free their multi-node domain is (fullest first), then rank."""
         of, members = self.topology.domains()
-        if not of:
-            return ranks
         names = self.inv.node_names
         free = self.ledger.free_local
         totals: dict[str, int] = {}
@@ -132,13 +140,15 @@ class Placement:
         mask, _ = self.inv.node_mask(node)
         return bool(self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits)
 
-    def _locality_order(self, demand: Demand, viable: int) -> Iterator[str]:
+    def _locality_order(self, plans: list[ClaimPlan], demand: Demand, viable: int) -> Iterator[str]:
         names = self.inv.node_names
         scanned: list[tuple[int, int, str]] = []
         unfit: list[str] = []
         order = self._fit_order(viable)
         for rank in order:
             name = names[rank]
+            if self.learn is not None:
+                self.learn(plans, name, self.inv.node_mask(name)[0])
             level = self.node_level(name, demand)
             if level is None:
                 unfit.append(name)
@@ -183,12 +193,13 @@ class Placement:
         """Per demand item, per level: group -> free matching devices (shared devices count as enough)."""
         inv, ledger = self.inv, self.ledger
         mask, _ = inv.node_mask(node)
-        lo = min(topo.groups)
+        lo = topo.lo
         used = ledger.used_bits if free_only else 0
         out = []
         for alt, count in demand:
             verdict = self.verdicts.get(alt, mask)
             bits = (verdict.matched & mask & ~used) >> lo
+            needs = alt.constraint_attributes
             per_level: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
             total = 0
             for off in iter_bits(bits):
@@ -198,6 +209,8 @@ class Placement:
                     continue
                 if free_only and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
                     continue
+                if needs and any(rec.attribute(a) is None for a in needs):
+                    continue  # a matchAttribute / distinctAttribute the device lacks
                 weight = count if rec.multi else 1
                 total += weight
                 for pos, gid in enumerate(groups):
@@ -220,43 +233,51 @@ class Placement:
         if topo is None or not demanding or all(len(s.cands) <= 1 for s in demanding):
             return None
         groups = topo.groups
-        totals: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
+        levels = range(len(GROUP_LEVELS))
+        totals: list[dict[int, int]] = [{} for _ in levels]
         holds: list[set[int] | None] = [None] * len(GROUP_LEVELS)
         for slot in demanding:
-            counts: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
             need = slot.alt.count
+            alike: dict[tuple[int, ...], int] = {}  # devices of one GPU/switch/... share a tuple
             for rec in slot.cands:
                 g = groups.get(rec.id)
-                if g is None:
-                    continue
-                weight = need if rec.multi else 1
-                for pos in range(len(GROUP_LEVELS)):
-                    counts[pos][g[pos]] = counts[pos].get(g[pos], 0) + weight
-            for pos in range(len(GROUP_LEVELS)):
-                ok = {gid for gid, n in counts[pos].items() if n >= need}
+                if g is not None:
+                    alike[g] = alike.get(g, 0) + (need if rec.multi else 1)
+            for pos in levels:
+                counts: dict[int, int] = {}
+                for g, n in alike.items():
+                    counts[g[pos]] = counts.get(g[pos], 0) + n
+                ok = {gid for gid, n in counts.items() if n >= need}
                 holds[pos] = ok if holds[pos] is None else holds[pos] & ok  # type: ignore[operator]
                 total = totals[pos]
-                for gid, n in counts[pos].items():
+                for gid, n in counts.items():
                     total[gid] = total.get(gid, 0) + n
         named = topo.names[NVLINK]
         holds[NVLINK] = {gid for gid in holds[NVLINK] or () if gid in named}
-        far = (1, 1, 1, 1, 1)
+        far = ((1, 1, 1, 1, 1), 0, (), 0)
+        memo: dict[tuple[int, ...], tuple] = {}
 
-        def key(rec: DeviceRec) -> tuple:
-            g = groups.get(rec.id)
-            if g is None:
-                return (far, 0, (), 0, rec.order)
-            vector = tuple(0 if g[pos] in holds[pos] else 1 for pos in GROUP_LEVELS)  # type: ignore[operator]
+        def prefix(g: tuple[int, ...]) -> tuple:
+            vector = tuple(0 if g[pos] in holds[pos] else 1 for pos in levels)  # type: ignore[operator]
             tight = vector.index(0) if 0 in vector else NODE
             fit = totals[tight][g[tight]] if tight != NODE else 0
             # best fit outward: the fullest NVLink domain, NUMA node, root, switch, GPU
             coarse = (totals[NVLINK][g[NVLINK]], totals[NUMA][g[NUMA]], totals[ROOT][g[ROOT]], totals[SWITCH][g[SWITCH]], totals[GPU][g[GPU]])
-            return (vector, fit, coarse, g[tight] if tight != NODE else 0, rec.order)
+            return (vector, fit, coarse, g[tight] if tight != NODE else 0)
 
+        def key(rec: DeviceRec) -> tuple:
+            g = groups.get(rec.id)
+            if g is None:
+                return (*far, rec.order)
+            head = memo.get(g)
+            if head is None:
+                head = memo[g] = prefix(g)
+            return (*head, rec.order)
+
+        for slot in demanding:
+            slot.cands.sort(key=key)
         rank: dict[int, int] = {}
         for slot in slots:
-            if not slot.alt.all_mode:
-                slot.cands.sort(key=key)
             for rec in slot.cands:
                 rank.setdefault(rec.id, len(rank))
         return rank

@@ -63,6 +63,8 @@ class NodeTopology:
     clique: str | None
     """The multi-node NVLink clique the node's devices report, if any."""
     devices: int
+    lo: int
+    """The lowest device id (bitsets of the node are shifted by it)."""
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
@@ -143,6 +145,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
         sizes=sizes,
         clique=cliques[0] if cliques else None,
         devices=len(recs),
+        lo=min((rec.id for rec in recs), default=0),
     )
 
 

@@ -1,0 +1,139 @@
+"""Gangs: the claims of one job (its pods), allocated all-or-nothing inside one topology domain.
+
+A gang is a list of claims, each allocated as its own unit (its own node,
+as its pod will run there), all on nodes of one domain: a multi-node NVLink
+clique (GB200 NVL72), or the nodes that share a label value (a rack, a
+network block). Claims say they belong together with annotations (or labels)
+the allocator service collects on:
+
+    dralloc.dev/gang: <name>          # the job
+    dralloc.dev/gang-size: "<N>"      # how many claims to wait for
+    dralloc.dev/gang-domain: <key>    # optional: a node label key; default the
+                                      # NVLink clique, else dralloc.dev/rack;
+                                      # "" for any nodes (all-or-nothing only)
+
+The engine's unit allocation does the work: per domain, each claim is
+allocated with the candidate nodes confined to the domain (placement's
+`within`), largest first; if one does not fit, the ones placed so far are
+released and the next domain is tried. The engine is single-threaded, so
+nobody ever sees a partial gang: it is published whole or not at all.
+
+Domains are tried best fit first with scoring on (the fullest domain that has
+room, so whole cliques stay free for the next large job), in node-rank order
+with scoring off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dralloc.schemas.resource import ResourceClaim
+
+if TYPE_CHECKING:
+    from dralloc.allocator.engine.engine import Engine, Outcome
+
+GANG = "dralloc.dev/gang"
+GANG_SIZE = "dralloc.dev/gang-size"
+GANG_DOMAIN = "dralloc.dev/gang-domain"
+
+
+def gang_of(claim: ResourceClaim) -> tuple[str, int, str | None] | None:
+    """(gang name, size, domain label) from the claim's annotations or labels; None if not in a gang.
+
+    A size that is not a positive integer counts as 1 (the claim waits for nobody)."""
+    meta = claim.metadata
+    marks = {**meta.labels, **meta.annotations}
+    name = marks.get(GANG)
+    if not name:
+        return None
+    try:
+        size = max(1, int(marks.get(GANG_SIZE, "1")))
+    except ValueError:
+        size = 1
+    return f"{meta.namespace or 'default'}/{name}", size, marks.get(GANG_DOMAIN)
+
+
+def _demand(claim: ResourceClaim) -> int:
+    total = 0
+    for request in claim.spec.devices.requests:
+        if request.exactly is not None:
+            if request.exactly.allocation_mode != "All":
+                total += request.exactly.count or 1
+        elif request.first_available:
+            total += request.first_available[0].count or 1
+    return total
+
+
+def allocate_gang(engine: Engine, claims: Sequence[ResourceClaim], *, name: str = "", domain_label: str | None = None, explain: bool = False) -> list[Outcome]:
+    """Allocate every claim or none, all on nodes of one domain; one Outcome per claim, in order."""
+    from dralloc.allocator.engine.engine import Outcome
+
+    gang = name or "gang"
+    placement = engine.placement
+    inv = engine.inventory
+    if domain_label == "":
+        domains = {"all nodes": inv.nodes()}
+        of = {n: "all nodes" for n in inv.nodes()}
+    else:
+        of, domains = placement.topology.domains(domain_label)
+    kind = "NVLink clique or rack" if domain_label is None else ("cluster" if domain_label == "" else f"{domain_label} domain")
+    held = {c.key: engine.ledger.claims[c.key] for c in claims if c.key in engine.ledger.claims}
+    pending = [c for c in claims if c.key not in held]
+    if not pending:
+        return [Outcome(claim=c.key, status="allocated", node=held[c.key].node, allocation=held[c.key].allocation, message="already allocated") for c in claims]
+    fixed = {of.get(r.node or "") for r in held.values()}
+    candidates = [d for d in domains if not held or d in fixed]
+    need = sum(_demand(c) for c in pending)
+    free = engine.ledger.free_local
+    room = {d: sum(free.get(n, 0) for n in domains[d]) for d in candidates}
+    rank = inv.node_rank
+    if placement.scoring:
+        # best fit: the fullest domain with room; largest claims first (they are the hardest to fit)
+        candidates = sorted((d for d in candidates if room[d] >= need), key=lambda d: (room[d], rank[domains[d][0]]))
+        pending = sorted(pending, key=lambda c: -_demand(c))
+    else:
+        candidates = sorted((d for d in candidates if room[d] >= need), key=lambda d: rank[domains[d][0]])
+    first_failure: str = ""
+    for domain in candidates:
+        placement.within = sum(1 << rank[n] for n in domains[domain])
+        placed: list[Outcome] = []
+        failure: Outcome | None = None
+        try:
+            for claim in pending:
+                (outcome,) = engine.allocate([claim], explain=explain)
+                if outcome.status != "allocated":
+                    failure = outcome
+                    break
+                placed.append(outcome)
+        finally:
+            placement.within = None
+        if failure is None:
+            by_key = {o.claim: o for o in placed}
+            message = f"gang {gang}: all {len(claims)} claims in {kind} {domain}"
+            out = []
+            for c in claims:
+                o = by_key.get(c.key)
+                if o is None:
+                    record = held[c.key]
+                    o = Outcome(claim=c.key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
+                else:
+                    o.message = message
+                out.append(o)
+            return out
+        for outcome in placed:  # all or nothing: give back what this domain took
+            engine.release(outcome.claim)
+        if failure.status == "error":
+            return [Outcome(claim=c.key, status="error", message=f"gang {gang}: claim {failure.claim}: {failure.message}") for c in claims]
+        first_failure = first_failure or f"in {domain}, claim {failure.claim}: {failure.message}"
+    if not candidates:
+        why = f"no {kind} has {need} free devices" if domains else f"no node is in a {kind}"
+    else:
+        why = f"{len(candidates)} tried; {first_failure}"
+    message = f"gang {gang}: cannot place all {len(pending)} pending claims inside one {kind} ({why}); none holds devices"
+    return [
+        Outcome(claim=c.key, status="allocated", node=held[c.key].node, allocation=held[c.key].allocation, message="already allocated")
+        if c.key in held
+        else Outcome(claim=c.key, status="unsatisfiable", message=message)
+        for c in claims
+    ]
