@@ -11,12 +11,22 @@ consumer ``allocator``.
 
 For each ClaimSubmitted it asks the engine, publishes AllocationCommitted or
 AllocationFailed and only then acks. A redelivered claim (the process died
-before its ack) finds its allocation in the ledger and re-publishes the same
-AllocationCommitted, which JetStream drops as a duplicate: never a second
-allocation. A claim that does not fit (or names a class not yet known) waits
-and is tried again whenever the inventory changes or devices are released.
+before its ack) finds its allocation in the ledger (which holds only decisions
+stored in ALLOCATIONS) and is acked: never a second allocation. A claim that
+does not fit (or names a class not yet known) waits and is tried again
+whenever the inventory changes or devices are released.
 
-Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``.
+Several allocator processes may run: one leads (the lease in
+`dralloc.allocator.leader`), the others wait as standbys and take over, from
+the streams, within ``lease_ttl`` seconds of the leader going silent. Every
+decision is written behind a fence: with ``Nats-Expected-Last-Sequence`` (the
+last ALLOCATIONS sequence this term has seen) and ``Dralloc-Epoch``, so the
+server refuses a write from a deposed leader, or from a view missing an
+earlier write (a publish whose ack was lost). A refused write ends the term;
+the next term (this process or another) rebuilds from the streams.
+
+Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``,
+``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3).
 """
 
 from __future__ import annotations
@@ -28,10 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import nats.js.errors
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
+from dralloc.allocator import leader
 from dralloc.allocator.engine import Engine
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
@@ -46,6 +58,8 @@ class Config:
     max_deliver: int = 5
     retry_after: float = 0.1
     """Waiting claims are retried this long after the last inventory change (changes come in bursts)."""
+    lease_ttl: float = leader.DEFAULT_TTL
+    """A standby takes over this long after the leader's last renewal."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
@@ -53,6 +67,7 @@ class Config:
         config = cls(
             ack_wait=float(env.get("DRALLOC_ALLOCATOR_ACK_WAIT", "30")),
             max_deliver=int(env.get("DRALLOC_ALLOCATOR_MAX_DELIVER", "5")),
+            lease_ttl=float(env.get("DRALLOC_ALLOCATOR_LEASE_TTL", str(leader.DEFAULT_TTL))),
         )
         for key, value in overrides.items():
             if value is not None:
@@ -72,12 +87,27 @@ def _failure(claim: ResourceClaim, status: str, message: str) -> ev.AllocationFa
     )
 
 
+class Fenced(Exception):
+    """A decision was not written: this allocator is no longer the leader, or its view of ALLOCATIONS is stale."""
+
+
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code when ``Nats-Expected-Last-Sequence`` does not match the stream."""
+
+
 class Allocator:
     """The allocator's state around the engine; every mutation holds `lock` (one decision at a time)."""
 
-    def __init__(self, bus: Bus, engine: Engine | None = None) -> None:
+    def __init__(
+        self, bus: Bus, engine: Engine | None = None, *, lease: leader.Lease | None = None, term: asyncio.Event | None = None
+    ) -> None:
         self.bus = bus
         self.engine = engine or Engine()
+        self.lease = lease
+        self.term = term or asyncio.Event()
+        """Set when a write was fenced off: this term's state can no longer be trusted."""
+        self.last_seq = 0
+        """The last ALLOCATIONS sequence this allocator has seen (rebuilt, or written by itself)."""
         self.committed: dict[str, ev.AllocationCommitted] = {}
         self.waiting: dict[str, ResourceClaim] = {}
         self.traces: dict[str, Context] = {}
@@ -92,7 +122,7 @@ class Allocator:
         inventory, inventory_seq = await self.bus.replay("INVENTORY")
         for event in inventory:
             self._apply_inventory(event)
-        decisions, _ = await self.bus.replay("ALLOCATIONS")
+        decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
         for event in decisions:
             if isinstance(event, ev.AllocationCommitted):
                 self.engine.restore(event.claim)
@@ -163,9 +193,9 @@ class Allocator:
     async def _allocate(self, claim: ResourceClaim) -> None:
         key = claim.key
         if self._is_committed(claim):
-            # Seen before (a redelivery): publish the same decision again; JetStream drops the duplicate.
+            # Seen before (a redelivery): the ledger only holds decisions stored in ALLOCATIONS, so
+            # there is nothing to write again.
             self._stop_waiting(key)
-            await self.bus.publish(self.committed[key])
             return
         if key in self.committed:
             # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
@@ -178,17 +208,35 @@ class Allocator:
         if outcome.status != "allocated":
             self.waiting[key] = claim
             self.traces[key] = otel_context.get_current()
-            await self.bus.publish(_failure(claim, outcome.status, outcome.message))
+            await self._write(_failure(claim, outcome.status, outcome.message))
             return
         decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
         event = ev.AllocationCommitted(claim=decided, node=outcome.node)
         try:
-            await self.bus.publish(event)
+            await self._write(event)
         except BaseException:
             self.engine.release(key)  # not durable: the redelivery decides again
             raise
         self.committed[key] = event
         self._stop_waiting(key)
+
+    async def _write(self, event: ev.AllocationEvent) -> None:
+        """Publish a decision behind the fence (see the module docstring); raises `Fenced` when refused."""
+        headers = {"Nats-Expected-Last-Sequence": str(self.last_seq)}
+        if self.lease is not None:
+            if not self.lease.held:
+                self.term.set()
+                raise Fenced(f"lease lost (epoch {self.lease.epoch}): {event.subject} not written")
+            headers["Dralloc-Epoch"] = str(self.lease.epoch)
+        try:
+            ack = await self.bus.publish(event, headers=headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            self.term.set()
+            raise Fenced(f"ALLOCATIONS moved past sequence {self.last_seq} (another leader, or a lost ack): {event.subject} not written") from None
+        if not ack.duplicate:  # a duplicate's ack names the earlier message's sequence: the stream did not move
+            self.last_seq = ack.seq
 
     def _stop_waiting(self, key: str) -> None:
         self.waiting.pop(key, None)
@@ -202,24 +250,56 @@ class Allocator:
         if done is None or (uid and done.claim.metadata.uid != uid):
             return
         namespace, name = key.split("/", 1)
-        await self.bus.publish(ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or ""))
+        await self._write(ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or ""))
         self.engine.release(key)
         del self.committed[key]
         self.room_changed.set()  # freed devices may fit a waiting claim
 
 
 async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine | None = None) -> None:
-    allocator = Allocator(bus, engine)
-    inventory_seq = await allocator.rebuild()
+    """Wait for the leader lease, lead until it is lost or a write is fenced off, and again; resign on stop."""
+    lease = leader.Lease(await bus.key_value(leader.BUCKET), ttl=config.lease_ttl)
+    try:
+        while await lease.acquire(stop):
+            allocator = Allocator(bus, engine, lease=lease)
+            engine = None  # a later term rebuilds a fresh engine from the streams
+            try:
+                await _lead(bus, config, stop, allocator)
+            except Exception as exc:  # NATS went away mid-term, or a refused write: the next term rebuilds
+                log.warning("allocator: term of epoch %d ended: %s", lease.epoch, exc)
+                await asyncio.sleep(0.2)
+            else:
+                log.info("allocator: term of epoch %d ended", lease.epoch)
+    finally:
+        await lease.resign()
+
+
+async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Allocator) -> None:
+    """One term: rebuild from the streams, then decide until `stop` or the term ends."""
+    term = allocator.term
+    assert allocator.lease is not None
     async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(allocator.lease.keep(term))  # renewing already while the rebuild runs
+        tasks.create_task(_end_term_on(stop, term))
+        inventory_seq = await allocator.rebuild()
         tasks.create_task(
-            bus.consume("INVENTORY", allocator.on_inventory, stop, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
+            bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
         )
-        tasks.create_task(allocator.retry_waiting(stop, config.retry_after))
+        tasks.create_task(allocator.retry_waiting(term, config.retry_after))
         if allocator.waiting:
-            allocator.room_changed.set()  # claims left waiting by a previous run: try them now
+            allocator.room_changed.set()  # claims left waiting by a previous term: try them now
         tasks.create_task(
             bus.consume(
-                "CLAIMS", allocator.on_claim, stop, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
+                "CLAIMS", allocator.on_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
             )
         )
+
+
+async def _end_term_on(stop: asyncio.Event, term: asyncio.Event) -> None:
+    waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(term.wait())}
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    term.set()
