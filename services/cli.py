@@ -225,6 +225,8 @@ def demo(
         code = asyncio.run(run_demo(examples or None, fleet, timeout=timeout))
     except (BusError, DemoError) as exc:
         fail(str(exc), 1)
+    except asyncio.CancelledError:  # interrupted by a signal; everything was cleaned up
+        raise typer.Exit(130) from None
     raise typer.Exit(code)
 
 

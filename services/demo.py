@@ -145,6 +145,12 @@ async def run_demo(paths: list[str] | None, fleet: str | None, *, timeout: float
         paths = [str(EXAMPLES)]
     expected = expected_claims(paths)
     interactive = sys.stdout.isatty()
+    # SIGINT/SIGTERM at any point unwind through the context managers below, so the server
+    # and its temp dir go away even when the demo is interrupted while starting.
+    loop, main = asyncio.get_running_loop(), asyncio.current_task()
+    assert main is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, main.cancel)
     console = Console() if interactive else Console(width=200, no_color=True)
 
     async with embedded_nats() as url, running(url, paths=paths, fleet=fleet, watch=interactive) as system:
@@ -184,12 +190,10 @@ async def _live(console: Any, kv: Any, expected: list[str], url: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop.set)  # Ctrl-C while live: a clean stop, exit 0
     title = f"dralloc demo (NATS {url}; Ctrl-C to stop)"
     with Live(claims_table(_rows(expected, []), title=title), console=console, refresh_per_second=4) as live:
         while not stop.is_set():
             live.update(claims_table(_rows(expected, await read_all(kv)), title=title))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)

@@ -76,3 +76,20 @@ def test_demo_on_a_terminal_runs_until_ctrl_c_then_cleans_up(tmp_path: Path):
         os.close(main)
     assert b"Traceback" not in screen
     assert leftovers(before) == (set(), [])
+
+
+def test_demo_interrupted_while_starting_still_cleans_up():
+    before = set(Path(tempfile.gettempdir()).glob("dralloc-nats-*"))
+    proc = subprocess.Popen([DRALLOC, "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not leftovers(before)[0] and time.monotonic() < deadline:  # its server is starting
+            time.sleep(0.02)
+        assert leftovers(before)[0], "the demo never started its server"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert b"Traceback" not in proc.stderr.read()
+    assert leftovers(before) == (set(), [])
