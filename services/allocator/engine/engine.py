@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import msgspec
@@ -25,6 +25,7 @@ import msgspec
 from dralloc.allocator.engine import cel
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
+from dralloc.allocator.engine.placement import Placement, demand_of
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
 from dralloc.allocator.engine.quantity import format_quantity, parse_quantity
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
@@ -101,18 +102,21 @@ class Outcome(msgspec.Struct, kw_only=True):
 class _Failure(Exception):
     """A unit cannot be placed on a node; `error` makes it an error for the whole unit."""
 
-    def __init__(self, message: str, error: bool = False) -> None:
+    def __init__(self, message: str, error: bool = False, cel: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.error = error
+        self.cel = cel
 
 
 class Engine:
-    def __init__(self, *, budget: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, *, budget: int = DEFAULT_BUDGET, scoring: bool = True) -> None:
         self.inventory = Inventory()
         self.ledger = Ledger(self.inventory)
         self.verdicts = Verdicts(self.inventory)
         self.budget = budget
+        # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
+        self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
 
     # --- inventory -----------------------------------------------------------------------
 
@@ -214,31 +218,31 @@ class Engine:
             if plan.error:
                 return [Outcome(claim=p.key, status="error", message=plan.error) for p in plans]
         steps = [0]
+        reasons: list[tuple[str | None, str]] = []
+        cel_failure = ""
+        tried: list[str | None] = []
         try:
-            if node is not None:
-                nodes: list[str | None] = [node]
-                scope = self._mask(node)[0]
-            else:
-                scope = self.inventory.live
-                nodes = self._candidate_nodes(plans)
-            error = self._cel_errors(plans, scope)
-            if error:
-                return [Outcome(claim=p.key, status="error", message=error) for p in plans]
-            reasons: list[tuple[str | None, str]] = []
+            nodes = [node] if node is not None else self._candidate_nodes(plans)
             for candidate in nodes:
+                tried.append(candidate)
                 try:
                     slots_by_claim = self._place(plans, candidate, steps)
                 except _Failure as failure:
-                    if failure.error:
+                    if failure.error and (node is not None or not failure.cel):
                         return [Outcome(claim=p.key, status="error", message=failure.message) for p in plans]
+                    if failure.cel:
+                        # the engine picks the node: a node where a selector fails is not used
+                        cel_failure = cel_failure or failure.message
                     reasons.append((candidate, failure.message))
                     continue
                 return self._commit(plans, candidate, slots_by_claim, explain)
         except BudgetExceeded:
             message = f"search budget of {self.budget} steps exhausted before an answer was found; the claims are too hard to place (simplify constraints or give fewer alternatives)"
             return [Outcome(claim=p.key, status="error", message=message) for p in plans]
+        if cel_failure:
+            return [Outcome(claim=p.key, status="error", message=cel_failure) for p in plans]
         message = _unsatisfiable_message(plans, node, reasons)
-        explanation = self._explain_failure(plans, node, nodes, reasons)
+        explanation = self._explain_failure(plans, node, tried, reasons)
         return [Outcome(claim=p.key, status="unsatisfiable", message=message, explanation=explanation) for p in plans]
 
     # --- nodes ---------------------------------------------------------------------------
@@ -255,48 +259,43 @@ class Engine:
             return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
         return self.inventory.node_mask(node)
 
-    def _candidate_nodes(self, plans: list[ClaimPlan]) -> list[str | None]:
-        """Known nodes in order, minus those that cannot have enough free matching devices.
+    def _candidate_nodes(self, plans: list[ClaimPlan]) -> Iterator[str | None]:
+        """Known nodes in order, lazily, minus those that cannot host the unit.
 
-        The prefilter applies when every alternative only matches node-local,
-        exclusive devices (the common GPU case): a node needs at least as many
-        free devices as the unit's smallest demand, and for every request at
-        least one device some alternative matches."""
+        Without network-attached devices a node is skipped when, for some
+        request, it is known (from earlier evaluations) to have no device any
+        alternative matches or fails on; without shared devices also when it
+        has fewer free devices than the unit's smallest demand."""
         inv = self.inventory
-        known = inv.nodes()
-        if not known:
-            return [None]
-        live = inv.live
+        if not inv.node_known:
+            yield None
+            return
+        if inv.nonlocal_bits:
+            yield from self.placement.order_nodes(plans, -1)
+            return
+        viable = -1  # every rank
         need = 0
-        viable = -1  # all ranks
         for plan in plans:
             for request in plan.requests:
                 reach = 0
                 smallest = None
                 for alt in request.alts:
-                    verdict = self.verdicts.get(alt, live)
-                    if verdict.matched & (inv.nonlocal_bits | inv.multi_bits):
-                        return list(known)
-                    if verdict.nodes is None or verdict.nodes[0] != inv.version:
-                        ranks = {inv.node_rank[inv.devices[i].local_node] for i in iter_bits(verdict.matched & live)}  # type: ignore[union-attr,index]
-                        verdict.nodes = (inv.version, sum(1 << r for r in ranks))
-                    reach |= verdict.nodes[1]
+                    seen, hit = self.verdicts.get(alt, 0).nodes(inv.version, alt.constraint_attributes)
+                    reach |= hit | ~seen
                     demand = 0 if alt.admin else (1 if alt.all_mode else alt.count)
                     smallest = demand if smallest is None else min(smallest, demand)
                 viable &= reach
                 need += smallest or 0
-        free_ge = self.ledger.free_ge
-        if need > 0:
+        if need > 0 and not inv.multi_bits:
+            free_ge = self.ledger.free_ge
             viable &= free_ge[need] if need < len(free_ge) else 0
-        if viable == -1:
-            return list(known)
-        names = inv.node_names
-        return [names[r] for r in iter_bits(viable) if names[r] in inv.node_known]
+        yield from self.placement.order_nodes(plans, viable)
 
     # --- CEL errors ----------------------------------------------------------------------
 
     def _cel_errors(self, plans: list[ClaimPlan], scope: int) -> str | None:
-        """dralloc's order-independent rule for CEL runtime errors (see verdicts.py)."""
+        """dralloc's order-independent rule for CEL runtime errors (see verdicts.py):
+        the first failure on a device of `scope` any alternative could otherwise take."""
         used = self.ledger.used_bits
         inv = self.inventory
         for plan in plans:
@@ -315,6 +314,30 @@ class Engine:
         return None
 
     # --- one node ------------------------------------------------------------------------
+
+    def _learn(self, plans: list[ClaimPlan], node: str, mask: int) -> None:
+        """Remember per verdict whether this node has devices that match (or fail),
+        so later units skip nodes that cannot serve a request without evaluating them."""
+        inv = self.inventory
+        bit = 1 << inv.node_rank[node]
+        for plan in plans:
+            for request in plan.requests:
+                for alt in request.alts:
+                    verdict = self.verdicts.get(alt, mask)
+                    info = verdict.nodes(inv.version, alt.constraint_attributes)
+                    if info[0] & bit:
+                        continue
+                    info[0] |= bit
+                    hit = verdict.failed & mask
+                    if not hit:
+                        matched = verdict.matched & mask
+                        if alt.constraint_attributes:
+                            ok = [i for i in iter_bits(matched) if all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes)]  # type: ignore[union-attr]
+                            hit = bool(ok)
+                        else:
+                            hit = matched
+                    if hit:
+                        info[1] |= bit
 
     def _candidates(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
         """Devices `alt` could take on the node, in candidate order, before the
@@ -392,6 +415,11 @@ class Engine:
     def _place(self, plans: list[ClaimPlan], node: str | None, steps: list[int]) -> list[list[Slot]]:
         """Find devices for the whole unit on `node`, or raise _Failure."""
         mask, order = self._mask(node)
+        error = self._cel_errors(plans, mask)
+        if error:
+            raise _Failure(error, error=True, cel=True)
+        if node is not None:
+            self._learn(plans, node, mask)
         options: list[list[tuple[int, Alt, list[DeviceRec], dict]]] = []  # per request: feasible alternatives
         infeasible = ""
         for ci, plan in enumerate(plans):
@@ -441,7 +469,8 @@ class Engine:
                         for i in covered:
                             slots[i].distinct.append((cid, constraint))
                     cid += 1
-            search = Search(self.ledger, slots, matches, self.budget - steps[0])
+            rank = self.placement.order_slots(slots, node)
+            search = Search(self.ledger, slots, matches, self.budget - steps[0], rank)
             try:
                 found = search.run()
             finally:
@@ -521,10 +550,10 @@ class Engine:
 
     def _explain_failure(self, plans: list[ClaimPlan], node: str | None, nodes: list[str | None], reasons: list[tuple[str | None, str]]) -> Explanation:
         explanation = Explanation()
-        if node is None and len(nodes) != len(self.inventory.nodes()):
-            explanation.notes.append(f"{len(nodes)} of {len(self.inventory.nodes())} known nodes could hold the claims (enough free devices that match); the others were skipped")
-        unusable = [p for p in self.inventory.pools.values() if not p.usable]
-        for pool in unusable[:5]:
+        known = len(self.inventory.node_known)
+        if node is None and len(nodes) != known:
+            explanation.notes.append(f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match)")
+        for pool in list(self.inventory.unusable.values())[:5]:
             why = pool.invalid or f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
             explanation.notes.append(f"pool {pool.label} is not used: {why}")
         shown = [node] if node is not None else (nodes[:3] or self.inventory.nodes()[:3] or [None])
@@ -546,7 +575,8 @@ class Engine:
             request, _ = self._report(plan, slot.alt, mask, order, node_filter=True)
             request.devices = [rec.label for rec in slot.chosen]
             report.requests.append(request)
-        return Explanation(nodes=[report])
+        chosen = [rec for slot in slots for rec in slot.chosen]
+        return Explanation(nodes=[report], notes=self.placement.describe(node, chosen, demand_of([plan])))
 
 
 def _room(used: dict[str, int], use: dict[str, int] | None, rec: DeviceRec) -> bool:

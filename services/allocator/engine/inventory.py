@@ -70,7 +70,6 @@ class DeviceRec:
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
     multi: bool  # allowMultipleAllocations
     binds_to_node: bool
-    env: Any = None  # CEL environment, built on first evaluation
     _attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -221,6 +220,8 @@ class Inventory:
         self._local_version: dict[str, int] = {}
         self._node_cache: dict[str, tuple[tuple[int, int], int, list[int]]] = {}
         self._next_id = 0
+        self._known_list: list[str] | None = None
+        self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
         self.on_pool_rebuilt: list[Any] = []  # callbacks(pool, old_devices)
 
     # --- nodes ---------------------------------------------------------------------
@@ -243,6 +244,7 @@ class Inventory:
     def remove_node(self, name: str) -> None:
         self.node_labels.pop(name, None)
         self.node_known.discard(name)
+        self._known_list = None
         self._touch_node(name)
 
     def _touch_node(self, name: str) -> None:
@@ -250,8 +252,10 @@ class Inventory:
         self._local_version[name] = self._local_version.get(name, 0) + 1
 
     def nodes(self) -> list[str]:
-        """Known nodes in rank order."""
-        return [n for n in self.node_names if n in self.node_known]
+        """Known nodes in rank order (cached until a node is added or removed)."""
+        if self._known_list is None or len(self._known_list) != len(self.node_known):
+            self._known_list = [n for n in self.node_names if n in self.node_known]
+        return self._known_list
 
     def node_mask(self, node: str) -> tuple[int, list[int]]:
         """Devices usable from `node`: (bitset, ids in candidate order). Cached."""
@@ -331,6 +335,10 @@ class Inventory:
             self.pools[key] = pool
             if pool.usable:
                 self._build_devices(pool)
+        if key in self.pools and not pool.usable:
+            self.unusable[key] = pool
+        else:
+            self.unusable.pop(key, None)
         for callback in self.on_pool_rebuilt:
             callback(pool, old_devices)
         if pool.invalid:

@@ -34,6 +34,7 @@ class Alt:
     capacity: dict[str, int] | None  # requested capacity, nano-units, by name as written
     verdict_key: tuple = ()  # (class, class version, selectors): the selector-verdict cache key
     class_key: tuple = ()
+    constraint_attributes: tuple[str, ...] = ()  # attributes every device of this alternative must have
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +124,9 @@ def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_vers
     for c in claim.spec.devices.constraints:
         attribute = c.match_attribute if c.match_attribute is not None else c.distinct_attribute
         plan.constraints.append(Constraint(attribute=attribute or "", match=c.match_attribute is not None, requests=frozenset(c.requests)))
+    for request in plan.requests:
+        for alt in request.alts:
+            alt.constraint_attributes = tuple(sorted({c.attribute for c in plan.constraints if c.covers(alt)}))
     exact = sum(min(a.count for a in r.alts if not a.all_mode) if all(not a.all_mode for a in r.alts) else 0 for r in plan.requests)
     if exact > ALLOCATION_RESULTS_MAX:
         plan.error = f"claim {key}: number of requested devices {exact} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"

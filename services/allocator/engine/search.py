@@ -45,12 +45,13 @@ class Slot:
 
 
 class Search:
-    def __init__(self, ledger: Ledger, slots: list[Slot], matches: list[tuple[Constraint, list[int]]], budget: int) -> None:
+    def __init__(self, ledger: Ledger, slots: list[Slot], matches: list[tuple[Constraint, list[int]]], budget: int, rank: dict[int, int] | None = None) -> None:
         self.ledger = ledger
         self.inv = ledger.inv
         self.slots = slots
         self.matches = matches  # (constraint, indices of the slots it covers)
         self.budget = budget
+        self.rank = rank  # device id -> preference (placement.py): the order matchAttribute values are tried in
         self.steps = 0
         self.busy: dict[int, list[int]] = {}  # device id -> claims holding it exclusively in this unit
         self.shared: dict[int, int] = {}  # device id -> shares taken in this unit
@@ -89,7 +90,8 @@ class Search:
             order = [forced]
         else:
             seen: dict[object, None] = {}
-            merged = sorted((rec for i in covered for rec in cands[i]), key=lambda r: r.order)
+            rank = self.rank
+            merged = sorted((rec for i in covered for rec in cands[i]), key=(lambda r: (rank.get(r.id, len(rank)), r.order)) if rank else (lambda r: r.order))
             for rec in merged:
                 v = rec.attribute(attr)
                 if v is not None:

@@ -9,15 +9,19 @@ device is simply a new, unevaluated id.
 
 The CEL runtime-error rule (dralloc's, documented in `dralloc explain
 --help`): a selector that fails at run time on any device the request could
-otherwise take (reachable from the node being considered, in a usable pool,
-not held exclusively by another claim unless the request has admin access or
-asks for All) makes the claim an `error`, whatever order the search would have
-visited devices in. Upstream Kubernetes reports such an error only if its
-search happens to reach that device.
+otherwise take on a node (reachable from it, in a usable pool, not held
+exclusively by another claim unless the request has admin access or asks for
+All) makes that node unusable for the claim. With a given node (`--node`, the
+scheduler's view) the claim is an `error`; when the engine picks the node it
+uses one without failures and reports the error only if no node fits. Either
+way the verdict does not depend on the order the search visits devices in.
+Upstream Kubernetes reports such an error only if its search happens to reach
+that device.
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -27,6 +31,13 @@ from dralloc.allocator.engine.plan import Alt
 
 MAX_KEYS = 4096
 
+_DRIVER_IS = re.compile(r'\s*device\.driver\s*==\s*"([A-Za-z0-9.\-]*)"\s*')
+
+
+def _driver_literal(expression: str) -> str | None:
+    m = _DRIVER_IS.fullmatch(expression)
+    return m.group(1) if m else None
+
 
 @dataclass(slots=True)
 class Verdict:
@@ -34,36 +45,99 @@ class Verdict:
     matched: int = 0
     failed: int = 0
     errors: dict[int, str] = field(default_factory=dict)  # device id -> "selector #i on device ...: ..."
-    nodes: tuple[int, int] | None = None  # (inventory version, node-rank bitset) for the node prefilter
+    # node prefilter, valid for one inventory version: per set of required attributes,
+    # [node ranks evaluated, node ranks with a usable match or a failure]
+    node_version: int = -1
+    node_info: dict[tuple[str, ...], list[int]] = field(default_factory=dict)
+
+    def nodes(self, version: int, attributes: tuple[str, ...]) -> list[int]:
+        if self.node_version != version:
+            self.node_version = version
+            self.node_info = {}
+        info = self.node_info.get(attributes)
+        if info is None:
+            info = self.node_info[attributes] = [0, 0]
+        return info
+
+
+RECENT_KEYS = 16
+"""When a device is evaluated, the most recently used selector sets are evaluated
+on it too, so its CEL environment is built once and dropped right after
+(environments are large; the verdicts are what is kept)."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Spec:
+    key: tuple
+    class_key: tuple
+    class_name: str
+    class_exprs: tuple[str, ...]
+    exprs: tuple[str, ...]
 
 
 class Verdicts:
     def __init__(self, inventory: Inventory) -> None:
         self.inv = inventory
         self._cache: OrderedDict[tuple, Verdict] = OrderedDict()
+        self._recent: OrderedDict[tuple, _Spec] = OrderedDict()
+        self._envs: dict[int, object] = {}
 
     def get(self, alt: Alt, mask: int) -> Verdict:
         """The verdict for `alt`, evaluated at least on the devices in `mask`."""
+        spec = self._recent.get(alt.verdict_key)
+        if spec is None:
+            spec = _Spec(
+                key=alt.verdict_key,
+                class_key=alt.class_key,
+                class_name=alt.cls.metadata.name,
+                class_exprs=tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors),
+                exprs=alt.selectors,
+            )
+            self._recent[alt.verdict_key] = spec
+            if len(self._recent) > RECENT_KEYS:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(alt.verdict_key)
         full = self._entry(alt.verdict_key)
         todo = mask & self.inv.live & ~full.evaluated
         if todo:
-            cls = self._entry(alt.class_key)
-            self._evaluate(cls, todo, [s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors], f"class {alt.cls.metadata.name}: ")
-            passed = todo & cls.matched
-            full.failed |= todo & cls.failed
-            for i in iter_bits(todo & cls.failed):
-                full.errors[i] = cls.errors[i]
-            if alt.selectors:
-                self._evaluate(full, passed, list(alt.selectors), "")
-            else:
-                full.matched |= passed
-            full.evaluated |= todo
+            try:
+                self._ensure(spec, todo)
+                if self._envs:
+                    built = bits_of(list(self._envs))
+                    for other in list(self._recent.values()):
+                        if other is not spec:
+                            self._ensure(other, built)
+            finally:
+                self._envs.clear()
         return full
+
+    def _ensure(self, spec: _Spec, todo: int) -> None:
+        full = self._entry(spec.key)
+        todo &= ~full.evaluated
+        if not todo:
+            return
+        cls = self._entry(spec.class_key)
+        self._evaluate(cls, todo, spec.class_exprs, f"class {spec.class_name}: ")
+        passed = todo & cls.matched
+        failed = todo & cls.failed
+        full.failed |= failed
+        for i in iter_bits(failed):
+            full.errors[i] = cls.errors[i]
+        if spec.exprs:
+            self._evaluate(full, passed, spec.exprs, "")
+        else:
+            full.matched |= passed
+        full.evaluated |= todo
 
     def class_only(self, alt: Alt, mask: int) -> Verdict:
         """The verdict of the class selectors alone (for `explain`)."""
+        self.get(alt, mask)
         entry = self._entry(alt.class_key)
-        self._evaluate(entry, mask & self.inv.live, [s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors], f"class {alt.cls.metadata.name}: ")
+        try:
+            self._evaluate(entry, mask & self.inv.live, tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors), f"class {alt.cls.metadata.name}: ")
+        finally:
+            self._envs.clear()
         return entry
 
     def _entry(self, key: tuple) -> Verdict:
@@ -76,20 +150,33 @@ class Verdicts:
             self._cache.move_to_end(key)
         return entry
 
-    def _evaluate(self, entry: Verdict, todo: int, exprs: list[str], owner: str) -> None:
+    def _evaluate(self, entry: Verdict, todo: int, exprs: tuple[str, ...], owner: str) -> None:
         """Evaluate `exprs` on the devices in `todo` not yet evaluated for `entry`."""
         todo &= ~entry.evaluated
         if not todo:
             return
-        compiled = [cel.compile_selector(e) for e in exprs]
         devices = self.inv.devices
+        offset = 0
+        while exprs and (driver := _driver_literal(exprs[0])) is not None:
+            # `device.driver == "x"`, the usual class selector: no CEL environment needed
+            keep = [i for i in iter_bits(todo) if devices[i].driver == driver]  # type: ignore[union-attr]
+            exprs = exprs[1:]
+            offset += 1
+            if not exprs:
+                entry.evaluated |= todo
+                entry.matched |= bits_of(keep)
+                return
+            entry.evaluated |= todo & ~bits_of(keep)
+            todo = bits_of(keep)
+        compiled = [cel.compile_selector(e) for e in exprs]
+        envs = self._envs
         matched: list[int] = []
         failed: list[int] = []
         for i in iter_bits(todo):
             rec: DeviceRec = devices[i]  # type: ignore[assignment]
-            env = rec.env
+            env = envs.get(i)
             if env is None:
-                env = rec.env = cel.device_env(rec.driver, rec.spec)
+                env = envs[i] = cel.device_env(rec.driver, rec.spec)
             ok = True
             for n, selector in enumerate(compiled):
                 try:
@@ -98,7 +185,7 @@ class Verdicts:
                         break
                 except cel.CelRuntimeError as exc:
                     failed.append(i)
-                    entry.errors[i] = f"{owner}selector #{n} on device {rec.label}: CEL runtime error: {exc}"
+                    entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {exc}"
                     ok = False
                     break
             if ok:
