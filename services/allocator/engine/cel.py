@@ -22,7 +22,9 @@ closed here, once per expression, never per claim:
   an error in cel-go, false in the Rust core: such comparisons (a dyn left side,
   on devices where the compared attribute is a version) go through a checked
   function.
-- ``size()`` of a string counts code points (the Rust core counts bytes).
+- ``size()`` of a string counts code points (the Rust core counts bytes);
+  ``matches`` runs RE2, Kubernetes' regular expression engine (the core's Rust
+  regex differs on Unicode classes), in linear time.
 - Errors: whenever the fast path reports one, the reference interpreter
   (``cel_eval``) re-evaluates with cel-go's semantics (``&&``/``||``/``exists``
   absorb errors that the other operands decide), so the verdict, error or not,
@@ -450,6 +452,10 @@ class _Emitter:
                 self._quantities(target, args[0])):
             op = ">" if name == "isGreaterThan" else "<"
             return f"({self._key(target)} {op} {self._key(args[0])})"
+        if name == "matches":  # RE2 (Kubernetes' engine) rather than the core's Rust regex
+            subject = target if target is not None else args[0]
+            pattern = args[0] if target is not None else args[1]
+            return f"{_MATCHES}({e(subject)}, {e(pattern)})"
         if name == "size":
             subject = target if target is not None else (args[0] if args else None)
             if subject is not None and self.t(subject) in ("string", "dyn"):
@@ -469,6 +475,7 @@ def _size(x: Any) -> int:
 
 
 _EQ = "dralloc_equal"
+_MATCHES = "dralloc_matches"
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -495,7 +502,7 @@ def _quiet(fn: Any) -> Any:
     return call
 
 
-_FAST_FUNCTIONS = {name: _quiet(fn) for name, fn in {**rt.FUNCTIONS, _SIZE: _size, _EQ: _equal}.items()}
+_FAST_FUNCTIONS = {name: _quiet(fn) for name, fn in {**rt.FUNCTIONS, _SIZE: _size, _EQ: _equal, _MATCHES: rt.matches}.items()}
 
 
 def diagnose(expression: str) -> list[str]:

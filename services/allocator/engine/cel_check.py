@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Union
 
+from .cel_runtime import LibraryError, compile_regex
 from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
 Type = Union[str, tuple]
@@ -292,6 +293,13 @@ class Checker:
             shown = ", ".join(type_str(a.type) for a in ([recv] if recv else []) + args)
             kind = "member " if recv is not None else ""
             raise CheckError(f"found no matching overload for {kind}'{name}' applied to '({shown})'")
+        if name in ("matches", "find", "findAll"):
+            pattern_node = node.args[-1] if name == "matches" and target is None else node.args[0]
+            if isinstance(pattern_node, Lit) and pattern_node.kind == "string":
+                try:  # Kubernetes compiles literal patterns when it builds the program
+                    compile_regex(pattern_node.value)
+                except LibraryError as e:
+                    raise CheckError(str(e)) from None
         result_type = matched[0] if all(m == matched[0] for m in matched) else "dyn"
         first = recv or (args[0] if args else None)
         cost = 1 + (recv.cost if recv else 0) + sum(a.cost for a in args)

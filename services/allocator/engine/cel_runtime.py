@@ -18,9 +18,10 @@ recognise); the fast evaluator reports any exception as an error.
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Any, Callable
+
+import re2
 
 from .quantity import NANO, as_float, as_int64, parse_quantity
 from .semver import Version, compare, parse_semver
@@ -339,30 +340,37 @@ def join(items: Any, sep: Any = "") -> str:
     return sep.join(items)
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is a CEL error, not a line on stderr
+
+
 @lru_cache(maxsize=1024)
-def _regex(pattern: str) -> re.Pattern[str]:
+def compile_regex(pattern: str) -> Any:
+    """RE2, as Kubernetes (Go) uses: same syntax, ASCII \\d \\w \\s, and linear time, so a
+    hostile pattern cannot backtrack for ever."""
     try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise LibraryError(f"invalid regular expression {pattern!r}: {e}") from None
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as e:
+        message = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise LibraryError(f"invalid regular expression {pattern!r}: {message}") from None
 
 
 def find(s: Any, pattern: Any) -> str:
     _s("find", s, pattern)
-    m = _regex(pattern).search(s)
+    m = compile_regex(pattern).search(s)
     return m.group(0) if m else ""
 
 
 def find_all(s: Any, pattern: Any, n: Any = -1) -> list[str]:
     _s("findAll", s, pattern)
     _i("findAll", n)
-    found = [m.group(0) for m in _regex(pattern).finditer(s)]
+    found = [m.group(0) for m in compile_regex(pattern).finditer(s)]
     return found if n < 0 else found[:n]
 
 
 def matches(s: Any, pattern: Any) -> bool:
     _s("matches", s, pattern)
-    return _regex(pattern).search(s) is not None
+    return compile_regex(pattern).search(s) is not None
 
 
 # --- lists (Kubernetes lists library) and sets (cel-go ext.Sets) --------------------------------
