@@ -14,9 +14,12 @@ kept out of the corpus:
   cel-go's heterogeneous equality answers false (or compares numbers by value).
 - ``has(device.attributes.someDomain)``: Kubernetes' map with a default finds
   every key, so it is true; celpy's map says false. Not in the corpus.
-- regular expressions: dralloc's interpreter uses Python ``re`` and the fast
-  path Rust's regex crate; Kubernetes uses RE2. They agree on the syntax the
-  corpus uses (classes, anchors, alternation), not on every exotic construct.
+- an error inside ``exists_one`` (and inside celpy's own function calls) escapes
+  ``&&``/``||`` in celpy; cel-go absorbs it when the other operand decides.
+  The random selectors below do not use exists_one.
+- a non-bool predicate in ``exists_one`` is an error in cel-go; celpy counts it.
+- regular expressions: dralloc runs RE2 (Kubernetes' engine) on both paths; the
+  oracle uses celpy's. They agree on the syntax the corpus uses.
 """
 
 from __future__ import annotations
