@@ -200,6 +200,9 @@ class Allocator:
         if key in self.committed:
             # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
             await self._release(key, self.committed[key].claim.metadata.uid or "")
+        if claim.status is not None and claim.status.allocation is not None:
+            await self._adopt(claim)
+            return
         with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": key}) as span:
             (outcome,) = self.engine.allocate([claim])
             span.set_attribute("dralloc.outcome", outcome.status)
@@ -216,6 +219,22 @@ class Allocator:
             await self._write(event)
         except BaseException:
             self.engine.release(key)  # not durable: the redelivery decides again
+            raise
+        self.committed[key] = event
+        self._stop_waiting(key)
+
+    async def _adopt(self, claim: ResourceClaim) -> None:
+        """A claim that arrives allocated (by Kubernetes, or by an earlier run written back to it):
+        its devices are in use as they are; it is recorded as committed, never decided again."""
+        key = claim.key
+        for problem in self.engine.restore(claim):
+            log.warning("allocator: adopting %s: %s", key, problem)
+        record = self.engine.ledger.claims.get(key)
+        event = ev.AllocationCommitted(claim=claim, node=record.node if record is not None else None)
+        try:
+            await self._write(event)
+        except BaseException:
+            self.engine.release(key)
             raise
         self.committed[key] = event
         self._stop_waiting(key)

@@ -177,3 +177,34 @@ async def test_restarted_allocator_rebuilds_its_ledger_and_retries_waiting_claim
     released = [e for e in await decisions(bus) if isinstance(e, ev.AllocationReleased)]
     assert [e.key for e in released] == ["ml/whole-node"]
     assert msgspec.json.decode(msgspec.json.encode(statuses["ml/one-more"].allocation))["devices"]["results"]
+
+
+async def test_a_claim_that_arrives_allocated_is_adopted_not_decided_again(bus: Bus, nats_url: str, tmp_path: Path):
+    (tmp_path / "classes.yaml").write_text((EXAMPLES / "deviceclasses.yaml").read_text())
+    results = "\n".join(
+        f"        - {{request: gpus, driver: gpu.nvidia.com, pool: h100-0, device: gpu-{i}}}" for i in (7, 6, 5, 4)
+    )
+    existing = claims_text(("running-job", 4, "")) + f"""status:
+  allocation:
+    devices:
+      results:
+{results}
+    nodeSelector:
+      nodeSelectorTerms:
+      - matchFields: [{{key: metadata.name, operator: In, values: [h100-0]}}]
+"""
+    (tmp_path / "existing.yaml").write_text(existing)
+    whole, half = submitted(claims_text(("whole-node", 8, ""), ("other-half", 4, "")))
+    async with demo.running(nats_url, paths=[str(tmp_path)], fleet=ONE_NODE):
+        statuses = await wait_for_store(bus, lambda s: "ml/running-job" in s)
+        adopted = statuses["ml/running-job"]
+        assert adopted.state == "allocated" and adopted.node == "h100-0"
+        # Its devices as written (not what first-fit would have picked), in the same order.
+        assert [r.device for r in adopted.allocation.devices.results] == ["gpu-7", "gpu-6", "gpu-5", "gpu-4"]
+        await bus.publish(whole)
+        await bus.publish(half)
+        statuses = await wait_for_store(
+            bus, lambda s: "ml/whole-node" in s and "ml/other-half" in s and s["ml/other-half"].state == "allocated"
+        )
+    assert statuses["ml/whole-node"].state == "unsatisfiable"
+    assert {d for _, _, d in devices_of(statuses["ml/other-half"])} == {f"gpu-{i}" for i in range(4)}
