@@ -25,6 +25,9 @@ closed here, once per expression, never per claim:
 - ``size()`` of a string counts code points (the Rust core counts bytes);
   ``matches`` runs RE2, Kubernetes' regular expression engine (the core's Rust
   regex differs on Unicode classes), in linear time.
+- Optional types (``x.?f``, ``m[?k]``, ``optional.of``, ``orValue``...): map
+  lookups become ``has(x.f) ? optional.of(x.f) : optional.none()``; selections
+  on an optional value, which the core cannot parse, run in the interpreter.
 - Errors: whenever the fast path reports one, the reference interpreter
   (``cel_eval``) re-evaluates with cel-go's semantics (``&&``/``||``/``exists``
   absorb errors that the other operands decide), so the verdict, error or not,
@@ -242,11 +245,11 @@ def _compile(expression: str) -> Selector:
             f"{expression}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
             "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)")
     checked = _Emitter(checker.types, True)
-    sources = (_Emitter(checker.types, False).emit(ast), checked.emit(ast))
-    compared = None if checked.compared is None else frozenset(checked.compared)
     try:
+        sources = (_Emitter(checker.types, False).emit(ast), checked.emit(ast))
+        compared = None if checked.compared is None else frozenset(checked.compared)
         return Selector(expression, ast, info.cost, sources, compared)
-    except Exception:  # noqa: BLE001 - the fast core rejected the rewrite: the interpreter still runs it
+    except Exception:  # noqa: BLE001 - not expressible for (or rejected by) the fast core: the interpreter runs it
         return Selector(expression, ast, info.cost, None)
 
 
@@ -310,6 +313,10 @@ class _Emitter:
     def t(self, node: Node) -> Any:
         return self.types.get(id(node))
 
+    def _optional(self, node: Node) -> bool:
+        t = self.t(node)
+        return isinstance(t, tuple) and t[0] == "optional"
+
     def _domain_lookup(self, node: Node) -> bool:
         """device.attributes[d] / device.capacity[d] (or .d): a domain lookup."""
         return isinstance(node, (Index, Select)) and self.t(node.operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE)
@@ -335,6 +342,22 @@ class _Emitter:
                 return f"({self._under(scope, self.emit, value)})"
             case Lit() | Ident():
                 return unparse(node)
+            case Select(operand, _) | Index(operand, _) if self._optional(operand):
+                raise _NoFastPath  # selection on an optional value: the interpreter runs these
+            case Select(operand, field, True) if self._domain_lookup(node):
+                m = e(operand)
+                return f'optional.of(("{field}" in {m} ? {m}.{field} : {{}}))'
+            case Select(operand, field, True):
+                x = self.inner(operand)
+                return f"(has({x}.{field}) ? optional.of({x}.{field}) : optional.none())"
+            case Index(operand, index, True) if self._domain_lookup(node):
+                m, k = e(operand), e(index)
+                return f"optional.of(({k} in {m} ? {m}[{k}] : {{}}))"
+            case Index(operand, index, True) if isinstance(self.t(operand), tuple) and self.t(operand)[0] == "map":
+                x, k = self.inner(operand), e(index)
+                return f"({k} in {x} ? optional.of({x}[{k}]) : optional.none())"
+            case Index(operand, index, True):
+                raise _NoFastPath  # a list or a dynamic value: `in` would mean membership
             case Select(operand, field) if self._domain_lookup(node):
                 m = e(operand)
                 return f'("{field}" in {m} ? {m}.{field} : {{}})'
@@ -462,6 +485,10 @@ class _Emitter:
                 return f"{_SIZE}({e(subject)})"
         inner = ", ".join(e(a) for a in args)
         return f"{e(target)}.{name}({inner})" if target is not None else f"{name}({inner})"
+
+
+class _NoFastPath(Exception):
+    """The expression uses something the fast core cannot express; the interpreter runs it."""
 
 
 _SIZE = "dralloc_size"  # code-point size; the Rust core's size() counts UTF-8 bytes

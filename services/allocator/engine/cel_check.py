@@ -9,7 +9,7 @@ exceeds the limit is refused before it is ever run, which is what keeps a
 hostile selector from hanging the allocator.
 
 Types: "bool" "int" "uint" "double" "string" "bytes" "null_type" "dyn"
-"type" "Quantity" "Semver" "device", ("list", T), ("map", K, V).
+"type" "Quantity" "Semver" "device", ("list", T), ("map", K, V), ("optional", T).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def type_str(t: Type) -> str:
     if isinstance(t, tuple):
         if t[0] == "list":
             return f"list({type_str(t[1])})"
+        if t[0] == "optional":
+            return f"optional_type({type_str(t[1])})"
         return f"map({type_str(t[1])}, {type_str(t[2])})"
     return {"Quantity": "kubernetes.Quantity", "Semver": "kubernetes.Semver", "device": "kubernetes.DRADevice"}.get(t, t)
 
@@ -122,11 +124,18 @@ FUNCTIONS: dict[str, list[tuple[Type | None, tuple[Type, ...], Type]]] = {
     "sum": [(("list", "A"), (), "A")],
     "min": [(("list", "A"), (), "A")],
     "max": [(("list", "A"), (), "A")],
+    "optional.of": [(None, ("A",), ("optional", "A"))],
+    "optional.ofNonZeroValue": [(None, ("A",), ("optional", "A"))],
+    "optional.none": [(None, (), ("optional", "dyn"))],
+    "hasValue": [(("optional", "A"), (), _BOOL)],
+    "value": [(("optional", "A"), (), "A")],
+    "orValue": [(("optional", "A"), ("A",), "A")],
+    "or": [(("optional", "A"), (("optional", "A"),), ("optional", "A"))],
     "sets.contains": [(None, (("list", "A"), ("list", "A")), _BOOL)],
     "sets.equivalent": [(None, (("list", "A"), ("list", "A")), _BOOL)],
     "sets.intersects": [(None, (("list", "A"), ("list", "A")), _BOOL)],
 }
-NAMESPACES = {"sets"}
+NAMESPACES = {"sets", "optional"}
 TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
 
 # functions whose cost grows with the size of their receiver/first argument (cel-go: 0.1 per char)
@@ -188,13 +197,15 @@ class Checker:
                 if name in TYPE_NAMES:
                     return Info("type", 1, 1)
                 raise CheckError(f"undeclared reference to '{name}' (the only variable is 'device')")
-            case Select(operand, field):
-                return self._select(operand, field, scope, node)
+            case Select(operand, field, optional):
+                return _maybe_optional(self._select(operand, field, scope), optional)
             case Has(operand, field):
-                inner = self._select(operand, field, scope, node)
-                return Info("bool", inner.cost, 1)
-            case Index(operand, index):
-                return self._index(operand, index, scope)
+                inner = self._select(operand, field, scope)
+                if inner.optional:
+                    raise CheckError("has() cannot test an optional value: use .hasValue()")
+                return Info("bool", inner.info.cost, 1)
+            case Index(operand, index, optional):
+                return _maybe_optional(self._index(operand, index, scope), optional)
             case Call():
                 return self._call(node, scope)
             case Unary(op, operand):
@@ -218,7 +229,7 @@ class Checker:
                 infos = [self.check(i, scope) for i in items]
                 elem: Type | None = None
                 for i in infos:
-                    elem = i.type if elem is None else join(elem, i.type)
+                    elem = _homogeneous(elem, i.type)
                 return Info(("list", elem or "dyn"), 10 + sum(i.cost for i in infos), len(items))
             case MapLit(entries):
                 cost, key, val = 30, None, None
@@ -226,8 +237,7 @@ class Checker:
                     ki, vi = self.check(k, scope), self.check(v, scope)
                     if ki.type not in ("string", "int", "uint", "bool", "dyn"):
                         raise CheckError(f"unsupported map key type: {type_str(ki.type)}")
-                    key = ki.type if key is None else join(key, ki.type)
-                    val = vi.type if val is None else join(val, vi.type)
+                    key, val = _homogeneous(key, ki.type), _homogeneous(val, vi.type)
                     cost += ki.cost + vi.cost
                 return Info(("map", key or "dyn", val or "dyn"), cost, len(entries))
             case Comp():
@@ -238,8 +248,13 @@ class Checker:
                 return Info(bi.type, ii.cost + bi.cost, bi.size)
         raise CheckError(f"unsupported expression {node!r}")
 
-    def _select(self, operand: Node, field: str, scope: dict[str, Info], node: Node) -> Info:
+    def _select(self, operand: Node, field: str, scope: dict[str, Info]) -> "_Access":
         x = self.check(operand, scope)
+        if _is_optional(x.type):  # selection on an optional value stays optional
+            return _Access(self._select_on(Info(x.type[1], x.cost, x.size), field), True)
+        return _Access(self._select_on(x, field), False)
+
+    def _select_on(self, x: Info, field: str) -> Info:
         t = x.type
         if t == "device":
             if field not in DEVICE_FIELDS:
@@ -255,8 +270,13 @@ class Checker:
             return Info("dyn", x.cost + 1, ATTRIBUTE_MAX_LENGTH)
         raise CheckError(f"type '{type_str(t)}' does not support field selection")
 
-    def _index(self, operand: Node, index: Node, scope: dict[str, Info]) -> Info:
+    def _index(self, operand: Node, index: Node, scope: dict[str, Info]) -> "_Access":
         x, i = self.check(operand, scope), self.check(index, scope)
+        if _is_optional(x.type):
+            return _Access(self._index_on(Info(x.type[1], x.cost, x.size), i), True)
+        return _Access(self._index_on(x, i), False)
+
+    def _index_on(self, x: Info, i: Info) -> Info:
         t = x.type
         cost = x.cost + i.cost + 1
         if isinstance(t, tuple) and t[0] == "list":
@@ -396,6 +416,35 @@ class Checker:
                 step += ti.cost
                 result = ("list", ti.type)
         return Info(result, r.cost + n * step, n if isinstance(result, tuple) else 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Access:
+    info: Info
+    optional: bool  # the operand was optional: the result is too
+
+
+def _is_optional(t: Type) -> bool:
+    return isinstance(t, tuple) and t[0] == "optional"
+
+
+def _maybe_optional(access: _Access, optional_syntax: bool) -> Info:
+    """x.?f and x[?k], or any selection on an optional, give optional(T)."""
+    info = access.info
+    if access.optional or optional_syntax:
+        return Info(("optional", info.type), info.cost, info.size)
+    return info
+
+
+def _homogeneous(previous: Type | None, current: Type) -> Type:
+    """Kubernetes enables HomogeneousAggregateLiterals: one type per list/map literal
+    (dyn is compatible with anything; the more general type wins)."""
+    if previous is None:
+        return current
+    if not assignable(previous, current):
+        raise CheckError(f"expected type '{type_str(previous)}' but found '{type_str(current)}' "
+                         "(list and map literals hold one type)")
+    return "dyn" if "dyn" in (previous, current) else previous
 
 
 def _is_list(t: Type) -> bool:

@@ -141,7 +141,7 @@ class _Fixer:
                 self.note(f"sign is a function, not a method (despite the library's documentation): "
                           f"use {self.show(fixed)}")
                 return fixed
-            case Select(operand, field) if field in _VALUE_FIELDS and self._is_value(operand):
+            case Select(operand, field, False) if field in _VALUE_FIELDS and self._is_value(operand):
                 inner = f(operand)
                 if _VALUE_FIELDS[field] == "capacity":
                     inner = self._to_capacity(inner)
@@ -150,12 +150,12 @@ class _Fixer:
                 else:
                     self.note(f"attribute values are typed values with no '.{field}' field: use {self.show(inner)}")
                 return inner
-            case Index(outer, Lit(key, "string")) if self._outer(outer) and "." not in key:
+            case Index(outer, Lit(key, "string"), False) if self._outer(outer) and "." not in key:
                 fixed = Select(Index(outer, self.domain()), key)
                 self.note(f"device.{outer.field} is keyed by domain: use {self.show(fixed)} "
                           "(an unqualified name belongs to the driver's domain)")
                 return fixed
-            case Select(outer, field) if self._outer(outer) and field not in _VALUE_FIELDS:
+            case Select(outer, field, False) if self._outer(outer) and field not in _VALUE_FIELDS:
                 fixed = Select(Index(outer, self.domain()), field)
                 self.note(f"device.{outer.field} is keyed by domain: use {self.show(fixed)}")
                 return fixed
@@ -208,14 +208,14 @@ def _is_quantity(n: Node) -> bool:
 
 def _map_children(n: Node, f: Callable[[Node], Node]) -> Node:
     match n:
-        case Select(o, field):
-            return Select(f(o), field)
+        case Select(o, field, optional):
+            return Select(f(o), field, optional)
         case Has(o, field):
             return Has(f(o), field)
         case Unary(op, o):
             return Unary(op, f(o))
-        case Index(o, i):
-            return Index(f(o), f(i))
+        case Index(o, i, optional):
+            return Index(f(o), f(i), optional)
         case Call(name, args, target):
             return Call(name, tuple(f(a) for a in args), f(target) if target is not None else None)
         case Binary(op, l, r):
@@ -253,12 +253,12 @@ def pretty(n: Node, quote: str = '"') -> str:
                 from .cel_syntax import unparse
 
                 return unparse(x), 9
-            case Select(o, field):
-                return f"{p(o, 8)}.{field}", 8
+            case Select(o, field, optional):
+                return f"{p(o, 8)}.{'?' if optional else ''}{field}", 8
             case Has(o, field):
                 return f"has({p(o, 8)}.{field})", 9
-            case Index(o, i):
-                return f"{p(o, 8)}[{p(i)}]", 8
+            case Index(o, i, optional):
+                return f"{p(o, 8)}[{'?' if optional else ''}{p(i)}]", 8
             case Call(name, args, target):
                 inner = ", ".join(p(a) for a in args)
                 return (f"{p(target, 8)}.{name}({inner})" if target is not None else f"{name}({inner})"), 8

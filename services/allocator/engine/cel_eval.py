@@ -39,6 +39,64 @@ class DefaultMap(dict):
         return {}
 
 
+class Optional:
+    """cel-go's optional value: optional.of(x) or optional.none()."""
+
+    __slots__ = ("present", "value")
+
+    def __init__(self, present: bool, value: Any = None):
+        self.present = present
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Optional) and self.present == other.present and (
+            not self.present or cel_equal(self.value, other.value))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+NONE = Optional(False)
+
+
+def _zero(x: Any) -> bool:
+    """optional.ofNonZeroValue: the zero value of x's type."""
+    if x is None:
+        return True
+    if isinstance(x, bool):
+        return not x
+    if isinstance(x, (int, float)):
+        return x == 0
+    if isinstance(x, (str, bytes, list, dict)):
+        return len(x) == 0
+    return False
+
+
+def _optional_call(name: str, args: list[Any]) -> Any:
+    if name == "optional.of" and len(args) == 1:
+        return Optional(True, args[0])
+    if name == "optional.ofNonZeroValue" and len(args) == 1:
+        return NONE if _zero(args[0]) else Optional(True, args[0])
+    if name == "optional.none" and not args:
+        return NONE
+    opt = args[0] if args else None
+    if not isinstance(opt, Optional):
+        raise _no_overload(name, *args)
+    if name == "hasValue" and len(args) == 1:
+        return opt.present
+    if name == "value" and len(args) == 1:
+        if not opt.present:
+            raise EvalError("optional.none() dereference")
+        return opt.value
+    if name == "orValue" and len(args) == 2:
+        return opt.value if opt.present else args[1]
+    if name == "or" and len(args) == 2 and isinstance(args[1], Optional):
+        return opt if opt.present else args[1]
+    raise _no_overload(name, *args)
+
+
+_OPTIONAL_FUNCTIONS = {"optional.of", "optional.ofNonZeroValue", "optional.none", "hasValue", "value", "orValue", "or"}
+
+
 class CelType(str):
     """A CEL type value, as returned by type(x)."""
 
@@ -192,6 +250,8 @@ def _type_of(x: Any) -> CelType:
 
 
 def _call(name: str, args: list[Any]) -> Any:
+    if name in _OPTIONAL_FUNCTIONS:
+        return _optional_call(name, args)
     if name in ("contains", "startsWith", "endsWith") and len(args) == 2:
         return _string_pred(name, *args)
     if name == "size" and len(args) == 1:
@@ -242,20 +302,28 @@ class Interpreter:
                 if name in TYPE_NAMES:
                     return CelType(name)
                 raise EvalError(f"undeclared reference to '{name}'")
-            case Select(operand, field):
-                return self._field(self.ev(operand, scope), field)
+            case Select(operand, field, optional):
+                m = self.ev(operand, scope)
+                if isinstance(m, Optional):  # selecting on an optional stays optional
+                    return self._optional_field(m.value, field) if m.present else NONE
+                return self._optional_field(m, field) if optional else self._field(m, field)
             case Has(operand, field):
                 m = self.ev(operand, scope)
+                if isinstance(m, Optional):
+                    raise EvalError("has() cannot test an optional value")
                 if isinstance(m, DefaultMap):
                     return True  # Kubernetes' map with a default finds every key
                 if isinstance(m, dict):
                     return field in m
                 raise EvalError(f"invalid type for field selection: {type_name(m)}")
-            case Index(operand, index):
-                return self._index(self.ev(operand, scope), self.ev(index, scope))
+            case Index(operand, index, optional):
+                m, k = self.ev(operand, scope), self.ev(index, scope)
+                if isinstance(m, Optional):
+                    return self._optional_index(m.value, k) if m.present else NONE
+                return self._optional_index(m, k) if optional else self._index(m, k)
             case Call(name, args, target):
-                if isinstance(target, Ident) and target.name == "sets" and "sets" not in scope:
-                    return _call(f"sets.{name}", [self.ev(a, scope) for a in args])
+                if isinstance(target, Ident) and target.name in ("sets", "optional") and target.name not in scope:
+                    return _call(f"{target.name}.{name}", [self.ev(a, scope) for a in args])
                 values = ([self.ev(target, scope)] if target is not None else []) + [self.ev(a, scope) for a in args]
                 return _call(name, values)
             case Unary(op, operand):
@@ -328,6 +396,26 @@ class Interpreter:
             except KeyError:
                 raise EvalError(f"no such key: {field}") from None
         raise EvalError(f"invalid type for field selection: {type_name(m)}")
+
+    @classmethod
+    def _optional_field(cls, m: Any, field: str) -> Optional:
+        if isinstance(m, DefaultMap):
+            return Optional(True, m[field])  # Kubernetes' map with a default finds every key
+        if isinstance(m, dict) and field not in m and not is_quantity_value(m) and not is_semver_value(m):
+            return NONE
+        return Optional(True, cls._field(m, field))
+
+    @classmethod
+    def _optional_index(cls, m: Any, k: Any) -> Optional:
+        if isinstance(m, DefaultMap):
+            return Optional(True, m[k])
+        try:
+            return Optional(True, cls._index(m, k))
+        except EvalError:
+            if isinstance(m, list) and _numeric_kind(k) in ("int", "uint") or (
+                    isinstance(m, dict) and not is_quantity_value(m) and not is_semver_value(m)):
+                return NONE  # absent key or index: none; a wrong type stays an error
+            raise
 
     @staticmethod
     def _index(m: Any, k: Any) -> Any:

@@ -5,7 +5,8 @@ against the Kubernetes device environment, estimate its cost, rewrite it for
 the fast evaluator and explain misuse to people, so it parses CEL itself.
 The grammar is the CEL spec's; macros (has, all, exists, exists_one, map,
 filter, cel.bind) become ``Comp``/``Has``/``Bind`` nodes here, as in cel-go.
-Message construction (``Foo{a: 1}``) and optional syntax (``.?``) have no
+Optional selection (``x.?f``, ``x[?k]``) is parsed; message construction
+(``Foo{a: 1}``) and optional list/map elements (``[?x]``, ``{?k: v}``) have no
 use in a device selector and are rejected with a clear message.
 """
 
@@ -42,6 +43,7 @@ class Ident:
 class Select:
     operand: "Node"
     field: str
+    optional: bool = False  # x.?field (cel-go optional types)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,7 @@ class Has:
 class Index:
     operand: "Node"
     index: "Node"
+    optional: bool = False  # x[?index]
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,16 +320,16 @@ class _Parser:
             tok = self.peek()
             if tok[0] == ".":
                 self.i += 1
-                if self.peek()[0] == "?":
-                    raise CelSyntaxError("optional field selection '.?' is not supported", self.peek()[2])
+                optional = self.accept("?")
                 name = self.take("ident")[1]
-                if self.accept("("):
+                if not optional and self.accept("("):
                     node = self.member_call(node, name, self.args(")"), tok[2])
                 else:
-                    node = Select(node, name)
+                    node = Select(node, name, optional)
             elif tok[0] == "[":
                 self.i += 1
-                node = Index(node, self.expr())
+                optional = self.accept("?")
+                node = Index(node, self.expr(), optional)
                 self.take("]")
             elif tok[0] == "{" and isinstance(node, (Ident, Select)):
                 raise CelSyntaxError("message construction is not supported in a device selector", tok[2])
@@ -386,11 +389,15 @@ class _Parser:
             return node
         if kind == "[":
             self.i += 1
+            if self.peek()[0] == "?":
+                raise CelSyntaxError("optional list elements '[?x]' are not supported", self.peek()[2])
             return ListLit(tuple(self.args("]")))
         if kind == "{":
             self.i += 1
             entries: list[tuple[Node, Node]] = []
             while not self.accept("}"):
+                if self.peek()[0] == "?":
+                    raise CelSyntaxError("optional map entries '{?k: v}' are not supported", self.peek()[2])
                 key = self.expr()
                 self.take(":")
                 entries.append((key, self.expr()))
@@ -414,12 +421,12 @@ def unparse(node: Node) -> str:
             return _literal(value, kind)
         case Ident(name):
             return name
-        case Select(operand, field):
-            return f"{unparse(operand)}.{field}"
+        case Select(operand, field, optional):
+            return f"{unparse(operand)}.{'?' if optional else ''}{field}"
         case Has(operand, field):
             return f"has({unparse(operand)}.{field})"
-        case Index(operand, index):
-            return f"{unparse(operand)}[{unparse(index)}]"
+        case Index(operand, index, optional):
+            return f"{unparse(operand)}[{'?' if optional else ''}{unparse(index)}]"
         case Call(name, args, target):
             inner = ", ".join(unparse(a) for a in args)
             return f"{unparse(target)}.{name}({inner})" if target is not None else f"{name}({inner})"
