@@ -171,14 +171,17 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def measure(name: str) -> dict:
-    """Build the workload, load an engine, allocate every claim; the numbers as a dict."""
+def measure(name: str, *, scoring: bool = True) -> dict:
+    """Build the workload, load an engine, allocate every claim; the numbers as a dict.
+
+    `scoring`: the engine's topology/best-fit placement (the default), or
+    Kubernetes' first-fit order."""
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     started = time.perf_counter()
     workload = WORKLOADS[name]()
     built = time.perf_counter()
-    engine = Engine()
+    engine = Engine(scoring=scoring)
     for obj in workload.objects:
         engine.apply(obj)
     # A long-lived allocator moves its loaded inventory out of the cyclic GC's
@@ -205,6 +208,7 @@ def measure(name: str) -> dict:
     ordered = sorted(latencies)
     return {
         "workload": name,
+        "scoring": scoring,
         "claims": len(workload.claims),
         "allocated": statuses["allocated"],
         "unsatisfiable": statuses["unsatisfiable"],

@@ -339,7 +339,7 @@ class Engine:
                     if hit:
                         info[1] |= bit
 
-    def _candidates(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
+    def _candidates(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None, node: str | None = None) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
         """Devices `alt` could take on the node, in candidate order, before the
         choices of other requests are known; plus the capacity each shared device
         would consume, and why the list is short (the emptying filter)."""
@@ -395,6 +395,8 @@ class Engine:
         if alt.all_mode:
             if not out:
                 problem = "no device matches"
+            for pool in self.inventory.unusable_near(node):
+                problem = f"asks for all devices, but pool {pool.label} is " + ("invalid" if pool.invalid else "being updated (incomplete)")
             if report is not None:
                 report.note = problem
             return out, consumed, problem
@@ -429,7 +431,7 @@ class Engine:
                 smallest = None
                 why = ""
                 for alt in request.alts:
-                    cands, consumed, problem = self._candidates(plan, alt, mask, order)
+                    cands, consumed, problem = self._candidates(plan, alt, mask, order, node=node)
                     size = len(cands) if alt.all_mode else alt.count
                     smallest = size if smallest is None else min(smallest, size)
                     if problem:
@@ -482,14 +484,13 @@ class Engine:
     # --- results -------------------------------------------------------------------------
 
     def _commit(self, plans: list[ClaimPlan], node: str | None, slots_by_claim: list[list[Slot]], explain: bool) -> list[Outcome]:
+        # explanations first: their filter counts describe the state the search saw
+        explanations = [self._explain_success(plan, node, slots) if explain else None for plan, slots in zip(plans, slots_by_claim)]
         outcomes = []
-        for plan, slots in zip(plans, slots_by_claim):
+        for plan, slots, explanation in zip(plans, slots_by_claim, explanations):
             allocation, entries = self._result(plan, node, slots)
             self.ledger.add(Record(claim=plan.key, allocation=allocation, node=node, entries=entries))
-            outcome = Outcome(claim=plan.key, status="allocated", node=node, allocation=allocation)
-            if explain:
-                outcome.explanation = self._explain_success(plan, node, slots)
-            outcomes.append(outcome)
+            outcomes.append(Outcome(claim=plan.key, status="allocated", node=node, allocation=allocation, explanation=explanation))
         return outcomes
 
     def _result(self, plan: ClaimPlan, node: str | None, slots: list[Slot]) -> tuple[AllocationResult, list[Entry]]:
@@ -529,7 +530,7 @@ class Engine:
 
     # --- explanations --------------------------------------------------------------------
 
-    def _report(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node_filter: bool) -> tuple[RequestReport, list[DeviceRec]]:
+    def _report(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node_filter: bool, node: str | None = None) -> tuple[RequestReport, list[DeviceRec]]:
         inv = self.inventory
         report = RequestReport(claim=plan.key, request=alt.result_name, wanted="all" if alt.all_mode else str(alt.count))
         live = inv.live
@@ -543,7 +544,7 @@ class Engine:
             if n < need:
                 report.emptied_by = f
                 break
-        cands, _, problem = self._candidates(plan, alt, mask, order, report)
+        cands, _, problem = self._candidates(plan, alt, mask, order, report, node=node)
         if alt.all_mode and problem:
             report.emptied_by = report.emptied_by or "all"
         return report, cands
@@ -564,7 +565,7 @@ class Engine:
             for plan in plans:
                 for request in plan.requests:
                     for alt in request.alts:
-                        report.requests.append(self._report(plan, alt, mask, order, node_filter=True)[0])
+                        report.requests.append(self._report(plan, alt, mask, order, node_filter=True, node=candidate)[0])
             explanation.nodes.append(report)
         return explanation
 
@@ -572,7 +573,7 @@ class Engine:
         mask, order = self._mask(node)
         report = NodeReport(node=node, verdict="allocated: the first devices in candidate order (driver/pool/slice/device) that satisfy every constraint")
         for slot in slots:
-            request, _ = self._report(plan, slot.alt, mask, order, node_filter=True)
+            request, _ = self._report(plan, slot.alt, mask, order, node_filter=True, node=node)
             request.devices = [rec.label for rec in slot.chosen]
             report.requests.append(request)
         chosen = [rec for slot in slots for rec in slot.chosen]

@@ -413,6 +413,23 @@ class Inventory:
             self.nonlocal_bits &= ~bit
             self.nonlocal_version += 1
 
+    def unusable_near(self, node: str | None) -> list[Pool]:
+        """Unusable pools (incomplete or invalid) with a slice reachable from `node`:
+        a request for All devices cannot know what "all" is while one exists."""
+        labels = self.node_labels.get(node or "", {})
+        out = []
+        for pool in self.unusable.values():
+            for slice_ in pool.slices:
+                spec = slice_.spec
+                if spec.per_device_node_selection:
+                    scopes = [(d.node_name, d.node_selector, d.all_nodes) for d in spec.devices]
+                else:
+                    scopes = [(spec.node_name, spec.node_selector, spec.all_nodes)]
+                if any(all_nodes or (node is not None and (name == node or node_selector_matches(sel, node, labels))) for name, sel, all_nodes in scopes):
+                    out.append(pool)
+                    break
+        return out
+
     def pool_of(self, rec: DeviceRec) -> Pool:
         return self.pools[(rec.driver, rec.pool)]
 
