@@ -352,6 +352,130 @@ def lint(
     raise typer.Exit(1 if problems else 0)
 
 
+# --- benchmarks -----------------------------------------------------------------------
+
+bench_app = typer.Typer(help="Benchmarks: workloads built in memory, numbers reported (never asserted).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _benchmarks_module(name: str):
+    """benchmarks/ sits beside the package in the repository (the editable install)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    if not path.is_file():
+        fail(f"{path} not found: benchmarks run from a repository checkout")
+    spec = importlib.util.spec_from_file_location(f"dralloc_benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@bench_app.command("engine")
+def bench_engine(
+    workload: str = typer.Option(..., "--workload", help="kube-perf-500 or gpu-fleet-10k."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    scoring: bool = typer.Option(True, "--scoring/--first-fit", help="Topology/best-fit placement (default) or Kubernetes' first-fit order."),
+) -> None:
+    """Allocate a workload's claims one by one through the engine: claims/s, p50/p99 latency, peak RSS, cold start."""
+    import json
+
+    module = _benchmarks_module("engine_workloads")
+    if workload not in module.WORKLOADS:
+        fail(f"unknown workload {workload!r}; known: {', '.join(module.WORKLOADS)}")
+    result = module.measure(workload, scoring=scoring)
+    if as_json:
+        print(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"dralloc bench engine: {workload}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+@bench_app.command("placement")
+def bench_placement(
+    seed: int = typer.Option(42, "--seed", help="Seed of the churn trace."),
+    jobs: int = typer.Option(3000, "--jobs", help="Arrivals in the trace (claims and gangs)."),
+    load: float = typer.Option(1.0, "--load", help="Offered load: 1.0 offers about the fleet's GPUs."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """A seeded churn trace over a 68-node mixed fleet, run with topology/best-fit scoring and with
+    first fit in Kubernetes' order: locality, rejections, large-claim rejections, utilization."""
+    import json
+
+    if jobs < 1 or load <= 0:
+        fail("--jobs must be at least 1 and --load positive")
+    result = _benchmarks_module("placement").measure(seed=seed, jobs=jobs, load=load)
+    if as_json:
+        print(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"dralloc bench placement (seed {seed}, {jobs} arrivals, load {load})")
+    table.add_column("metric")
+    table.add_column("dralloc", justify="right")
+    table.add_column("first fit (Kubernetes)", justify="right")
+    for key, value in result.items():
+        if key.startswith("baseline_"):
+            continue
+        table.add_row(key, str(value), str(result.get(f"baseline_{key}", "")))
+    Console().print(table)
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    rate: float = typer.Option(1000.0, "--rate", help="Claims offered per second in the latency phase."),
+    duration: float = typer.Option(5.0, "--duration", help="Seconds of the latency phase."),
+    burst: int = typer.Option(4000, "--burst", help="Claims offered at once in the throughput phase."),
+    chaos: bool = typer.Option(False, "--chaos", help="kill -9 the active allocator and restart nats-server at intervals; check the invariants."),
+    kill_every: float = typer.Option(3.0, "--kill-every", help="With --chaos: seconds between kills of the active allocator."),
+    restart_every: float = typer.Option(7.0, "--restart-every", help="With --chaos: seconds between nats-server restarts."),
+    allocators: int = typer.Option(1, "--allocators", help="Allocator processes (at least 2 with --chaos)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """nats-server and the four services as separate processes, claims offered at a rate: claims/s sustained,
+    p50/p99 from ClaimSubmitted to AllocationCommitted (server timestamps); with --chaos also
+    submitted, outcomes, lost, duplicated, double_allocated_devices."""
+    import asyncio
+    import json
+    import logging
+
+    from dralloc.bus import BusError
+
+    if rate <= 0 or duration <= 0 or burst < 2 or allocators < 1:
+        fail("--rate and --duration must be positive, --burst at least 2, --allocators at least 1")
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)  # NATS restarts under --chaos are expected, not news
+    module = _benchmarks_module("pipeline")
+    options = module.Options(
+        rate=rate, duration=duration, burst=burst, chaos=chaos, kill_every=kill_every, restart_every=restart_every, allocators=allocators
+    )
+    try:
+        result = asyncio.run(module.run(options))
+    except (BusError, TimeoutError) as exc:
+        fail(f"bench pipeline: {exc or 'the system did not get ready in time'}", 1)
+    if as_json:
+        print(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="dralloc bench pipeline" + (" --chaos" if chaos else ""))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in module.summary_rows(result):
+        table.add_row(key, value)
+    Console().print(table)
+
+
 def main() -> None:
     try:
         app()
