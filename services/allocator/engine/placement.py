@@ -95,8 +95,31 @@ class Placement:
         yield from self._locality_order(plans, demand, viable)
 
     def _fit_order(self, viable: int) -> Iterator[int]:
-        """Known node ranks in best-fit order: fewest free exclusive devices first
-        (the ledger's buckets: free_ge[k] holds the nodes with at least k free)."""
+        """Known node ranks in best-fit order.
+
+        Nodes outside any multi-node domain first, then domain by domain, the
+        fullest domain first (fewest free devices): small claims concentrate
+        where a domain is already broken, so whole cliques and racks stay free
+        for gangs. Inside each, the fullest nodes first."""
+        of, members = self.topology.domains()
+        if not of:
+            yield from self._buckets(viable)
+            return
+        bits = self.topology.domain_bits()
+        inside = 0
+        for b in bits.values():
+            inside |= b
+        yield from self._buckets(viable & ~inside)
+        free = self.ledger.free_local
+        rank = self.inv.node_rank
+        touched = [d for d, b in bits.items() if viable & b]
+        touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
+        for domain in touched:
+            yield from self._buckets(viable & bits[domain])
+
+    def _buckets(self, viable: int) -> Iterator[int]:
+        """Known node ranks of `viable`, fewest free exclusive devices first (the ledger's
+        buckets: free_ge[k] holds the nodes with at least k free), then rank; lazily."""
         free_ge = self.ledger.free_ge
         names = self.inv.node_names
         known = self.inv.node_known
@@ -105,36 +128,15 @@ class Placement:
             if not viable & free_ge[k]:
                 break
             bucket = viable & free_ge[k] & ~(free_ge[k + 1] if k + 1 < top else 0)
-            if bucket & (bucket - 1) and self.topology.domains()[0]:
-                yield from self._by_domain([r for r in iter_bits(bucket) if names[r] in known])
-                continue
-            while bucket:  # lazily: the first node usually fits
+            while bucket:  # the first node usually fits
                 low = bucket & -bucket
                 bucket ^= low
-                rank = low.bit_length() - 1
-                if names[rank] in known:
-                    yield rank
+                r = low.bit_length() - 1
+                if names[r] in known:
+                    yield r
         # nodes with no free exclusive device (they may still have shared devices)
         rest = viable & ~(free_ge[1] if top > 1 else 0)
         yield from (r for r in iter_bits(rest) if names[r] in known)
-
-    def _by_domain(self, ranks: list[int]) -> list[int]:
-        """Ranks sorted by how free their multi-node domain is (fullest first), then rank."""
-        of, members = self.topology.domains()
-        names = self.inv.node_names
-        free = self.ledger.free_local
-        totals: dict[str, int] = {}
-
-        def key(rank: int) -> tuple[int, int]:
-            domain = of.get(names[rank])
-            if domain is None:
-                return (1 << 60, rank)
-            total = totals.get(domain)
-            if total is None:
-                total = totals[domain] = sum(free.get(n, 0) for n in members[domain])
-            return (total, rank)
-
-        return sorted(ranks, key=key)
 
     def _any_free(self, node: str, alt: Alt) -> bool:
         mask, _ = self.inv.node_mask(node)

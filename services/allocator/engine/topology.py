@@ -156,6 +156,7 @@ class Topology:
         self.inv = inventory
         self._nodes: dict[str, NodeTopology] = {}
         self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
+        self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
 
     def node(self, node: str | None) -> NodeTopology | None:
         """The node's topology (its node-local devices), built on first use after a change."""
@@ -186,7 +187,7 @@ class Topology:
             graph.add_node(("node", name))
             labels = inv.node_labels.get(name, {})
             if label is None:
-                clique = self.node(name).clique or labels.get(CLIQUE_LABEL)  # type: ignore[union-attr]
+                clique = self._clique(name) or labels.get(CLIQUE_LABEL)
                 if clique:
                     graph.add_edge(("node", name), ("clique", clique))
                 elif labels.get(RACK_LABEL):
@@ -206,6 +207,29 @@ class Topology:
                 of[n] = hubs[0]
         self._domains[label] = (inv.version, of, members)
         return of, members
+
+    def _clique(self, node: str) -> str | None:
+        """The NVLink clique a device of the node reports (without building the node's topology)."""
+        topo = self._nodes.get(node)
+        if topo is not None and topo.stamp == (self.inv._local_version.get(node, 0),):
+            return topo.clique
+        for i in iter_bits(self.inv.local.get(node, 0)):
+            rec = self.inv.devices[i]
+            value = rec.attribute(NVLINK_CLIQUE) if rec is not None else None
+            if value is not None:
+                return value[1]
+        return None
+
+    def domain_bits(self, label: str | None = None) -> dict[str, int]:
+        """Domain -> bitset of its nodes' ranks (see `domains`)."""
+        _, members = self.domains(label)
+        hit = self._bits.get(label)
+        if hit is not None and hit[0] is members:
+            return hit[1]
+        rank = self.inv.node_rank
+        bits = {d: sum(1 << rank[n] for n in nodes) for d, nodes in members.items()}
+        self._bits[label] = (members, bits)
+        return bits
 
 
 def level_of(topo: NodeTopology, ids: list[int]) -> int:
