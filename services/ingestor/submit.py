@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import msgspec
 import nats.js.errors
 
+from dralloc import telemetry
 from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests
 from dralloc.manifests import load_paths
@@ -48,6 +49,7 @@ async def submit_paths(paths: list[str], url: str | None, report: Report, *, wai
 
     With `wait` > 0, also wait up to that many seconds for the allocator's decision on each claim.
     """
+    telemetry.setup("submit")  # each claim's trace starts here
     todo = events_from_manifests(load_paths(paths), report)
     result = Submission()
     if not todo:
