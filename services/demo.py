@@ -153,7 +153,7 @@ async def run_demo(paths: list[str] | None, fleet: str | None, *, timeout: float
         loop.add_signal_handler(sig, main.cancel)
     console = Console() if interactive else Console(width=200, no_color=True)
 
-    async with embedded_nats() as url, running(url, paths=paths, fleet=fleet, watch=interactive) as system:
+    async with embedded_nats() as url, running(url, paths=paths, fleet=fleet, watch=interactive):
         async with await Bus.connect(url, name="demo") as bus:
             kv = await bus.key_value(DEFAULT_BUCKET)
             if interactive:
