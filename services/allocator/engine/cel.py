@@ -27,7 +27,8 @@ closed here, once per expression, never per claim:
   regex differs on Unicode classes), in linear time.
 - Optional types (``x.?f``, ``m[?k]``, ``optional.of``, ``orValue``...): map
   lookups become ``has(x.f) ? optional.of(x.f) : optional.none()``; selections
-  on an optional value, which the core cannot parse, run in the interpreter.
+  on an optional value, which the core cannot parse, run in the interpreter,
+  as do two-variable comprehensions (``m.all(k, v, ...)``, ``transformMap``...).
 - Errors: whenever the fast path reports one, the reference interpreter
   (``cel_eval``) re-evaluates with cel-go's semantics (``&&``/``||``/``exists``
   absorb errors that the other operands decide), so the verdict, error or not,
@@ -390,6 +391,8 @@ class _Emitter:
                 return "[" + ", ".join(e(i) for i in items) + "]"
             case MapLit(entries):
                 return "{" + ", ".join(f"{e(k)}: {e(v)}" for k, v in entries) + "}"
+            case Comp(var2=str()):
+                raise _NoFastPath  # two-variable comprehensions: the core has none
             case Comp(kind, rng, var, pred, transform):
                 inner = self._without(var)
                 extra = f", {self._under(inner, e, transform)}" if transform is not None else ""

@@ -390,7 +390,9 @@ class Checker:
     def _comprehension(self, node: Comp, scope: dict[str, Info]) -> Info:
         r = self.check(node.range, scope)
         t = r.type
-        if isinstance(t, tuple):
+        if node.var2 is not None:
+            return self._two_variables(node, r, scope)
+        if isinstance(t, tuple) and t[0] in ("list", "map"):
             var_type = t[1]
         elif t == "dyn":
             var_type = "dyn"
@@ -416,6 +418,41 @@ class Checker:
                 step += ti.cost
                 result = ("list", ti.type)
         return Info(result, r.cost + n * step, n if isinstance(result, tuple) else 1)
+
+    def _two_variables(self, node: Comp, r: Info, scope: dict[str, Info]) -> Info:
+        t = r.type
+        if isinstance(t, tuple) and t[0] == "list":
+            key_type, value_type = "int", t[1]
+        elif isinstance(t, tuple) and t[0] == "map":
+            key_type, value_type = t[1], t[2]
+        elif t == "dyn":
+            key_type = value_type = "dyn"
+        else:
+            raise CheckError(
+                f"expression of type '{type_str(t)}' cannot be the range of a comprehension "
+                "(must be a list, a map, or dynamic)")
+        inner = {**scope, node.var: Info(key_type, 1, _elem_size(key_type)),
+                 node.var2: Info(value_type, 1, _elem_size(value_type))}
+        first = self.check(node.pred, inner)
+        n, step = r.size, first.cost + 1
+        transformed = first
+        if node.kind in ("all", "exists", "existsOne") or node.transform is not None:
+            if first.type not in ("bool", "dyn"):
+                raise CheckError(f"the predicate of {node.kind}() must be bool, not {type_str(first.type)}")
+        if node.transform is not None:
+            transformed = self.check(node.transform, inner)
+            step += transformed.cost
+        if node.kind in ("all", "exists", "existsOne"):
+            return Info("bool", r.cost + n * step, 1)
+        if node.kind == "transformList":
+            result: Type = ("list", transformed.type)
+        elif node.kind == "transformMap":
+            result = ("map", key_type, transformed.type)
+        else:  # transformMapEntry: the transform makes one-entry maps that are merged
+            if not (transformed.type == "dyn" or (isinstance(transformed.type, tuple) and transformed.type[0] == "map")):
+                raise CheckError(f"transformMapEntry() must produce a map, not {type_str(transformed.type)}")
+            result = transformed.type
+        return Info(result, r.cost + n * step, n)
 
 
 @dataclass(frozen=True, slots=True)

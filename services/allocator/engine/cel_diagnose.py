@@ -226,8 +226,8 @@ def _map_children(n: Node, f: Callable[[Node], Node]) -> Node:
             return ListLit(tuple(f(i) for i in items))
         case MapLit(entries):
             return MapLit(tuple((f(k), f(v)) for k, v in entries))
-        case Comp(kind, r, var, p, t):
-            return Comp(kind, f(r), var, f(p), f(t) if t is not None else None)
+        case Comp(kind, r, var, p, t, var2):
+            return Comp(kind, f(r), var, f(p), f(t) if t is not None else None, var2)
         case Bind(var, i, b):
             return Bind(var, f(i), f(b))
     return n
@@ -273,9 +273,10 @@ def pretty(n: Node, quote: str = '"') -> str:
                 return "[" + ", ".join(p(i) for i in items) + "]", 9
             case MapLit(entries):
                 return "{" + ", ".join(f"{p(k)}: {p(v)}" for k, v in entries) + "}", 9
-            case Comp(kind, r, var, pred, t):
+            case Comp(kind, r, var, pred, t, var2):
                 extra = f", {p(t)}" if t is not None else ""
-                return f"{p(r, 8)}.{kind}({var}, {p(pred)}{extra})", 8
+                names = f"{var}, {var2}" if var2 is not None else var
+                return f"{p(r, 8)}.{kind}({names}, {p(pred)}{extra})", 8
             case Bind(var, i, b):
                 return f"cel.bind({var}, {p(i)}, {p(b)})", 9
         raise TypeError(f"not a CEL node: {x!r}")

@@ -437,8 +437,61 @@ class Interpreter:
                 raise EvalError(f"no such key: {k}") from None
         raise _no_overload("_[_]", m, k)
 
+    def _two_variables(self, node: Comp, rng: Any, scope: dict[str, Any]) -> Any:
+        if isinstance(rng, list):
+            pairs = list(enumerate(rng))
+        elif isinstance(rng, dict) and not is_quantity_value(rng) and not is_semver_value(rng):
+            pairs = list(rng.items())
+        else:
+            raise EvalError(f"expression of type '{type_name(rng)}' cannot be the range of a comprehension")
+        kind = node.kind
+        scopes = [{**scope, node.var: k, node.var2: v} for k, v in pairs]
+        if kind in ("all", "exists"):
+            decisive = kind == "exists"
+            error: EvalError | None = None
+            for inner in scopes:
+                v = _truth(self._absorb(node.pred, inner))
+                if v is decisive:
+                    return decisive
+                if isinstance(v, EvalError) and error is None:
+                    error = v
+            if error is not None:
+                raise error
+            return not decisive
+        if kind == "existsOne":
+            count = 0
+            for inner in scopes:
+                v = self.ev(node.pred, inner)
+                if not isinstance(v, bool):
+                    raise _no_overload(kind, v)
+                count += v
+            return count == 1
+        kept = []
+        for inner in scopes:
+            if node.transform is not None:
+                keep = self.ev(node.pred, inner)
+                if not isinstance(keep, bool):
+                    raise _no_overload(kind, keep)
+                if not keep:
+                    continue
+            kept.append((inner, self.ev(node.transform if node.transform is not None else node.pred, inner)))
+        if kind == "transformList":
+            return [value for _, value in kept]
+        out: dict[Any, Any] = {}
+        for inner, value in kept:
+            entries = {inner[node.var]: value} if kind == "transformMap" else value
+            if not isinstance(entries, dict):
+                raise _no_overload(kind, entries)
+            for k, v in entries.items():
+                if k in out:
+                    raise EvalError(f"insert failed: key {k!r} already exists")
+                out[k] = v
+        return out
+
     def _comprehension(self, node: Comp, scope: dict[str, Any]) -> Any:
         rng = self.ev(node.range, scope)
+        if node.var2 is not None:
+            return self._two_variables(node, rng, scope)
         if isinstance(rng, dict) and not is_quantity_value(rng) and not is_semver_value(rng):
             items = list(rng.keys())
         elif isinstance(rng, list):

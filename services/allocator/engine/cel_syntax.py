@@ -98,11 +98,14 @@ class MapLit:
 
 @dataclass(frozen=True, slots=True)
 class Comp:
-    kind: str  # all exists exists_one map filter
+    # all exists exists_one map filter; with two variables (cel-go ext.TwoVarComprehensions):
+    # all exists existsOne transformList transformMap transformMapEntry
+    kind: str
     range: "Node"
     var: str
-    pred: "Node"  # for map with a filter: the filter; else the predicate / transform
-    transform: Union["Node", None] = None  # map(x, filter, transform)
+    pred: "Node"  # with a filter: the filter; else the predicate / transform
+    transform: Union["Node", None] = None  # map(x, filter, transform), transformList(i, v, filter, t)
+    var2: Union[str, None] = None  # the value variable of a two-variable comprehension
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,8 @@ def tokenize(text: str) -> list[tuple[str, Any, int]]:
 
 _RELATIONS = {"<", "<=", ">", ">=", "==", "!=", "in"}
 _MACROS = {"all": 2, "exists": 2, "exists_one": 2, "filter": 2}
+_TWO_VAR = {"all": (3,), "exists": (3,), "existsOne": (3,), "transformList": (3, 4), "transformMap": (3, 4),
+            "transformMapEntry": (3, 4)}
 
 
 class _Parser:
@@ -341,6 +346,13 @@ class _Parser:
             if len(args) != 3 or not isinstance(args[0], Ident):
                 raise CelSyntaxError("cel.bind(name, value, expression) takes an identifier and two expressions", pos)
             return Bind(args[0].name, args[1], args[2])
+        if name in _TWO_VAR and len(args) in _TWO_VAR[name] and all(isinstance(a, Ident) for a in args[:2]):
+            var, var2 = args[0].name, args[1].name
+            if var == var2:
+                raise CelSyntaxError(f"{name}() needs two different variable names", pos)
+            if len(args) == 4:
+                return Comp(name, target, var, args[2], args[3], var2)
+            return Comp(name, target, var, args[2], None, var2)
         if name in _MACROS or name == "map":
             if not args or not isinstance(args[0], Ident):
                 raise CelSyntaxError(f"{name}() needs an iteration variable name as its first argument", pos)
@@ -440,9 +452,10 @@ def unparse(node: Node) -> str:
             return "[" + ", ".join(unparse(i) for i in items) + "]"
         case MapLit(entries):
             return "{" + ", ".join(f"{unparse(k)}: {unparse(v)}" for k, v in entries) + "}"
-        case Comp(kind, rng, var, pred, transform):
+        case Comp(kind, rng, var, pred, transform, var2):
             extra = f", {unparse(transform)}" if transform is not None else ""
-            return f"{unparse(rng)}.{kind}({var}, {unparse(pred)}{extra})"
+            names = f"{var}, {var2}" if var2 is not None else var
+            return f"{unparse(rng)}.{kind}({names}, {unparse(pred)}{extra})"
         case Bind(var, init, body):
             return f"cel.bind({var}, {unparse(init)}, {unparse(body)})"
     raise TypeError(f"not a CEL node: {node!r}")
