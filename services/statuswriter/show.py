@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import msgspec
 
 from dralloc.bus import Bus
@@ -18,7 +20,11 @@ def claims_table(statuses: list[ClaimStatus], title: str | None = None):
     from rich.table import Table
 
     styles = {"allocated": "green", "unsatisfiable": "yellow", "error": "red", "pending": "dim"}
-    table = Table("CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, header_style="bold", box=None)
+    counts = Counter(s.state for s in statuses)
+    caption = ", ".join(f"{counts[state]} {state}" for state in styles if counts[state]) or "no claims"
+    table = Table(
+        "CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, caption=caption, header_style="bold", box=None
+    )
     for s in statuses:
         # A node-local pool is named after its node: show the device alone there.
         results = s.allocation.devices.results if s.allocation else []
