@@ -12,6 +12,8 @@ from typing import NoReturn
 
 import typer
 
+from dralloc.errors import UsageError
+
 app = typer.Typer(
     name="dralloc",
     help="Kubernetes DRA (resource.k8s.io/v1) device allocation over NATS JetStream.",
@@ -19,10 +21,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class UsageError(Exception):
-    """A user mistake the CLI reports in one line (exit 2), never as a traceback."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

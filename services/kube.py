@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration
 
-from dralloc.cli import UsageError  # a configuration mistake is reported as the CLI reports usage errors
+from dralloc.errors import UsageError  # a configuration mistake is reported as the CLI reports usage errors
 
 from importlib.metadata import version as _dist_version
 
