@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Ledger
-from dralloc.allocator.engine.topology import GPU, GROUP_LEVELS, LEVEL_NAMES, NODE, NUMA, NVLINK, ROOT, SWITCH, NodeTopology, Topology, level_of
+from dralloc.allocator.engine.topology import GPU, GROUP_LEVELS, NODE, NUMA, NVLINK, ROOT, SWITCH, NodeTopology, Topology, level_of
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.plan import Alt, ClaimPlan
@@ -294,18 +294,17 @@ class Placement:
         if topo is None or not chosen:
             return []
         ids = [rec.id for rec in chosen]
-        lines = [f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, before=len(chosen))}"]
+        lines = [f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, ids)}"]
         if sum(c for _, c in demand) >= 2:
             level = level_of(topo, ids)
             best = self._static_level(node, demand)
             lines.append(
-                f"locality: {LEVEL_NAMES[level]} level" + (" (the tightest this node's hardware allows)" if level <= best else f" (the hardware allows {LEVEL_NAMES[best]}, but not enough of it is free)")
+                f"locality: {_WORDS[level]}" + (" (the tightest this node's hardware allows)" if level <= best else f" (the hardware allows {_WORDS[best]}, but not enough of it is free)")
             )
         other = self._next_best(node, demand)
         if other is not None:
             name, level = other
-            where = f"one {LEVEL_NAMES[level]}" if level != NODE else "spread over the node"
-            lines.append(f"next best: node {name}: {where}; {self._fullness(name, demand, before=0)}")
+            lines.append(f"next best: node {name}: {_WORDS[level]}; {self._fullness(name, demand, [])}")
         else:
             lines.append("next best: none; no other node could hold it now")
         return lines
@@ -315,8 +314,8 @@ class Placement:
             g = topo.groups.get(ids[0])
             if g is None:
                 return "one device"
-            parts = [f"{LEVEL_NAMES[level]} {topo.names[level][g[level]]}" for level in (SWITCH, NUMA) if g[level] in topo.names[level]]
-            return "one device" + (f" ({', '.join(parts)})" if parts else "")
+            parts = [topo.names[level][g[level]] for level in (SWITCH, NUMA) if g[level] in topo.names[level]]
+            return "one device" + (f" (on {', '.join(parts)})" if parts else "")
         words = []
         for level, same, differ in (
             (NVLINK, "same NVLink domain", "not all on one NVLink domain"),
@@ -335,8 +334,9 @@ class Placement:
                 words.append(differ.format(n=len(seen)))
         return ", ".join(words) or "same node"
 
-    def _fullness(self, node: str, demand: Demand, before: int) -> str:
-        """How full the node is for the demand's first request: its matching devices in use."""
+    def _fullness(self, node: str, demand: Demand, chosen: list[int]) -> str:
+        """How full the node was for the demand's first request before the `chosen` devices were
+        taken (whether or not they are committed yet): its matching devices in use."""
         if not demand:
             return ""
         alt = demand[0][0]
@@ -345,16 +345,19 @@ class Placement:
         total = matched.bit_count()
         if not total:
             return "no matching devices"
-        free = self._free_count(node, alt, matched) + before
+        free = self._free_count(node, alt, matched, chosen)
         used = total - free
         return f"node {round(100 * used / total)}% full ({used} of {total} matching devices in use before)"
 
-    def _free_count(self, node: str, alt: Alt, matched: int) -> int:
+    def _free_count(self, node: str, alt: Alt, matched: int, chosen: list[int]) -> int:
         ledger = self.ledger
+        mine = set(chosen)
         n = 0
-        for i in iter_bits(matched & ~ledger.used_bits):
+        for i in iter_bits(matched):
             rec = self.inv.devices[i]
-            if rec is not None and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec)):
+            if rec is None:
+                continue
+            if i in mine or (not (ledger.used_bits >> i) & 1 and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))):
                 n += 1
         return n
 
@@ -378,6 +381,16 @@ class Placement:
             if n >= SCAN_LIMIT or level <= self._static_level(name, demand):
                 break
         return (best[2], best[0]) if best else None
+
+
+_WORDS = {
+    GPU: "one device",
+    NVLINK: "same NVLink domain",
+    SWITCH: "same PCIe switch",
+    ROOT: "same PCIe root",
+    NUMA: "same NUMA node",
+    NODE: "spread over the node",
+}
 
 
 def _demand(plans: list[ClaimPlan]) -> Demand:

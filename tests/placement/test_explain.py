@@ -1,0 +1,35 @@
+"""`explain` says, in words, why the placement was chosen and what the next best was."""
+
+from __future__ import annotations
+
+from conftest import claim, devices, make_engine
+
+
+def test_explain_compares_the_choice_with_the_next_best_node():
+    engine = make_engine([("l40s-pcie", 2)])
+    devices(engine.allocate([claim("one", 1)])[0])  # gpu-0 on l40s-pcie-0
+    outcome = engine.allocate([claim("pair", 2)], explain=True)[0]
+    notes = outcome.explanation.notes
+    assert notes[0] == "placement on node l40s-pcie-0: same PCIe switch (l40s-pcie-0/pcie-switch-1); node 12% full (1 of 8 matching devices in use before)"
+    assert notes[1] == "locality: same PCIe switch (the tightest this node's hardware allows)"
+    assert notes[2] == "next best: node l40s-pcie-1: same PCIe switch; node 0% full (0 of 8 matching devices in use before)"
+
+
+def test_explain_says_when_the_hardware_allowed_better():
+    engine = make_engine([("l40s-pcie", 1)])
+    for i in range(8):
+        assert devices(engine.allocate([claim(f"s{i}", 1)])[0]) == [f"gpu-{i}"]
+    for i in (1, 3, 5, 7):
+        engine.release(f"default/s{i}")  # one free GPU per switch
+    outcome = engine.allocate([claim("pair", 2)], explain=True)[0]
+    assert devices(outcome) == ["gpu-1", "gpu-3"]
+    assert outcome.explanation.notes[1:] == [
+        "locality: same NUMA node (the hardware allows same PCIe switch, but not enough of it is free)",
+        "next best: none; no other node could hold it now",
+    ]
+
+
+def test_explain_with_scoring_off_says_so():
+    engine = make_engine([("l40s-pcie", 1)], scoring=False)
+    outcome = engine.allocate([claim("pair", 2)], explain=True)[0]
+    assert outcome.explanation.notes == ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]
