@@ -105,6 +105,8 @@ def _serve(name: str, module: str, nats_url: str | None, **overrides: object) ->
         asyncio.run(run_service(name, service.serve, config, nats_url))
     except BusError as exc:
         fail(str(exc), 1)
+    except UsageError as exc:  # a configuration mistake found at start: exit 2, like a bad flag
+        fail(str(exc))
     except Exception as exc:  # a crash: one line (the traceback only with DRALLOC_DEBUG=1)
         logging.getLogger(f"dralloc.{name}").error("stopped: %s", exc, exc_info=bool(os.environ.get("DRALLOC_DEBUG")))
         fail(f"{name} stopped: {exc}", 1)
