@@ -13,6 +13,10 @@ closed here, once per expression, never per claim:
 - ``cel.bind(x, init, body)``: a cheap value that cannot fail (a device field, a
   domain lookup, a name) is substituted into the body; otherwise the bind
   becomes ``[init].map(x, body)[0]``.
+- ``device.attributes["d"].name`` with literal domain and name (the common
+  case, also through ``cel.bind``) reads a flat per-device map keyed
+  ``"d/name"``: the core copies nested maps on every selection, so this is
+  ~5x faster on a GPU with a dozen attributes. ``has()`` becomes ``in``.
 - ``device.attributes[d]`` for an unknown domain ``d`` is an empty map:
   where the result is used as a map (``has()``, ``in``, ``size``, macros) the
   lookup is guarded (``d in m ? m[d] : {}``); where a name is read from it, an
@@ -96,7 +100,13 @@ class DeviceEnv:
             (domain, name) for domain, names in value["attributes"].items()
             for name, v in names.items() if rt.is_semver_value(v))
         plain = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
-        self.ctx = _fast.Context(variables={"device": plain}, functions=_FAST_FUNCTIONS)
+        # The core copies a nested map each time it selects into it, so device.attributes[d].x
+        # costs ~0.2 µs per attribute of the device; literal lookups read these flat maps instead.
+        variables = {"device": plain}
+        for outer in ("attributes", "capacity"):
+            variables[_FLAT[outer]] = {
+                f"{domain}/{name}": v for domain, names in value[outer].items() for name, v in names.items()}
+        self.ctx = _fast.Context(variables=variables, functions=_FAST_FUNCTIONS)
 
 
 def _split_name(name: str, driver: str) -> tuple[str, str]:
@@ -322,6 +332,34 @@ class _Emitter:
         """device.attributes[d] / device.capacity[d] (or .d): a domain lookup."""
         return isinstance(node, (Index, Select)) and self.t(node.operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE)
 
+    def _resolve(self, node: Node) -> tuple[Node, dict]:
+        subst = self.subst
+        while isinstance(node, Ident) and node.name in subst:
+            node, subst = subst[node.name]
+        return node, subst
+
+    def _flat_key(self, domain_node: Node, name: str) -> tuple[str, str] | None:
+        """(flat variable, "domain/name") when ``domain_node`` is ``device.attributes["d"]``
+        or ``device.capacity["d"]`` (through cel.bind names) with a literal domain."""
+        domain_node, subst = self._resolve(domain_node)
+        if not self._domain_lookup(domain_node):
+            return None
+        if isinstance(domain_node, Select):
+            domain = domain_node.field
+        elif isinstance(domain_node.index, Lit) and domain_node.index.kind == "string":
+            domain = domain_node.index.value
+        else:
+            return None
+        outer, _ = self._under(subst, self._resolve, domain_node.operand)
+        if not (_is_device_field(outer, "attributes", "capacity") and "device" not in subst):
+            return None
+        return _FLAT[outer.field], f"{domain}/{name}"
+
+    def _flat(self, node: Node) -> str | None:
+        name = node.field if isinstance(node, Select) else node.index.value
+        found = self._flat_key(node.operand, name)
+        return None if found is None else f"{found[0]}[{_string(found[1])}]"
+
     def inner(self, node: Node) -> str:
         """A domain lookup whose result is read further (``.name``, ``[name]``): an unknown
         domain fails there anyway, so the fast path skips the empty-map guard and the
@@ -359,6 +397,8 @@ class _Emitter:
                 return f"({k} in {x} ? optional.of({x}[{k}]) : optional.none())"
             case Index(operand, index, True):
                 raise _NoFastPath  # a list or a dynamic value: `in` would mean membership
+            case Select(_, _, False) | Index(_, Lit(_, "string"), False) if self._flat(node) is not None:
+                return self._flat(node)
             case Select(operand, field) if self._domain_lookup(node):
                 m = e(operand)
                 return f'("{field}" in {m} ? {m}.{field} : {{}})'
@@ -366,6 +406,9 @@ class _Emitter:
                 return f"{self.inner(operand)}.{field}"
             case Has(operand, field) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
                 return "true"
+            case Has(operand, field) if self._flat_key(operand, field) is not None:
+                variable, key = self._flat_key(operand, field)
+                return f"({_string(key)} in {variable})"
             case Has(operand, field):
                 return f"has({e(operand)}.{field})"
             case Index(operand, index) if self._domain_lookup(node):
@@ -488,6 +531,18 @@ class _Emitter:
                 return f"{_SIZE}({e(subject)})"
         inner = ", ".join(e(a) for a in args)
         return f"{e(target)}.{name}({inner})" if target is not None else f"{name}({inner})"
+
+
+_FLAT = {"attributes": "__dra_attributes", "capacity": "__dra_capacity"}  # "domain/name" -> value
+
+
+def _string(text: str) -> str:
+    return unparse(Lit(text, "string"))
+
+
+def _is_device_field(node: Node, *fields: str) -> bool:
+    return isinstance(node, Select) and not node.optional and isinstance(node.operand, Ident) and (
+        node.operand.name == "device") and node.field in fields
 
 
 class _NoFastPath(Exception):
