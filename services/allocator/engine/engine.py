@@ -332,8 +332,7 @@ class Engine:
                     if not hit:
                         matched = verdict.matched & mask
                         if alt.constraint_attributes:
-                            ok = [i for i in iter_bits(matched) if all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes)]  # type: ignore[union-attr]
-                            hit = bool(ok)
+                            hit = any(all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]
                         else:
                             hit = matched
                     if hit:

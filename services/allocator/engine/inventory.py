@@ -15,6 +15,7 @@ invalidated for the devices of a changed slice, and only for those.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from dralloc.allocator.engine.quantity import parse_quantity
@@ -472,18 +473,32 @@ def _validate_pool(pool: Pool) -> str | None:
     return None
 
 
-def iter_bits(x: int) -> list[int]:
-    """Set bit positions of `x`, lowest first."""
-    if x.bit_count() > 16:
-        # one pass over the binary string beats repeated x & -x on big sparse-prefix ints
-        text = bin(x)[:1:-1]
-        return [i for i, c in enumerate(text) if c == "1"]
-    out = []
+def iter_bits(x: int) -> Iterator[int]:
+    """Set bit positions of `x`, lowest first, lazily: a caller that stops after the
+    first few pays for those only. Works a window at a time (growing), reading
+    dense windows through their binary string and sparse ones bit by bit."""
+    base = 0
+    width = 256
     while x:
-        low = x & -x
-        out.append(low.bit_length() - 1)
-        x ^= low
-    return out
+        chunk = x & ((1 << width) - 1)
+        if not chunk:
+            skip = (x & -x).bit_length() - 1  # jump over the zeros
+            x >>= skip
+            base += skip
+            continue
+        if chunk.bit_count() > 16:
+            text = bin(chunk)[:1:-1]
+            for i, c in enumerate(text):
+                if c == "1":
+                    yield base + i
+        else:
+            while chunk:
+                low = chunk & -chunk
+                yield base + low.bit_length() - 1
+                chunk ^= low
+        x >>= width
+        base += width
+        width = min(width * 2, 1 << 16)
 
 
 def bits_of(ids: list[int]) -> int:
