@@ -18,10 +18,11 @@ slow and not what the bus carries); an object that does not decode is reported
 and skipped, the watch goes on.
 
 What is published:
-- a claim without `status.allocation` -> `ClaimSubmitted`; a claim deleted (or
-  given a deletionTimestamp) -> `ClaimDeleted`. A claim that already has an
-  allocation (dralloc's, written back by the status writer, or another
-  allocator's) is not submitted again.
+- a claim -> `ClaimSubmitted`; a claim deleted (or given a deletionTimestamp)
+  -> `ClaimDeleted`. A claim that already has an allocation (another
+  allocator's, or dralloc's written back by the status writer) is submitted
+  with it: the allocator adopts its devices as in use, so its ledger counts
+  them, and never decides it again (its uid is already committed).
 - DeviceClass / ResourceSlice -> `...Published` / `...Removed`.
 Every event's `Nats-Msg-Id` is its content identity (claim uid + generation),
 and the source also skips an event identical to the last one it produced for
@@ -232,8 +233,6 @@ def claim_events(kind: str, claim: ResourceClaim) -> list[SourceEvent]:
     meta = claim.metadata
     if kind == "DELETED" or meta.deletion_timestamp:
         return [ev.ClaimDeleted(namespace=meta.namespace or "default", name=meta.name, uid=meta.uid or "")]
-    if claim.status is not None and claim.status.allocation is not None:
-        return []  # allocated already (by dralloc, written back, or by another allocator)
     return [ev.ClaimSubmitted(claim=claim)]
 
 

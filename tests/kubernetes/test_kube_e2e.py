@@ -113,6 +113,21 @@ async def test_claims_get_their_allocation_and_deleted_claims_release_devices(ap
     assert sorted(k[2] for k in status_patches) == ["a", "b", "d"]
 
 
+
+async def test_a_claim_allocated_elsewhere_keeps_its_device(apiserver: ApiServer, services: None) -> None:
+    """A claim the cluster already allocated (say, by the scheduler) holds its device for dralloc too."""
+    apiserver.apply(CLASS)
+    apiserver.apply(SLICE)
+    taken = {"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-1"}
+    apiserver.apply({**claim("elsewhere"), "status": {"allocation": {"devices": {"results": [taken]}}}})
+    apiserver.apply(claim("new"))
+    assert devices(await allocation_of(apiserver, "new")) == {"gpu-0"}
+    apiserver.apply(claim("third"))
+    await asyncio.sleep(1.0)  # both devices are held: `third` must stay unallocated
+    assert not (apiserver.read("resourceclaims", "ml", "third").get("status") or {}).get("allocation")
+    # The foreign allocation is never rewritten by dralloc.
+    assert apiserver.read("resourceclaims", "ml", "elsewhere")["status"]["allocation"]["devices"]["results"] == [taken]
+
 async def test_the_status_write_is_part_of_the_claims_trace(apiserver: ApiServer, services: None) -> None:
     telemetry.setup("test")
     exporter = InMemorySpanExporter()

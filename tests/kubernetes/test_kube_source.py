@@ -104,7 +104,11 @@ async def test_lists_then_watches_claims_and_classes(apiserver: ApiServer, start
     apiserver.apply(claim("a"))
     apiserver.apply(claim("done", status={"allocation": {"devices": {"results": []}}}))
     run = start()
-    assert sorted(names(await run.take(2))) == [("class", "gpu.example.com"), ("submitted", "default/a")]
+    listed = await run.take(3)
+    # An allocated claim is submitted with its allocation, so the allocator adopts its devices as in use.
+    assert sorted(names(listed)) == [("class", "gpu.example.com"), ("submitted", "default/a"), ("submitted", "default/done")]
+    done = next(e.claim for e in listed if isinstance(e, ev.ClaimSubmitted) and e.claim.key == "default/done")
+    assert done.status is not None and done.status.allocation is not None
     apiserver.apply(claim("b", "team-1"))
     apiserver.remove("resourceclaims", "default", "a")
     apiserver.remove("deviceclasses", None, "gpu.example.com")
