@@ -84,9 +84,9 @@ class Placement:
             later = []
             for rank in self._fit_order(viable):
                 name = names[rank]
-                if self.learn is not None:
-                    self.learn(plans, name, self.inv.node_mask(name)[0])
                 if demand and not self._any_free(name, demand[0][0]):
+                    if self.learn is not None:  # the engine does not try it now: remember what it matches
+                        self.learn(plans, name, self.inv.node_mask(name)[0])
                     later.append(name)  # full for this request: tried last (another alternative may fit)
                 else:
                     yield name
@@ -232,7 +232,7 @@ class Placement:
             return None
         topo = self.topology.node(node)
         demanding = [s for s in slots if not s.alt.all_mode]
-        if topo is None or not demanding or all(len(s.cands) <= 1 for s in demanding):
+        if topo is None or topo.flat or not demanding or all(len(s.cands) <= 1 for s in demanding):
             return None
         groups = topo.groups
         levels = range(len(GROUP_LEVELS))

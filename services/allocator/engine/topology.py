@@ -65,6 +65,8 @@ class NodeTopology:
     devices: int
     lo: int
     """The lowest device id (bitsets of the node are shifted by it)."""
+    flat: bool
+    """No two devices share a group at any level: nothing to prefer (the order stays Kubernetes')."""
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
@@ -100,6 +102,13 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
     alike: dict[tuple, list[int]] = {}
     for rec in recs:
         alike.setdefault(tuple(sorted(set(_hubs(rec)), key=repr)), []).append(rec.id)
+    if list(alike) == [()]:  # no topology published at all: every device alone, no graph needed
+        n = len(recs)
+        return NodeTopology(
+            node=node, stamp=stamp, groups={rec.id: (i,) * len(GROUP_LEVELS) for i, rec in enumerate(recs)},
+            names=[{} for _ in GROUP_LEVELS], sizes=[dict.fromkeys(range(n), 1) for _ in GROUP_LEVELS],
+            clique=None, devices=n, lo=min((rec.id for rec in recs), default=0), flat=True,
+        )  # fmt: skip
     graphs = {level: nx.Graph() for level in GROUP_LEVELS}
     for sig in alike:
         for level, hub in sig:
@@ -146,6 +155,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
         clique=cliques[0] if cliques else None,
         devices=len(recs),
         lo=min((rec.id for rec in recs), default=0),
+        flat=all(size == 1 for level in sizes for size in level.values()),
     )
 
 
