@@ -111,6 +111,7 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
     active: set[tuple] = set()
     for claim_key, alloc in everything.items():
         admin_seen: set[tuple] = set()
+        in_claim = Counter((r.driver, r.pool, r.device) for r in alloc.devices.results)
         for r in alloc.devices.results:
             dkey = (r.driver, r.pool, r.device)
             found = devices.get(dkey)
@@ -120,7 +121,7 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
                 continue
             _, device = found
             if r.admin_access:
-                if dkey in admin_seen:
+                if dkey in admin_seen or in_claim[dkey] > 1:
                     problems.append(f"{claim_key}: admin device {dkey} twice in one claim")
                 admin_seen.add(dkey)
                 continue

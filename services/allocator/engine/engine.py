@@ -361,11 +361,11 @@ class Engine:
         for rec in recs:  # type: ignore[union-attr]
             use = consumed_capacity(alt, rec)
             if alt.all_mode:
-                if use is None or (rec.multi and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
+                if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
                     continue  # not part of "all": it cannot serve the capacity request (as in Kubernetes)
                 if not alt.admin and not rec.multi and (used >> rec.id) & 1:
                     problem = problem or f"device {rec.label} is in use"
-                elif rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+                elif not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
                     problem = problem or f"device {rec.label} has no counter room left"
                 elif not all(tolerated(t, alt.tolerations) for t in rec.taints):
                     problem = problem or f"device {rec.label} has a taint the request does not tolerate"
@@ -376,10 +376,11 @@ class Engine:
             if not alt.admin and not rec.multi and (used >> rec.id) & 1:
                 continue
             counts["in use"] += 1
-            if rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+            # admin access watches a device: it needs no counter room and no capacity
+            if not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
                 continue
             counts["counters"] += 1
-            if use is None or (rec.multi and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
+            if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
                 continue
             counts["capacity"] += 1
             if rec.taints and not all(tolerated(t, alt.tolerations) for t in rec.taints):
@@ -511,13 +512,13 @@ class Engine:
                     binding_conditions=list(rec.spec.binding_conditions),
                     binding_failure_conditions=list(rec.spec.binding_failure_conditions),
                 )
-                if rec.multi:
+                if rec.multi and not alt.admin:
                     n = shares[rec.id] = shares.get(rec.id, 0) + 1
                     share = str(uuid.uuid5(uuid.NAMESPACE_URL, f"dralloc:{plan.key}:{plan.claim.metadata.uid or ''}:{rec.label}:{n}"))
                     used = slot.consumed[rec.id]
                     result.share_id = share
                     result.consumed_capacity = {rec.capacity[fq].name: format_quantity(v) for fq, v in used.items()}
-                    entries.append(Entry(device=rec.key, kind="admin" if alt.admin else "share", share=share, consumed=dict(used)))
+                    entries.append(Entry(device=rec.key, kind="share", share=share, consumed=dict(used)))
                 else:
                     entries.append(Entry(device=rec.key, kind="admin" if alt.admin else "exclusive"))
                 results.append(result)

@@ -54,7 +54,8 @@ class Search:
         self.rank = rank  # device id -> preference (placement.py): the order matchAttribute values are tried in
         self.steps = 0
         self.busy: dict[int, list[int]] = {}  # device id -> claims holding it exclusively in this unit
-        self.shared: dict[int, int] = {}  # device id -> shares taken in this unit
+        self.charged: dict[int, int] = {}  # device id -> non-admin takes in this unit (exclusive or shared)
+        self.holders: dict[int, list[tuple[int, bool]]] = {}  # device id -> (claim, admin access) that took it in this unit
         self.counters: dict[tuple, int] = {}
         self.cap: dict[int, dict[str, int]] = {}
         self.distinct: dict[int, dict[object, int]] = {}
@@ -158,25 +159,29 @@ class Search:
         return any(rec.multi for rec in cands[j:])
 
     def _active(self, rec: DeviceRec) -> bool:
-        return bool(self.busy.get(rec.id)) or self.shared.get(rec.id, 0) > 0 or self.ledger.active(rec)
+        """Whether the device already consumes its counters (in the ledger or in this unit)."""
+        return self.charged.get(rec.id, 0) > 0 or self.ledger.active(rec)
 
     def _can_take(self, slot: Slot, rec: DeviceRec) -> bool:
         rid = rec.id
+        admin = slot.alt.admin
+        for claim, by_admin in self.holders.get(rid, ()):
+            if claim == slot.claim and (admin or by_admin):
+                return False  # admin access: never the same device twice in one claim
         if rec.multi:
-            consumed = slot.consumed.get(rid)
-            if consumed is None:
-                return False
-            total = self.ledger.cap_used.get(rid, {})
-            unit = self.cap.get(rid, {})
-            caps = rec.capacity
-            for name, amount in consumed.items():
-                if total.get(name, 0) + unit.get(name, 0) + amount > caps[name].value:
+            if not admin:
+                consumed = slot.consumed.get(rid)
+                if consumed is None:
                     return False
-        else:
-            holders = self.busy.get(rid)
-            if holders and (not slot.alt.admin or slot.claim in holders):
-                return False
-        if rec.consumes and not self._active(rec):
+                total = self.ledger.cap_used.get(rid, {})
+                unit = self.cap.get(rid, {})
+                caps = rec.capacity
+                for name, amount in consumed.items():
+                    if total.get(name, 0) + unit.get(name, 0) + amount > caps[name].value:
+                        return False
+        elif self.busy.get(rid) and not admin:
+            return False
+        if rec.consumes and not admin and not self._active(rec):
             pool = self.inv.pool_of(rec)
             used = self.ledger.counter_used
             for key, amount in rec.consumes:
@@ -189,15 +194,19 @@ class Search:
 
     def _take(self, slot: Slot, rec: DeviceRec) -> None:
         rid = rec.id
-        if rec.consumes and not self._active(rec):
-            for key, amount in rec.consumes:
-                self.counters[key] = self.counters.get(key, 0) + amount
-        if rec.multi:
-            self.shared[rid] = self.shared.get(rid, 0) + 1
-            unit = self.cap.setdefault(rid, {})
-            for name, amount in slot.consumed[rid].items():
-                unit[name] = unit.get(name, 0) + amount
-        else:
+        self.holders.setdefault(rid, []).append((slot.claim, slot.alt.admin))
+        if not slot.alt.admin:
+            # admin access consumes nothing: no counters, no capacity (it only watches the device)
+            if rec.consumes and not self._active(rec):
+                for key, amount in rec.consumes:
+                    self.counters[key] = self.counters.get(key, 0) + amount
+            self.charged[rid] = self.charged.get(rid, 0) + 1
+            if rec.multi:
+                unit = self.cap.setdefault(rid, {})
+                for name, amount in slot.consumed[rid].items():
+                    unit[name] = unit.get(name, 0) + amount
+        if not rec.multi:
+            # Kubernetes: a device taken in this unit, even for admin access, is busy for the unit's other claims
             self.busy.setdefault(rid, []).append(slot.claim)
         for cid, constraint in slot.distinct:
             seen = self.distinct.setdefault(cid, {})
@@ -208,31 +217,38 @@ class Search:
     def _undo(self, slot: Slot, rec: DeviceRec) -> None:
         rid = rec.id
         slot.chosen.pop()
+        holders = self.holders[rid]
+        holders.pop()
+        if not holders:
+            del self.holders[rid]
         for cid, constraint in slot.distinct:
             seen = self.distinct[cid]
             value = rec.attribute(constraint.attribute)
             seen[value] -= 1
             if not seen[value]:
                 del seen[value]
-        if rec.multi:
-            self.shared[rid] -= 1
-            if not self.shared[rid]:
-                del self.shared[rid]
-            unit = self.cap[rid]
-            for name, amount in slot.consumed[rid].items():
-                unit[name] -= amount
-        else:
-            holders = self.busy[rid]
-            holders.pop()
-            if not holders:
+        if not rec.multi:
+            busy = self.busy[rid]
+            busy.pop()
+            if not busy:
                 del self.busy[rid]
-        if rec.consumes and not self._active(rec):
-            for key, amount in rec.consumes:
-                left = self.counters[key] - amount
-                if left:
-                    self.counters[key] = left
-                else:
-                    del self.counters[key]
+        if not slot.alt.admin:
+            if rec.multi:
+                unit = self.cap[rid]
+                for name, amount in slot.consumed[rid].items():
+                    unit[name] -= amount
+            left = self.charged[rid] - 1
+            if left:
+                self.charged[rid] = left
+            else:
+                del self.charged[rid]
+            if rec.consumes and not self._active(rec):
+                for key, amount in rec.consumes:
+                    left = self.counters[key] - amount
+                    if left:
+                        self.counters[key] = left
+                    else:
+                        del self.counters[key]
 
 
 def _enough(cands: list[DeviceRec], count: int) -> bool:
