@@ -6,7 +6,7 @@ import copy
 import json
 
 import msgspec
-from test_cli import discover
+from test_discover_cli import discover
 
 from dralloc.discovery import attributes as A
 from dralloc.discovery.nvml import read_inventory

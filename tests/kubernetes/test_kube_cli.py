@@ -6,23 +6,15 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from kube_emulator import ApiServer
 from test_kube_e2e import CLASS, SLICE, allocation_of, claim
 
 from dralloc.allocator import service as allocator
-from dralloc.bus import Bus, embedded_nats
+from dralloc.bus import Bus
 
 DRALLOC = str(Path(sys.executable).parent / "dralloc")
-
-
-@pytest.fixture
-async def nats_url() -> AsyncIterator[str]:
-    async with embedded_nats() as url:
-        yield url
 
 
 def service_env(**extra: str) -> dict[str, str]:

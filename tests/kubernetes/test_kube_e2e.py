@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind
 
 from dralloc import telemetry
 from dralloc.allocator import service as allocator
-from dralloc.bus import Bus, embedded_nats
+from dralloc.bus import Bus
 from dralloc.ingestor import service as ingestor
 from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
 from dralloc.kube import KubeSettings, user_agent
@@ -44,17 +44,6 @@ def claim(name: str, **meta: Any) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "ml", **meta},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}
-
-
-@pytest.fixture
-async def bus() -> AsyncIterator[Bus]:
-    async with embedded_nats() as url:
-        connection = await Bus.connect(url, name="kube-e2e")
-        await connection.ensure_streams()
-        try:
-            yield connection
-        finally:
-            await connection.close()
 
 
 @pytest.fixture
