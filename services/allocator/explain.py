@@ -13,11 +13,12 @@ from rich.table import Table
 from dralloc.allocator.engine import Outcome
 
 CEL_ERROR_RULE = (
-    "CEL runtime errors: a selector that fails at run time (a missing attribute, a type mismatch) on any "
-    "device the request could otherwise take - reachable from the node considered (every known node when "
-    "the engine picks the node), in a usable pool, and not held exclusively by another claim unless the "
-    "request has admin access or asks for All - makes the claim an error, whatever order the search would "
-    "visit devices in. Kubernetes reports such an error only when its search happens to reach that device."
+    "CEL runtime errors: a selector that fails at run time (a missing attribute, a type mismatch) on a device "
+    "the request could otherwise take on a node - reachable from it, in a usable pool, not held exclusively by "
+    "another claim unless the request has admin access or asks for All - makes that node unusable for the claim. "
+    "With --node the claim is an error; when the engine picks the node it uses one without such failures and "
+    "reports the error only if no node fits. The verdict never depends on the order the search visits devices in "
+    "(Kubernetes reports such an error only when its search happens to reach that device)."
 )
 
 
@@ -71,23 +72,22 @@ def render_explain(outcomes: Sequence[Outcome], output: str, console: Console) -
         for note in o.explanation.notes:
             console.print(f"  note: {note}")
         for node in o.explanation.nodes:
-            table = Table(title=f"node {node.node or '(any)'}" + (f": {node.verdict}" if node.verdict else ""), title_justify="left")
-            table.add_column("request")
-            table.add_column("wanted", justify="right")
-            filters = [f.filter for f in (node.requests[0].filters if node.requests else [])]
+            requests = [r for r in node.requests if r.claim == o.claim]
+            title = f"node {node.node or '(any)'}" + (f": {node.verdict}" if node.verdict else "")
+            table = Table(title=title, title_justify="left")
+            table.add_column("devices left after")
+            for r in requests:
+                table.add_column(f"{r.request} (wants {r.wanted})", justify="right")
+            filters: list[str] = []
+            for r in requests:
+                filters += [f.filter for f in r.filters if f.filter not in filters]
             for name in filters:
-                table.add_column(name, justify="right")
-            table.add_column("emptied by")
-            table.add_column("devices / note")
-            for r in node.requests:
-                if r.claim != o.claim:
-                    continue
-                counts = {f.filter: str(f.left) for f in r.filters}
-                table.add_row(
-                    r.request,
-                    r.wanted,
-                    *[counts.get(name, "") for name in filters],
-                    r.emptied_by or "",
-                    "\n".join(r.devices) or r.note,
-                )
+                cells = []
+                for r in requests:
+                    left = next((f.left for f in r.filters if f.filter == name), None)
+                    cell = "" if left is None else str(left)
+                    cells.append(f"[red]{cell}[/]" if r.emptied_by == name else cell)
+                table.add_row(name, *cells)
+            table.add_row("emptied by", *[r.emptied_by or "" for r in requests])
+            table.add_row("chosen / note", *["\n".join(r.devices) or r.note for r in requests])
             console.print(table)

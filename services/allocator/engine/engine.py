@@ -555,7 +555,7 @@ class Engine:
         if node is None and len(nodes) != known:
             explanation.notes.append(f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match)")
         for pool in list(self.inventory.unusable.values())[:5]:
-            why = pool.invalid or f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
+            why = f"invalid: {pool.invalid}" if pool.invalid else f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
             explanation.notes.append(f"pool {pool.label} is not used: {why}")
         shown = [node] if node is not None else (nodes[:3] or self.inventory.nodes()[:3] or [None])
         reason_of = dict(reasons)

@@ -1,0 +1,195 @@
+"""The Engine API others build on: apply/remove, restore, allocate, release, allocation_of."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from dralloc.allocator.engine import Engine
+from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
+
+
+def _node(name: str) -> Node:
+    return msgspec.convert({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}, Node)
+
+
+def _class(name: str = "gpu", driver: str = "gpu.example.com") -> DeviceClass:
+    return msgspec.convert({"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}, DeviceClass)
+
+
+def _slice(node: str, devices: list[dict], *, pool: str | None = None, generation: int = 1, counters: list | None = None, name: str | None = None) -> ResourceSlice:
+    spec = {"driver": "gpu.example.com", "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": 1}, "nodeName": node, "devices": devices}
+    if counters:
+        spec["sharedCounters"] = counters
+    return msgspec.convert({"metadata": {"name": name or f"{node}-gpus"}, "spec": spec}, ResourceSlice)
+
+
+def _claim(name: str, count: int = 1, **exactly) -> ResourceClaim:
+    return msgspec.convert(
+        {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count, **exactly}}]}}},
+        ResourceClaim,
+    )
+
+
+def _engine(*slices: ResourceSlice) -> Engine:
+    engine = Engine(scoring=False)
+    engine.apply(_node("node-1"))
+    engine.apply(_node("node-2"))
+    engine.apply(_class())
+    for s in slices:
+        assert engine.apply(s) == []
+    return engine
+
+
+GPUS = [{"name": f"gpu-{i}"} for i in range(2)]
+
+
+def _devices(outcome) -> list[str]:
+    return [r.device for r in outcome.allocation.devices.results]
+
+
+def test_allocate_commits_and_release_returns_devices():
+    engine = _engine(_slice("node-1", GPUS))
+    a, b, c = engine.allocate([_claim("a"), _claim("b"), _claim("c")], node="node-1")
+    assert [a.status, b.status, c.status] == ["allocated", "allocated", "unsatisfiable"]
+    assert engine.allocation_of("ns/a") == a.allocation
+    assert engine.release("ns/a") is True
+    assert engine.release("ns/a") is False
+    assert engine.allocation_of("ns/a") is None
+    (again,) = engine.allocate([_claim("c")], node="node-1")
+    assert again.status == "allocated" and _devices(again) == ["gpu-0"]
+
+
+def test_allocate_is_idempotent_per_claim_key():
+    engine = _engine(_slice("node-1", GPUS))
+    (first,) = engine.allocate([_claim("a")])
+    (second,) = engine.allocate([_claim("a")])
+    assert second.status == "allocated" and second.allocation == first.allocation
+    (other,) = engine.allocate([_claim("b")])
+    assert _devices(other) == ["gpu-1"]  # the repeat took nothing new
+
+
+def test_restore_rebuilds_the_ledger_even_before_slices_arrive():
+    engine = _engine()
+    existing = msgspec.convert(
+        {**msgspec.to_builtins(_claim("old")), "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}}},
+        ResourceClaim,
+    )
+    assert engine.restore(existing) == []
+    engine.apply(_slice("node-1", GPUS))
+    (outcome,) = engine.allocate([_claim("new", count=2)], node="node-1")
+    assert outcome.status == "unsatisfiable"
+    assert engine.release("ns/old")
+    (outcome,) = engine.allocate([_claim("new", count=2)], node="node-1")
+    assert outcome.status == "allocated"
+
+
+def test_restore_refuses_a_device_held_by_another_claim():
+    engine = _engine(_slice("node-1", GPUS))
+    engine.allocate([_claim("a")])
+    taken = msgspec.convert(
+        {**msgspec.to_builtins(_claim("b")), "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}}},
+        ResourceClaim,
+    )
+    problems = engine.restore(taken)
+    assert len(problems) == 1 and "already allocated to claim ns/a" in problems[0]
+
+
+def test_release_returns_counters():
+    counters = [{"name": "chip", "counters": {"slices": {"value": "2"}}}]
+    devices = [{"name": f"part-{i}", "consumesCounters": [{"counterSet": "chip", "counters": {"slices": {"value": "1"}}}]} for i in range(3)]
+    engine = _engine(_slice("node-1", devices, counters=counters))
+    outcomes = engine.allocate([_claim("a"), _claim("b"), _claim("c")], node="node-1")
+    assert [o.status for o in outcomes] == ["allocated", "allocated", "unsatisfiable"]
+    engine.release("ns/b")
+    (outcome,) = engine.allocate([_claim("c")], node="node-1")
+    assert outcome.status == "allocated"
+
+
+def test_release_returns_capacity():
+    shared = [{"name": "vgpu", "allowMultipleAllocations": True, "capacity": {"memory": {"value": "80Gi"}}}]
+    engine = _engine(_slice("node-1", shared))
+    a, b = engine.allocate([_claim("a", capacity={"requests": {"memory": "50Gi"}}), _claim("b", capacity={"requests": {"memory": "50Gi"}})], node="node-1")
+    assert (a.status, b.status) == ("allocated", "unsatisfiable")
+    assert a.allocation.devices.results[0].share_id
+    assert a.allocation.devices.results[0].consumed_capacity == {"memory": "50Gi"}
+    engine.release("ns/a")
+    (b,) = engine.allocate([_claim("b", capacity={"requests": {"memory": "50Gi"}})], node="node-1")
+    assert b.status == "allocated"
+
+
+def test_slice_update_keeps_allocations_and_new_generation_replaces_devices():
+    engine = _engine(_slice("node-1", GPUS))
+    engine.allocate([_claim("a")], node="node-1")
+    # a new generation of the pool: gpu-0 still exists (and is still in use), gpu-1 is gone
+    engine.apply(_slice("node-1", [{"name": "gpu-0"}, {"name": "gpu-2"}], generation=2, name="node-1-gpus-v2"))
+    (b,) = engine.allocate([_claim("b")], node="node-1")
+    assert _devices(b) == ["gpu-2"]
+    (c,) = engine.allocate([_claim("c")], node="node-1")
+    assert c.status == "unsatisfiable"
+
+
+def test_remove_slice_and_class():
+    engine = _engine(_slice("node-1", GPUS))
+    engine.remove("ResourceSlice", "node-1-gpus")
+    (a,) = engine.allocate([_claim("a")])
+    assert a.status == "unsatisfiable"
+    engine.remove("DeviceClass", "gpu")
+    (b,) = engine.allocate([_claim("b")])
+    assert b.status == "error" and "device class 'gpu' not found" in b.message
+    with pytest.raises(ValueError):
+        engine.remove("Pod", "x")
+
+
+def test_invalid_pool_is_reported_and_skipped():
+    engine = _engine()
+    problems = engine.apply(_slice("node-1", [{"name": "gpu-0"}, {"name": "gpu-0"}]))
+    assert problems and "duplicate device name 'gpu-0'" in problems[0]
+    (a,) = engine.allocate([_claim("a")])
+    assert a.status == "unsatisfiable"
+    assert "invalid" in " ".join(a.explanation.notes)
+
+
+def test_engine_picks_the_first_node_with_room():
+    engine = _engine(_slice("node-1", GPUS), _slice("node-2", GPUS))
+    outcomes = engine.allocate([_claim("a", count=2), _claim("b", count=2), _claim("c")])
+    assert [o.node for o in outcomes] == ["node-1", "node-2", None]
+    assert outcomes[2].status == "unsatisfiable"
+
+
+def test_search_budget_ends_in_an_error():
+    # 12 devices with 6 NUMA values, 7 distinct values wanted: a search with no answer
+    devices = [{"name": f"gpu-{i:02d}", "attributes": {"numa": {"int": i % 6}}} for i in range(12)]
+    engine = _engine(_slice("node-1", devices))
+    engine.budget = 50
+    claim = msgspec.convert(
+        {
+            "metadata": {"name": "wide", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 7}}], "constraints": [{"distinctAttribute": "gpu.example.com/numa"}]}},
+        },
+        ResourceClaim,
+    )
+    (outcome,) = engine.allocate([claim], node="node-1")
+    assert outcome.status == "error" and "search budget of 50 steps" in outcome.message
+    engine.budget = 1_000_000
+    (outcome,) = engine.allocate([claim], node="node-1")
+    assert outcome.status == "unsatisfiable"
+
+
+def test_explain_on_success_names_the_chosen_devices():
+    engine = _engine(_slice("node-1", GPUS))
+    (outcome,) = engine.allocate([_claim("a")], node="node-1", explain=True)
+    (report,) = outcome.explanation.nodes
+    (request,) = report.requests
+    assert request.devices == ["gpu.example.com/node-1/gpu-0"]
+    assert [f.filter for f in request.filters][:4] == ["pool", "class", "selectors", "node"]
+    assert {f.filter: f.left for f in request.filters}["in use"] == 2  # counted before this claim took one
+
+
+def test_explain_on_failure_names_the_emptying_filter():
+    engine = _engine(_slice("node-1", GPUS))
+    engine.allocate([_claim("a", count=2)], node="node-1")
+    (outcome,) = engine.allocate([_claim("b")], node="node-1")
+    (request,) = outcome.explanation.nodes[0].requests
+    assert request.emptied_by == "in use"
+    assert {f.filter: f.left for f in request.filters}["node"] == 2
