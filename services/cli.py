@@ -302,10 +302,11 @@ def explain(
     (pool, class, selectors, node, in use, counters, capacity, taints, constraints) and which filter
     emptied the set.
 
-    CEL runtime errors: a selector that fails at run time on any device the request could otherwise
-    take (reachable from the node considered, in a usable pool, not held exclusively by another claim
-    unless the request has admin access or asks for All) makes the claim an error, whatever order the
-    search would visit devices in.
+    CEL runtime errors: a selector that fails at run time on a device the request could otherwise take
+    on a node (reachable, in a usable pool, not held exclusively by another claim unless the request has
+    admin access or asks for All) makes that node unusable for the claim: an error with --node; when the
+    engine picks the node, an error only if no node without such failures fits. The verdict never
+    depends on the order the search visits devices in.
     """
     from rich.console import Console
 
