@@ -98,21 +98,35 @@ def _claim(name: str, job: Job) -> ResourceClaim:
     return msgspec.convert({"metadata": {"name": name, "namespace": "bench", "uid": name}, "spec": {"devices": {"requests": requests}}}, ResourceClaim)
 
 
-def trace(seed: int = 42, jobs: int = 3000, load: float = 1.0) -> list[Job]:
-    """Arrivals (Poisson) with exponential durations; `load` scales the arrival rate
-    (1.0: the offered GPU demand is about the fleet's GPU count)."""
+GANG_SIZES = {"gb200": (2, 4, 6, 8), "h100": (2, 3)}
+"""Members of a gang (trays of 4 GPUs in one NVL72 clique of 18; HGX nodes in one rack of 8)."""
+CAPACITY = {"gb200": 36 * 4, "h100": 16 * 8, "l40s": 8 * 8, "a100": 4 * 8, "h200": 4 * 8}
+MIG_SHARE = {"1g.10gb": 1 / 8, "1g.18gb": 1 / 8, "2g.35gb": 2 / 8, "3g.71gb": 4 / 8}
+
+
+def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
+    """Poisson arrivals with exponential durations. Every GPU family is offered the same
+    load: `load` x its GPUs, on average (1.0: as much GPU time as it has)."""
     rng = random.Random(seed)
-    weights = [s[5] for s in SHAPES]
-    mean_gpu_time = sum(w * (s[1] * max(1, s[4]) if not s[3] else s[1] * 0.3) * s[6] for s, w in zip(SHAPES, weights)) / sum(weights)
-    gpus = 36 * 4 + 16 * 8 + 8 * 8 + 4 * 8 + 4 * 8
-    rate = load * gpus / mean_gpu_time
+    families = sorted(CAPACITY)
+    shapes = {f: [s for s in SHAPES if s[0] == f] for f in families}
+    rates = {}
+    for f in families:
+        weights = [s[5] for s in shapes[f]]
+        gpu_time = sum(
+            w * (MIG_SHARE[s[3]] if s[3] else s[1] * (sum(GANG_SIZES[f]) / len(GANG_SIZES[f]) if s[4] else 1)) * s[6]
+            for s, w in zip(shapes[f], weights)
+        ) / sum(weights)
+        rates[f] = load * CAPACITY[f] / gpu_time
+    total = sum(rates.values())
     out: list[Job] = []
     now = 0.0
     for i in range(jobs):
-        now += rng.expovariate(rate)
-        family, count, nics, mig, members, _, mean = rng.choices(SHAPES, weights=weights)[0]
+        now += rng.expovariate(total)
+        family = rng.choices(families, weights=[rates[f] for f in families])[0]
+        _, count, nics, mig, members, _, mean = rng.choices(shapes[family], weights=[s[5] for s in shapes[family]])[0]
         if members:
-            members = rng.choice([members // 2, members, members + members // 2]) if family == "gb200" else rng.choice([2, 3, 4])
+            members = rng.choice(GANG_SIZES[family])
         out.append(Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members))
     return out
 
@@ -276,7 +290,7 @@ def run(jobs: list[Job], scoring: bool) -> Result:
     return result
 
 
-def measure(seed: int = 42, jobs: int = 3000, load: float = 1.0) -> dict:
+def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
     """Both runs over the same trace; the numbers as a stable JSON-able dict."""
     work = trace(seed, jobs, load)
     scored = run(work, scoring=True)

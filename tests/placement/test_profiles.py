@@ -170,3 +170,12 @@ def test_eight_gpu_claim_does_not_fit_a_tray_and_four_fill_one():
     # best fit: the second pair completes tray 0 rather than opening tray 1
     assert engine.allocate([claim("b", 2)])[0].node == "gb200-nvl72-0"
     assert engine.allocate([claim("c", 4)])[0].node == "gb200-nvl72-1"
+
+
+def test_single_gpu_claims_leave_nvlink_nodes_to_multi_gpu_claims():
+    scored, plain = make_engine([("h100-sxm", 1), ("l40s-pcie", 1)]), make_engine([("h100-sxm", 1), ("l40s-pcie", 1)], scoring=False)
+    for i in range(8):
+        assert scored.allocate([claim(f"s{i}", 1)])[0].node == "l40s-pcie-0"  # any GPU will do: not NVLink
+        assert plain.allocate([claim(f"s{i}", 1)])[0].node == "h100-sxm-0"  # Kubernetes' order: the first node
+    assert scored.allocate([claim("nvlink8", 8, match="dralloc.dev/nvlinkDomain")])[0].status == "allocated"
+    assert plain.allocate([claim("nvlink8", 8, match="dralloc.dev/nvlinkDomain")])[0].status == "unsatisfiable"

@@ -34,6 +34,7 @@ device's Kubernetes order.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
@@ -81,8 +82,12 @@ class Placement:
             return
         demand = _demand(plans)
         if sum(count for _, count in demand) < 2:
+            # one device gains nothing from NVLink: nodes without it first, so NVLink capacity
+            # stays for the claims that need several devices close together
+            nvlink = self.topology.nvlink_ranks
+            order = chain(self._fit_order(viable & ~nvlink), self._fit_order(viable & nvlink)) if viable & nvlink else self._fit_order(viable)
             later = []
-            for rank in self._fit_order(viable):
+            for rank in order:
                 name = names[rank]
                 if demand and not self._any_free(name, demand[0][0]):
                     if self.learn is not None:  # the engine does not try it now: remember what it matches

@@ -167,6 +167,20 @@ class Topology:
         self._nodes: dict[str, NodeTopology] = {}
         self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
+        self.nvlink_ranks = 0
+        """Ranks of the nodes with at least one device on an NVLink domain (kept as pools change)."""
+        inventory.on_pool_rebuilt.append(self._pool_rebuilt)
+
+    def _pool_rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
+        inv = self.inv
+        touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}  # type: ignore[attr-defined]
+        for node in touched:
+            bit = 1 << inv._see_node(node)
+            devices = (inv.devices[i] for i in iter_bits(inv.local.get(node, 0)))
+            if any(rec is not None and rec.attribute(NVLINK_DOMAIN) is not None for rec in devices):
+                self.nvlink_ranks |= bit
+            else:
+                self.nvlink_ranks &= ~bit
 
     def node(self, node: str | None) -> NodeTopology | None:
         """The node's topology (its node-local devices), built on first use after a change."""
