@@ -40,11 +40,14 @@ Consuming
     - handler raises anything else: redelivered after a short delay, and
       dead-lettered on the ``max_deliver``-th failure;
     - the process dies before acking: JetStream redelivers after ``ack_wait``,
-      so handlers must be idempotent.
+      so handlers must be idempotent; a message that never gets an ack in
+      ``max_deliver`` deliveries (it kills or hangs the consumer each time) is
+      dead-lettered too, from JetStream's max-deliveries advisory.
     ``durable=None`` makes an ephemeral consumer (state that is replayed, not
     tracked), optionally starting at ``start_seq``.
     ``events, last_seq = await bus.replay(stream)``: the last event per
     subject, as a snapshot (used to rebuild state at start).
+    ``await bus.dead_letters(limit)``: the most recent dead letters, with their reasons.
     ``await bus.key_value(bucket)``: a JetStream KV bucket, created if missing.
 
 Service shape (all four services follow it)
@@ -61,17 +64,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
 import shutil
 import signal
+import ssl
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -129,6 +135,20 @@ FETCH_WAIT_S = 1.0
 """Longest wait of one pull request, and so the longest a consumer takes to notice `stop`."""
 
 Handler = Callable[[Event], Awaitable[None]]
+
+
+class DeadLetter(msgspec.Struct, rename="camel", kw_only=True):
+    """A message a consumer could never process, as `dralloc get deadletters` shows it."""
+
+    sequence: int
+    stream: str
+    consumer: str
+    subject: str
+    """Where the message was published."""
+    original_sequence: int
+    reason: str
+    data: str
+    """The message as it was (UTF-8; undecodable bytes replaced)."""
 
 
 class Permanent(Exception):
@@ -232,6 +252,8 @@ class Bus:
                 log.warning("nats: %s", exc)
             elif isinstance(exc, ConnectionRefusedError) and (failures := failures + 1) >= INITIAL_REFUSALS:
                 raise exc  # nothing listens there: say so now rather than at the timeout
+            elif isinstance(exc, nats.errors.AuthorizationError | ssl.SSLError) or "authorization violation" in str(exc).lower():
+                raise exc  # wrong credentials or certificates do not get better by retrying
 
         try:
             # The client retries forever once connected (reconnects); the first connection
@@ -334,6 +356,14 @@ class Bus:
                 config.opt_start_seq = start_seq
         # An empty filter is the whole stream (INVENTORY has two subject trees).
         sub = await self.js.pull_subscribe(filter_subject or "", durable=durable, stream=stream, config=config)
+        exhausted = None
+        if durable is not None:
+            # A message whose every delivery ended without an ack (the process died, or hung past
+            # ack_wait, each time) is no longer delivered; JetStream says so in an advisory.
+            async def on_exhausted(advisory: Msg) -> None:
+                await self._exhausted(advisory, stream, consumer_name)
+
+            exhausted = await self.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}", cb=on_exhausted)
         try:
             while not stop.is_set():
                 try:
@@ -356,6 +386,9 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            if exhausted is not None:
+                with contextlib.suppress(Exception):
+                    await exhausted.unsubscribe()
 
     async def _process(self, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> None:
         delivered = msg.metadata.num_delivered
@@ -393,20 +426,32 @@ class Bus:
         await msg.ack()
 
     async def _dead_letter(self, msg: Msg, stream: str, consumer: str, reason: str) -> None:
+        await self._publish_dead_letter(stream, consumer, msg.metadata.sequence.stream, msg.subject, msg.data, reason)
+        await msg.term()
+
+    async def _exhausted(self, advisory: Msg, stream: str, consumer: str) -> None:
+        try:
+            info = json.loads(advisory.data)
+            seq, deliveries = int(info["stream_seq"]), int(info["deliveries"])
+            original = await self.js.get_msg(stream, seq)
+            reason = f"delivered {deliveries} times without an ack (the consumer died or timed out on each)"
+            await self._publish_dead_letter(stream, consumer, seq, original.subject or "", original.data or b"", reason)
+        except Exception as exc:  # a callback must not raise; the message stays in its stream
+            log.error("%s: could not dead-letter an exhausted message of %s: %s", consumer, stream, exc)
+
+    async def _publish_dead_letter(self, stream: str, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> None:
         reason = " ".join(reason.split())[:1000]  # a header value is one line
-        seq = msg.metadata.sequence.stream
-        log.error("%s: dead-lettered %s (stream %s seq %d): %s", consumer, msg.subject, stream, seq, reason)
+        log.error("%s: dead-lettered %s (stream %s seq %d): %s", consumer, subject, stream, seq, reason)
         await self.js.publish(
             f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}",
-            msg.data,
+            data,
             headers={
-                "Nats-Msg-Id": f"deadletter:{stream}:{consumer}:{seq}",
+                "Nats-Msg-Id": f"deadletter:{stream}:{consumer}:{seq}",  # several watchers: one letter
                 "Dralloc-Reason": reason,
-                "Dralloc-Subject": msg.subject,
+                "Dralloc-Subject": subject,
                 "Dralloc-Sequence": str(seq),
             },
         )
-        await msg.term()
 
     async def replay(self, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
         """The last decodable event per subject now in `stream`, in stream order, and the stream's last sequence."""
@@ -439,6 +484,30 @@ class Bus:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return found, last_seq
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The most recent dead letters (at most `limit`), oldest first."""
+        state = (await self.js.stream_info("DEADLETTER")).state
+        found = []
+        for seq in range(max(state.first_seq, state.last_seq - limit + 1), state.last_seq + 1):
+            try:
+                msg = await self.js.get_msg("DEADLETTER", seq)
+            except nats.js.errors.NotFoundError:
+                continue  # expired or deleted
+            headers = msg.headers or {}
+            _, _, stream, consumer = (msg.subject or "").split(".", 3)
+            found.append(
+                DeadLetter(
+                    sequence=seq,
+                    stream=events.decode_token(stream),
+                    consumer=events.decode_token(consumer),
+                    subject=headers.get("Dralloc-Subject", ""),
+                    original_sequence=int(headers.get("Dralloc-Sequence", "0") or 0),
+                    reason=headers.get("Dralloc-Reason", ""),
+                    data=(msg.data or b"").decode("utf-8", errors="replace"),
+                )
+            )
+        return found
 
     async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
         try:

@@ -205,6 +205,43 @@ def get_claims(
     render(statuses, output)
 
 
+@get_app.command("deadletters")
+def get_deadletters(
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    limit: int = typer.Option(50, "--limit", help="Show at most this many, the most recent."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+) -> None:
+    """Messages a service could never process (undecodable, invalid, or failing every time), with the reason."""
+    import asyncio
+
+    from dralloc.bus import Bus, BusError
+
+    if output not in ("table", "json"):
+        fail(f"--output must be table or json, not {output!r}")
+
+    async def fetch():
+        async with await Bus.connect(nats_url, name="get") as bus:
+            await bus.ensure_streams()
+            return await bus.dead_letters(limit)
+
+    try:
+        letters = asyncio.run(fetch())
+    except BusError as exc:
+        fail(str(exc), 1)
+    if output == "json":
+        import msgspec
+
+        print(msgspec.json.format(msgspec.json.encode({"deadLetters": letters}), indent=2).decode())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("SEQ", "CONSUMER", "SUBJECT", "REASON", box=None, header_style="bold", caption=f"{len(letters)} dead letters")
+    for d in letters:
+        table.add_row(str(d.sequence), f"{d.stream}/{d.consumer}", d.subject, d.reason)
+    Console().print(table)
+
+
 @app.command()
 def demo(
     examples: list[str] = typer.Option([], "-f", "--filename", help="Manifests to apply (default: the project's examples/)."),

@@ -209,3 +209,60 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered(bus: Bus):
+    await bus.publish(claim("poison"))
+    entered = asyncio.Event()
+
+    async def dies(event: ev.Event) -> None:
+        entered.set()
+        await asyncio.sleep(3600)  # the process dies here, never acking
+
+    for _ in range(2):  # two deliveries, two deaths
+        entered.clear()
+        stop = asyncio.Event()
+        task = asyncio.create_task(bus.consume("CLAIMS", dies, stop, durable="worker", ack_wait=0.5, max_deliver=2))
+        await asyncio.wait_for(entered.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    # The restarted consumer is no longer offered the message; it is dead-lettered and work goes on.
+    await bus.publish(claim("next"))
+    handled: list[ev.Event] = []
+
+    async def record(event: ev.Event) -> None:
+        handled.append(event)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(bus.consume("CLAIMS", record, stop, durable="worker", ack_wait=0.5, max_deliver=2))
+    async with asyncio.timeout(10):
+        while not handled or not (await bus.js.stream_info("DEADLETTER")).state.messages:
+            await asyncio.sleep(0.05)
+    stop.set()
+    await task
+    assert [e.claim.metadata.name for e in handled] == ["next"]
+    (letter,) = await dead_letters(bus)
+    assert letter.headers["Dralloc-Subject"] == "dra.claims.team-a.poison"
+    assert letter.headers["Dralloc-Reason"] == "delivered 2 times without an ack (the consumer died or timed out on each)"
+    assert ev.decode(letter.data).claim.metadata.name == "poison"
+
+
+async def test_dead_letters_are_listed_for_operators(bus: Bus, nats_url: str):
+    await bus.js.publish("dra.claims.team-a.junk", b"\x00not json")
+    await bus.publish(claim("fine"))
+    await run_until(bus, lambda seen: len(seen) == 1, durable="allocator")  # the junk came first
+    (letter,) = await bus.dead_letters()
+    assert (letter.stream, letter.consumer, letter.subject, letter.original_sequence) == ("CLAIMS", "allocator", "dra.claims.team-a.junk", 1)
+    assert letter.reason.startswith("not a dralloc event") and letter.data == "\x00not json"
+
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NATS_URL": nats_url}
+    dralloc = str(Path(sys.executable).parent / "dralloc")
+    out = await asyncio.to_thread(subprocess.run, [dralloc, "get", "deadletters", "-o", "json"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["deadLetters"][0]["subject"] == "dra.claims.team-a.junk"
