@@ -140,10 +140,8 @@ def _brute_force(fleet: dict, objects: list, spec: dict, node: str) -> bool:
     claim = claim_object(spec)
     options = []
     for r in spec["requests"]:
-        devs = _eligible(fleet, r, node)
-        shared = any(d["shared"] for d in devs)
-        combos = itertools.combinations_with_replacement(devs, r["count"]) if shared else itertools.combinations(devs, r["count"])
-        options.append([(r, c) for c in combos if all(d["shared"] or c.count(d) == 1 for d in c)])
+        # a device serves one request at most once, shared or not
+        options.append([(r, c) for c in itertools.combinations(_eligible(fleet, r, node), r["count"])])
     pool_of = {d["name"]: f"pool-{d['node']}" for d in fleet["devices"]}
     for choice in itertools.product(*options):
         results = []

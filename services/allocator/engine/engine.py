@@ -404,10 +404,10 @@ class Engine:
             report.filters += [FilterCount(filter=f, left=counts[f]) for f in FILTERS[4:]]
             if report.emptied_by is None:
                 for f in FILTERS[4:]:
-                    if counts[f] < need and not any(r.multi for r in out):
+                    if counts[f] < need:
                         report.emptied_by = f
                         break
-        if len(out) < need and not any(r.multi for r in out):
+        if len(out) < need:
             for f in FILTERS[4:]:
                 if counts[f] < need:
                     return out, consumed, f"only {counts[f]} device(s) left after the '{f}' filter, {need} wanted"

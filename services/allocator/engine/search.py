@@ -11,8 +11,9 @@ distinctAttribute constraint holds over every device it covers.
 - matchAttribute is solved by enumerating the value first (candidates are
   restricted to devices with that value), which turns the constraint into a
   filter instead of a source of backtracking.
-- Devices of one request are chosen as combinations in candidate order
-  (a shared device may repeat), never as permutations.
+- Devices of one request are chosen as combinations in candidate order,
+  never as permutations; a device serves one request at most once (a shared
+  device may serve several requests and claims).
 - Every change to the search state is undone exactly on backtrack.
 - A step budget bounds the work; running out raises `BudgetExceeded`.
 
@@ -141,22 +142,18 @@ class Search:
             return self._slot(i + 1)
         cands = slot.cands
         n = len(cands)
-        for j in range(start, n):
+        # a device serves one request once, even a shared one (as Kubernetes does);
+        # other requests, and other claims, may take more shares of it
+        for j in range(start, n - need + 1):
             rec = cands[j]
-            if not rec.multi and n - j < need and not self._repeatable_after(cands, j):
-                break
             self._tick()
             if not self._can_take(slot, rec):
                 continue
             self._take(slot, rec)
-            if self._choose(i, slot, need - 1, j if rec.multi else j + 1):
+            if self._choose(i, slot, need - 1, j + 1):
                 return True
             self._undo(slot, rec)
         return False
-
-    @staticmethod
-    def _repeatable_after(cands: list[DeviceRec], j: int) -> bool:
-        return any(rec.multi for rec in cands[j:])
 
     def _active(self, rec: DeviceRec) -> bool:
         """Whether the device already consumes its counters (in the ledger or in this unit)."""
@@ -252,4 +249,4 @@ class Search:
 
 
 def _enough(cands: list[DeviceRec], count: int) -> bool:
-    return len(cands) >= count or any(rec.multi for rec in cands)
+    return len(cands) >= count
