@@ -7,6 +7,11 @@ order: nodes by rank, devices by name). Gangs go through the same gang
 allocator both times (all-or-nothing inside one NVLink clique or rack); only
 the order of domains, nodes and devices differs.
 
+A third run models what a Kubernetes cluster does today beyond the DRA
+allocator: kube-scheduler filters the nodes that fit and picks one by its
+CPU/memory scores, in effect at random for devices (`random_node_*` keys;
+devices in Kubernetes' order, gangs as in the first-fit run).
+
 Fleet: 36 GB200 NVL72 trays (two racks of 18, one NVLink clique each),
 16 HGX H100 (two racks of 8, `dralloc.dev/rack`), 8 L40S PCIe servers (two
 sockets, PCIe switches, NICs), 4 A100 PCIe servers (NVLink-bridged pairs,
@@ -33,26 +38,60 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
-
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.gang import allocate_gang
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
-from dralloc.schemas.resource import CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector, ObjectMeta, ResourceClaim
+from dralloc.schemas.resource import (
+    CELDeviceSelector,
+    DeviceClass,
+    DeviceClassSpec,
+    DeviceSelector,
+    ObjectMeta,
+    ResourceClaim,
+)
 
-FLEET = [("gb200-nvl72", 36), ("h100-sxm", 16), ("l40s-pcie", 8), ("a100-pcie", 4), ("h200-sxm-mig", 4)]
+FLEET = [
+    ("gb200-nvl72", 36),
+    ("h100-sxm", 16),
+    ("l40s-pcie", 8),
+    ("a100-pcie", 4),
+    ("h200-sxm-mig", 4),
+]
 H100_RACK = 8
-PRODUCTS = {"gb200": "NVIDIA GB200", "h100": "NVIDIA H100 80GB HBM3", "l40s": "NVIDIA L40S", "a100": "NVIDIA A100 80GB PCIe", "h200": "NVIDIA H200"}
+PRODUCTS = {
+    "gb200": "NVIDIA GB200",
+    "h100": "NVIDIA H100 80GB HBM3",
+    "l40s": "NVIDIA L40S",
+    "a100": "NVIDIA A100 80GB PCIe",
+    "h200": "NVIDIA H200",
+}
 
 # (family, gpus, nics, mig profile, gang members, weight, mean duration)
 SHAPES = [
-    ("h100", 1, 0, None, 0, 14, 40), ("h100", 2, 0, None, 0, 8, 40), ("h100", 4, 0, None, 0, 5, 40), ("h100", 8, 0, None, 0, 3, 60),
-    ("h100", 1, 1, None, 0, 4, 40), ("h100", 2, 2, None, 0, 2, 40), ("h100", 8, 0, None, 3, 1, 60),
-    ("l40s", 1, 0, None, 0, 8, 40), ("l40s", 2, 0, None, 0, 4, 40), ("l40s", 4, 0, None, 0, 2, 40), ("l40s", 8, 0, None, 0, 1, 60),
+    ("h100", 1, 0, None, 0, 14, 40),
+    ("h100", 2, 0, None, 0, 8, 40),
+    ("h100", 4, 0, None, 0, 5, 40),
+    ("h100", 8, 0, None, 0, 3, 60),
+    ("h100", 1, 1, None, 0, 4, 40),
+    ("h100", 2, 2, None, 0, 2, 40),
+    ("h100", 8, 0, None, 3, 1, 60),
+    ("l40s", 1, 0, None, 0, 8, 40),
+    ("l40s", 2, 0, None, 0, 4, 40),
+    ("l40s", 4, 0, None, 0, 2, 40),
+    ("l40s", 8, 0, None, 0, 1, 60),
     ("l40s", 1, 1, None, 0, 2, 40),
-    ("gb200", 1, 0, None, 0, 12, 40), ("gb200", 2, 0, None, 0, 6, 40), ("gb200", 4, 0, None, 0, 4, 40), ("gb200", 1, 1, None, 0, 2, 40),
+    ("gb200", 1, 0, None, 0, 12, 40),
+    ("gb200", 2, 0, None, 0, 6, 40),
+    ("gb200", 4, 0, None, 0, 4, 40),
+    ("gb200", 1, 1, None, 0, 2, 40),
     ("gb200", 4, 0, None, 8, 2, 60),
-    ("a100", 1, 0, None, 0, 3, 40), ("a100", 2, 0, None, 0, 2, 40), ("a100", 4, 0, None, 0, 1, 40), ("a100", 1, 0, "1g.10gb", 0, 3, 30),
-    ("h200", 1, 0, "1g.18gb", 0, 8, 30), ("h200", 1, 0, "2g.35gb", 0, 4, 30), ("h200", 1, 0, "3g.71gb", 0, 2, 30),
+    ("a100", 1, 0, None, 0, 3, 40),
+    ("a100", 2, 0, None, 0, 2, 40),
+    ("a100", 4, 0, None, 0, 1, 40),
+    ("a100", 1, 0, "1g.10gb", 0, 3, 30),
+    ("h200", 1, 0, "1g.18gb", 0, 8, 30),
+    ("h200", 1, 0, "2g.35gb", 0, 4, 30),
+    ("h200", 1, 0, "3g.71gb", 0, 2, 30),
 ]
 
 CLASSES = {
@@ -61,7 +100,13 @@ CLASSES = {
     "nic.dra.net": "device.driver == 'dra.net'",
 }
 
-LEVELS = (("NVLink domain", "dralloc.dev/nvlinkDomain"), ("PCIe switch", "dralloc.dev/pcieSwitch"), ("PCIe root", "resource.kubernetes.io/pcieRoot"), ("NUMA node", "dralloc.dev/numaNode"), ("node", None))
+LEVELS = (
+    ("NVLink domain", "dralloc.dev/nvlinkDomain"),
+    ("PCIe switch", "dralloc.dev/pcieSwitch"),
+    ("PCIe root", "resource.kubernetes.io/pcieRoot"),
+    ("NUMA node", "dralloc.dev/numaNode"),
+    ("node", None),
+)
 
 
 @dataclass(slots=True)
@@ -88,19 +133,57 @@ def _claim(name: str, job: Job) -> ResourceClaim:
     product = PRODUCTS[job.family]
     requests = []
     if job.mig:
-        selectors = [f"device.attributes['gpu.nvidia.com'].profile == '{job.mig}'", f"device.attributes['gpu.nvidia.com'].productName == '{product}'"]
-        requests.append({"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com", "count": job.gpus, "selectors": [{"cel": {"expression": e}} for e in selectors]}})
+        selectors = [
+            f"device.attributes['gpu.nvidia.com'].profile == '{job.mig}'",
+            f"device.attributes['gpu.nvidia.com'].productName == '{product}'",
+        ]
+        requests.append(
+            {
+                "name": "mig",
+                "exactly": {
+                    "deviceClassName": "mig.nvidia.com",
+                    "count": job.gpus,
+                    "selectors": [{"cel": {"expression": e}} for e in selectors],
+                },
+            }
+        )
     else:
         selector = f"device.attributes['gpu.nvidia.com'].productName == '{product}'"
-        requests.append({"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": job.gpus, "selectors": [{"cel": {"expression": selector}}]}})
+        requests.append(
+            {
+                "name": "gpus",
+                "exactly": {
+                    "deviceClassName": "gpu.nvidia.com",
+                    "count": job.gpus,
+                    "selectors": [{"cel": {"expression": selector}}],
+                },
+            }
+        )
     if job.nics:
-        requests.append({"name": "nics", "exactly": {"deviceClassName": "nic.dra.net", "count": job.nics}})
-    return msgspec.convert({"metadata": {"name": name, "namespace": "bench", "uid": name}, "spec": {"devices": {"requests": requests}}}, ResourceClaim)
+        requests.append(
+            {
+                "name": "nics",
+                "exactly": {"deviceClassName": "nic.dra.net", "count": job.nics},
+            }
+        )
+    return msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "bench", "uid": name},
+            "spec": {"devices": {"requests": requests}},
+        },
+        ResourceClaim,
+    )
 
 
 GANG_SIZES = {"gb200": (2, 4, 6, 8), "h100": (2, 3)}
 """Members of a gang (trays of 4 GPUs in one NVL72 clique of 18; HGX nodes in one rack of 8)."""
-CAPACITY = {"gb200": 36 * 4, "h100": 16 * 8, "l40s": 8 * 8, "a100": 4 * 8, "h200": 4 * 8}
+CAPACITY = {
+    "gb200": 36 * 4,
+    "h100": 16 * 8,
+    "l40s": 8 * 8,
+    "a100": 4 * 8,
+    "h200": 4 * 8,
+}
 MIG_SHARE = {"1g.10gb": 1 / 8, "1g.18gb": 1 / 8, "2g.35gb": 2 / 8, "3g.71gb": 4 / 8}
 
 
@@ -114,7 +197,13 @@ def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
     for f in families:
         weights = [s[5] for s in shapes[f]]
         gpu_time = sum(
-            w * (MIG_SHARE[s[3]] if s[3] else s[1] * (sum(GANG_SIZES[f]) / len(GANG_SIZES[f]) if s[4] else 1)) * s[6]
+            w
+            * (
+                MIG_SHARE[s[3]]
+                if s[3]
+                else s[1] * (sum(GANG_SIZES[f]) / len(GANG_SIZES[f]) if s[4] else 1)
+            )
+            * s[6]
             for s, w in zip(shapes[f], weights)
         ) / sum(weights)
         rates[f] = load * CAPACITY[f] / gpu_time
@@ -124,10 +213,14 @@ def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
     for i in range(jobs):
         now += rng.expovariate(total)
         family = rng.choices(families, weights=[rates[f] for f in families])[0]
-        _, count, nics, mig, members, _, mean = rng.choices(shapes[family], weights=[s[5] for s in shapes[family]])[0]
+        _, count, nics, mig, members, _, mean = rng.choices(
+            shapes[family], weights=[s[5] for s in shapes[family]]
+        )[0]
         if members:
             members = rng.choice(GANG_SIZES[family])
-        out.append(Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members))
+        out.append(
+            Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members)
+        )
     return out
 
 
@@ -140,7 +233,16 @@ def fleet_engine(scoring: bool) -> Engine:
             h100 += 1
         engine.apply(node)
     for name, expression in CLASSES.items():
-        engine.apply(DeviceClass(metadata=ObjectMeta(name=name), spec=DeviceClassSpec(selectors=[DeviceSelector(cel=CELDeviceSelector(expression=expression))])))
+        engine.apply(
+            DeviceClass(
+                metadata=ObjectMeta(name=name),
+                spec=DeviceClassSpec(
+                    selectors=[
+                        DeviceSelector(cel=CELDeviceSelector(expression=expression))
+                    ]
+                ),
+            )
+        )
     for _, slices in build_fleet(FLEET):
         for s in slices:
             engine.apply(s)
@@ -152,7 +254,9 @@ def fleet_engine(scoring: bool) -> Engine:
 
 def _free(engine: Engine, rec) -> bool:
     ledger = engine.ledger
-    return not (ledger.used_bits >> rec.id) & 1 and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))
+    return not (ledger.used_bits >> rec.id) & 1 and (
+        not rec.consumes or ledger.active(rec) or ledger.counter_room(rec)
+    )
 
 
 def _wants(job: Job) -> list[tuple[int, object]]:
@@ -161,7 +265,11 @@ def _wants(job: Job) -> list[tuple[int, object]]:
 
     def gpu(rec) -> bool:
         attrs = rec.spec.attributes
-        return rec.driver == "gpu.nvidia.com" and attrs["type"].string == "gpu" and attrs["productName"].string == product
+        return (
+            rec.driver == "gpu.nvidia.com"
+            and attrs["type"].string == "gpu"
+            and attrs["productName"].string == product
+        )
 
     def nic(rec) -> bool:
         return rec.driver == "dra.net"
@@ -205,7 +313,10 @@ def best_level(engine: Engine, job: Job, by_node: dict[str, list]) -> int | None
 
 
 def shared_level(engine: Engine, outcome) -> int:
-    recs = [engine.inventory.by_key[(r.driver, r.pool, r.device)] for r in outcome.allocation.devices.results]
+    recs = [
+        engine.inventory.by_key[(r.driver, r.pool, r.device)]
+        for r in outcome.allocation.devices.results
+    ]
     for level, (_, attribute) in enumerate(LEVELS):
         values = {_value(r, attribute, outcome.node) for r in recs}
         if len(values) == 1 and None not in values:
@@ -241,14 +352,48 @@ def _weight(rec) -> float:
     return slices / 8
 
 
-def run(jobs: list[Job], scoring: bool) -> Result:
+def _random_node(
+    engine: Engine,
+    job: Job,
+    claims: list[ResourceClaim],
+    by_node: dict[str, list],
+    rng: random.Random,
+) -> list:
+    """kube-scheduler's shape: filter the nodes that have enough free matching devices, pick one
+    at random (it scores nodes by CPU/memory, not devices, and breaks ties at random), devices
+    first fit."""
+    wants = _wants(job) if not job.mig else []
+    fits = []
+    for node, recs in by_node.items():
+        if all(
+            sum(1 for r in recs if pred(r) and _free(engine, r)) >= n
+            for n, pred in wants
+        ):
+            fits.append(node)
+    rng.shuffle(fits)
+    outcome = None
+    for node in fits if wants else [None]:
+        (outcome,) = engine.allocate(claims, node=node)
+        if outcome.status == "allocated":
+            break
+    return [outcome] if outcome is not None else engine.allocate(claims)
+
+
+def run(
+    jobs: list[Job], scoring: bool, *, spread: random.Random | None = None
+) -> Result:
+    """One pass over the trace. `spread`: instead of the engine's node order, a random
+    node among those that fit (see `_random_node`), devices in Kubernetes' order."""
     engine = fleet_engine(scoring)
     by_node: dict[str, list] = {}
     total_gpus = 0
     for rec in engine.inventory.devices:
         if rec is not None and rec.local_node is not None:
             by_node.setdefault(rec.local_node, []).append(rec)
-            if rec.driver == "gpu.nvidia.com" and rec.spec.attributes["type"].string == "gpu":
+            if (
+                rec.driver == "gpu.nvidia.com"
+                and rec.spec.attributes["type"].string == "gpu"
+            ):
                 total_gpus += 1
     result = Result()
     used = 0.0
@@ -268,17 +413,35 @@ def run(jobs: list[Job], scoring: bool) -> Result:
         optimum = best_level(engine, job, by_node) if multi else None
         t0 = time.perf_counter()
         if job.members:
-            outcomes = allocate_gang(engine, claims, name=f"job-{job.index}", domain_label=None if job.family == "gb200" else "dralloc.dev/rack")
+            outcomes = allocate_gang(
+                engine,
+                claims,
+                name=f"job-{job.index}",
+                domain_label=None if job.family == "gb200" else "dralloc.dev/rack",
+            )
         else:
-            outcomes = engine.allocate(claims)
+            outcomes = (
+                _random_node(engine, job, claims, by_node, spread)
+                if spread is not None
+                else engine.allocate(claims)
+            )
         result.engine_seconds += time.perf_counter() - t0
         if all(o.status == "allocated" for o in outcomes):
-            weight = sum(_weight(engine.inventory.by_key[(r.driver, r.pool, r.device)]) for o in outcomes for r in o.allocation.devices.results)
+            weight = sum(
+                _weight(engine.inventory.by_key[(r.driver, r.pool, r.device)])
+                for o in outcomes
+                for r in o.allocation.devices.results
+            )
             used += weight
-            heapq.heappush(leaving, (job.at + job.duration, job.index, [o.claim for o in outcomes], weight))
+            heapq.heappush(
+                leaving,
+                (job.at + job.duration, job.index, [o.claim for o in outcomes], weight),
+            )
             if multi:
                 result.multi_device += 1
-                result.locality_optimal += optimum is not None and shared_level(engine, outcomes[0]) <= optimum
+                result.locality_optimal += (
+                    optimum is not None and shared_level(engine, outcomes[0]) <= optimum
+                )
         else:
             result.rejected += len(claims)
             if job.large:
@@ -295,17 +458,30 @@ def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
     work = trace(seed, jobs, load)
     scored = run(work, scoring=True)
     baseline = run(work, scoring=False)
+    scheduler = run(work, scoring=False, spread=random.Random(seed))
 
     def fraction(r: Result) -> float:
         return round(r.locality_optimal / r.multi_device, 4) if r.multi_device else 1.0
 
     def mean(r: Result) -> float:
-        return round(sum(r.utilization_samples) / len(r.utilization_samples), 4) if r.utilization_samples else 0.0
+        return (
+            round(sum(r.utilization_samples) / len(r.utilization_samples), 4)
+            if r.utilization_samples
+            else 0.0
+        )
 
     def first(r: Result) -> float | None:
-        return None if r.utilization_at_first_large_rejection is None else round(r.utilization_at_first_large_rejection, 4)
+        return (
+            None
+            if r.utilization_at_first_large_rejection is None
+            else round(r.utilization_at_first_large_rejection, 4)
+        )
 
-    fewer = 1 - scored.large_claims_rejected / baseline.large_claims_rejected if baseline.large_claims_rejected else 0.0
+    fewer = (
+        1 - scored.large_claims_rejected / baseline.large_claims_rejected
+        if baseline.large_claims_rejected
+        else 0.0
+    )
     return {
         "seed": seed,
         "nodes": sum(n for _, n in FLEET),
@@ -327,10 +503,19 @@ def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
         "baseline_utilization_at_first_large_rejection": first(baseline),
         "mean_utilization": mean(scored),
         "baseline_mean_utilization": mean(baseline),
+        "random_node_locality_optimal_fraction": fraction(scheduler),
+        "random_node_rejected": scheduler.rejected,
+        "random_node_large_claims_rejected": scheduler.large_claims_rejected,
+        "random_node_utilization_at_first_large_rejection": first(scheduler),
+        "random_node_mean_utilization": mean(scheduler),
         "engine_seconds": round(scored.engine_seconds, 3),
         "baseline_engine_seconds": round(baseline.engine_seconds, 3),
-        "units_per_second": round(scored.units / scored.engine_seconds, 1) if scored.engine_seconds else 0.0,
-        "baseline_units_per_second": round(baseline.units / baseline.engine_seconds, 1) if baseline.engine_seconds else 0.0,
+        "units_per_second": round(scored.units / scored.engine_seconds, 1)
+        if scored.engine_seconds
+        else 0.0,
+        "baseline_units_per_second": round(baseline.units / baseline.engine_seconds, 1)
+        if baseline.engine_seconds
+        else 0.0,
     }
 
 
@@ -338,4 +523,8 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(measure(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else 3000), indent=2))
+    print(
+        json.dumps(
+            measure(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else 3000), indent=2
+        )
+    )

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
 from dralloc.allocator.engine import Engine
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.manifests import load_paths
@@ -15,7 +14,10 @@ from dralloc.schemas.resource import DeviceClass, ResourceClaim
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 NIC_CLASS = msgspec.convert(
-    {"metadata": {"name": "nic"}, "spec": {"selectors": [{"cel": {"expression": "device.driver == 'dra.net'"}}]}},
+    {
+        "metadata": {"name": "nic"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'dra.net'"}}]},
+    },
     DeviceClass,
 )
 
@@ -33,15 +35,35 @@ def make_engine(spec: list[tuple[str, int]], *, scoring: bool = True) -> Engine:
     return engine
 
 
-def claim(name: str, gpus: int = 0, *, nics: int = 0, mig: str | None = None, match: str | None = None, annotations: dict | None = None) -> ResourceClaim:
+def claim(
+    name: str,
+    gpus: int = 0,
+    *,
+    nics: int = 0,
+    mig: str | None = None,
+    match: str | None = None,
+    annotations: dict | None = None,
+) -> ResourceClaim:
     requests = []
     if gpus:
         exactly: dict = {"deviceClassName": "gpu.nvidia.com", "count": gpus}
         if mig:
-            exactly = {"deviceClassName": "mig.nvidia.com", "count": gpus, "selectors": [{"cel": {"expression": f"device.attributes['gpu.nvidia.com'].profile == '{mig}'"}}]}
+            exactly = {
+                "deviceClassName": "mig.nvidia.com",
+                "count": gpus,
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f"device.attributes['gpu.nvidia.com'].profile == '{mig}'"
+                        }
+                    }
+                ],
+            }
         requests.append({"name": "gpus", "exactly": exactly})
     if nics:
-        requests.append({"name": "nics", "exactly": {"deviceClassName": "nic", "count": nics}})
+        requests.append(
+            {"name": "nics", "exactly": {"deviceClassName": "nic", "count": nics}}
+        )
     spec: dict = {"devices": {"requests": requests}}
     if match:
         spec["devices"]["constraints"] = [{"matchAttribute": match}]

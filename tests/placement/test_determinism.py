@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import claim, make_engine
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-import placement as bench  # noqa: E402
+import placement as bench
 
 FLEET = [("h100-sxm", 2), ("l40s-pcie", 2), ("a100-pcie", 1), ("gb200-nvl72", 4)]
 
@@ -31,7 +31,16 @@ def _churn(seed: int, scoring: bool = True) -> tuple[list, object]:
         else:
             c = claim(f"c{i}", rng.choice([1, 2, 4, 8]))
         outcome = engine.allocate([c])[0]
-        log.append((outcome.claim, outcome.status, outcome.node, sorted(r.device for r in outcome.allocation.devices.results) if outcome.allocation else None))
+        log.append(
+            (
+                outcome.claim,
+                outcome.status,
+                outcome.node,
+                sorted(r.device for r in outcome.allocation.devices.results)
+                if outcome.allocation
+                else None,
+            )
+        )
         if outcome.status == "allocated":
             live.append(outcome.claim)
     return log, engine
@@ -47,9 +56,13 @@ def test_scoring_keeps_every_allocation_valid():
         held: dict[tuple, str] = {}
         for key, record in engine.ledger.claims.items():
             for entry in record.entries:
-                assert entry.device not in held, f"{entry.device} held by {held.get(entry.device)} and {key}"
+                assert entry.device not in held, (
+                    f"{entry.device} held by {held.get(entry.device)} and {key}"
+                )
                 held[entry.device] = key
-            assert len({r.pool for r in record.allocation.devices.results}) <= 2  # one node: its GPU and NIC pools
+            assert (
+                len({r.pool for r in record.allocation.devices.results}) <= 2
+            )  # one node: its GPU and NIC pools
             assert {r.pool for r in record.allocation.devices.results} <= {record.node}
         for counter, used in engine.ledger.counter_used.items():
             pool = engine.inventory.pools[(counter[0], counter[1])]
@@ -59,7 +72,14 @@ def test_scoring_keeps_every_allocation_valid():
 
 def test_bench_trace_is_deterministic():
     jobs = bench.trace(seed=3, jobs=120)
-    assert [(j.family, j.gpus, j.nics, j.mig, j.members) for j in jobs] == [(j.family, j.gpus, j.nics, j.mig, j.members) for j in bench.trace(seed=3, jobs=120)]
+    assert [(j.family, j.gpus, j.nics, j.mig, j.members) for j in jobs] == [
+        (j.family, j.gpus, j.nics, j.mig, j.members)
+        for j in bench.trace(seed=3, jobs=120)
+    ]
     first, second = bench.run(jobs, scoring=True), bench.run(jobs, scoring=True)
-    assert (first.rejected, first.locality_optimal, first.multi_device) == (second.rejected, second.locality_optimal, second.multi_device)
+    assert (first.rejected, first.locality_optimal, first.multi_device) == (
+        second.rejected,
+        second.locality_optimal,
+        second.multi_device,
+    )
     assert first.multi_device and first.locality_optimal == first.multi_device

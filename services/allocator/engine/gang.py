@@ -65,7 +65,14 @@ def _demand(claim: ResourceClaim) -> int:
     return total
 
 
-def allocate_gang(engine: Engine, claims: Sequence[ResourceClaim], *, name: str = "", domain_label: str | None = None, explain: bool = False) -> list[Outcome]:
+def allocate_gang(
+    engine: Engine,
+    claims: Sequence[ResourceClaim],
+    *,
+    name: str = "",
+    domain_label: str | None = None,
+    explain: bool = False,
+) -> list[Outcome]:
     """Allocate every claim or none, all on nodes of one domain; one Outcome per claim, in order."""
     from dralloc.allocator.engine.engine import Outcome
 
@@ -77,11 +84,28 @@ def allocate_gang(engine: Engine, claims: Sequence[ResourceClaim], *, name: str 
         of = {n: "all nodes" for n in inv.nodes()}
     else:
         of, domains = placement.topology.domains(domain_label)
-    kind = "NVLink clique or rack" if domain_label is None else ("cluster" if domain_label == "" else f"{domain_label} domain")
-    held = {c.key: engine.ledger.claims[c.key] for c in claims if c.key in engine.ledger.claims}
+    kind = (
+        "NVLink clique or rack"
+        if domain_label is None
+        else ("cluster" if domain_label == "" else f"{domain_label} domain")
+    )
+    held = {
+        c.key: engine.ledger.claims[c.key]
+        for c in claims
+        if c.key in engine.ledger.claims
+    }
     pending = [c for c in claims if c.key not in held]
     if not pending:
-        return [Outcome(claim=c.key, status="allocated", node=held[c.key].node, allocation=held[c.key].allocation, message="already allocated") for c in claims]
+        return [
+            Outcome(
+                claim=c.key,
+                status="allocated",
+                node=held[c.key].node,
+                allocation=held[c.key].allocation,
+                message="already allocated",
+            )
+            for c in claims
+        ]
     fixed = {of.get(r.node or "") for r in held.values()}
     candidates = [d for d in domains if not held or d in fixed]
     need = sum(_demand(c) for c in pending)
@@ -90,10 +114,16 @@ def allocate_gang(engine: Engine, claims: Sequence[ResourceClaim], *, name: str 
     rank = inv.node_rank
     if placement.scoring:
         # best fit: the fullest domain with room; largest claims first (they are the hardest to fit)
-        candidates = sorted((d for d in candidates if room[d] >= need), key=lambda d: (room[d], rank[domains[d][0]]))
+        candidates = sorted(
+            (d for d in candidates if room[d] >= need),
+            key=lambda d: (room[d], rank[domains[d][0]]),
+        )
         pending = sorted(pending, key=lambda c: -_demand(c))
     else:
-        candidates = sorted((d for d in candidates if room[d] >= need), key=lambda d: rank[domains[d][0]])
+        candidates = sorted(
+            (d for d in candidates if room[d] >= need),
+            key=lambda d: rank[domains[d][0]],
+        )
     first_failure: str = ""
     for domain in candidates:
         placement.within = sum(1 << rank[n] for n in domains[domain])
@@ -116,7 +146,13 @@ def allocate_gang(engine: Engine, claims: Sequence[ResourceClaim], *, name: str 
                 o = by_key.get(c.key)
                 if o is None:
                     record = held[c.key]
-                    o = Outcome(claim=c.key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
+                    o = Outcome(
+                        claim=c.key,
+                        status="allocated",
+                        node=record.node,
+                        allocation=record.allocation,
+                        message="already allocated",
+                    )
                 else:
                     o.message = message
                 out.append(o)
@@ -124,15 +160,34 @@ def allocate_gang(engine: Engine, claims: Sequence[ResourceClaim], *, name: str 
         for outcome in placed:  # all or nothing: give back what this domain took
             engine.release(outcome.claim)
         if failure.status == "error":
-            return [Outcome(claim=c.key, status="error", message=f"gang {gang}: claim {failure.claim}: {failure.message}") for c in claims]
-        first_failure = first_failure or f"in {domain}, claim {failure.claim}: {failure.message}"
+            return [
+                Outcome(
+                    claim=c.key,
+                    status="error",
+                    message=f"gang {gang}: claim {failure.claim}: {failure.message}",
+                )
+                for c in claims
+            ]
+        first_failure = (
+            first_failure or f"in {domain}, claim {failure.claim}: {failure.message}"
+        )
     if not candidates:
-        why = f"no {kind} has {need} free devices" if domains else f"no node is in a {kind}"
+        why = (
+            f"no {kind} has {need} free devices"
+            if domains
+            else f"no node is in a {kind}"
+        )
     else:
         why = f"{len(candidates)} tried; {first_failure}"
     message = f"gang {gang}: cannot place all {len(pending)} pending claims inside one {kind} ({why}); none holds devices"
     return [
-        Outcome(claim=c.key, status="allocated", node=held[c.key].node, allocation=held[c.key].allocation, message="already allocated")
+        Outcome(
+            claim=c.key,
+            status="allocated",
+            node=held[c.key].node,
+            allocation=held[c.key].allocation,
+            message="already allocated",
+        )
         if c.key in held
         else Outcome(claim=c.key, status="unsatisfiable", message=message)
         for c in claims

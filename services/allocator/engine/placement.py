@@ -39,7 +39,18 @@ from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Ledger
-from dralloc.allocator.engine.topology import GPU, GROUP_LEVELS, NODE, NUMA, NVLINK, ROOT, SWITCH, NodeTopology, Topology, level_of
+from dralloc.allocator.engine.topology import (
+    GPU,
+    GROUP_LEVELS,
+    NODE,
+    NUMA,
+    NVLINK,
+    ROOT,
+    SWITCH,
+    NodeTopology,
+    Topology,
+    level_of,
+)
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.plan import Alt, ClaimPlan
@@ -53,7 +64,15 @@ Demand = list[tuple["Alt", int]]
 
 
 class Placement:
-    def __init__(self, inventory: Inventory, ledger: Ledger, verdicts: Verdicts, *, scoring: bool = True, learn: Callable | None = None) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        ledger: Ledger,
+        verdicts: Verdicts,
+        *,
+        scoring: bool = True,
+        learn: Callable | None = None,
+    ) -> None:
         self.inv = inventory
         self.ledger = ledger
         self.verdicts = verdicts
@@ -85,14 +104,24 @@ class Placement:
             # one device gains nothing from NVLink: nodes without it first, so NVLink capacity
             # stays for the claims that need several devices close together
             nvlink = self.topology.nvlink_ranks
-            order = chain(self._fit_order(viable & ~nvlink), self._fit_order(viable & nvlink)) if viable & nvlink else self._fit_order(viable)
+            order = (
+                chain(
+                    self._fit_order(viable & ~nvlink), self._fit_order(viable & nvlink)
+                )
+                if viable & nvlink
+                else self._fit_order(viable)
+            )
             later = []
             for rank in order:
                 name = names[rank]
                 if demand and not self._any_free(name, demand[0][0]):
-                    if self.learn is not None:  # the engine does not try it now: remember what it matches
+                    if (
+                        self.learn is not None
+                    ):  # the engine does not try it now: remember what it matches
                         self.learn(plans, name, self.inv.node_mask(name)[0])
-                    later.append(name)  # full for this request: tried last (another alternative may fit)
+                    later.append(
+                        name
+                    )  # full for this request: tried last (another alternative may fit)
                 else:
                     yield name
             yield from later
@@ -118,7 +147,9 @@ class Placement:
         free = self.ledger.free_local
         rank = self.inv.node_rank
         touched = [d for d, b in bits.items() if viable & b]
-        touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
+        touched.sort(
+            key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]])
+        )
         for domain in touched:
             yield from self._buckets(viable & bits[domain])
 
@@ -145,9 +176,13 @@ class Placement:
 
     def _any_free(self, node: str, alt: Alt) -> bool:
         mask, _ = self.inv.node_mask(node)
-        return bool(self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits)
+        return bool(
+            self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits
+        )
 
-    def _locality_order(self, plans: list[ClaimPlan], demand: Demand, viable: int) -> Iterator[str]:
+    def _locality_order(
+        self, plans: list[ClaimPlan], demand: Demand, viable: int
+    ) -> Iterator[str]:
         names = self.inv.node_names
         scanned: list[tuple[int, int, str]] = []
         unfit: list[str] = []
@@ -174,7 +209,9 @@ class Placement:
             yield names[rank]
         yield from unfit
 
-    def node_level(self, node: str, demand: Demand, *, free_only: bool = True) -> int | None:
+    def node_level(
+        self, node: str, demand: Demand, *, free_only: bool = True
+    ) -> int | None:
         """The tightest level at which one group of `node` has enough free devices for every
         request of the demand (NODE if only the node as a whole has), None if the node has not."""
         topo = self.topology.node(node)
@@ -188,7 +225,11 @@ class Placement:
     def _static_level(self, node: str, demand: Demand) -> int:
         """The best level the node's hardware could give the demand if it were free (cached)."""
         topo = self.topology.node(node)
-        key = (node, topo.stamp if topo else None, tuple((alt.verdict_key, count) for alt, count in demand))
+        key = (
+            node,
+            topo.stamp if topo else None,
+            tuple((alt.verdict_key, count) for alt, count in demand),
+        )
         if key not in self._static:
             if len(self._static) > 100_000:
                 self._static.clear()
@@ -196,7 +237,9 @@ class Placement:
         level = self._static[key]
         return NODE if level is None else level
 
-    def _counts(self, topo: NodeTopology, node: str, demand: Demand, free_only: bool) -> list[list[dict[int, int]]] | None:
+    def _counts(
+        self, topo: NodeTopology, node: str, demand: Demand, free_only: bool
+    ) -> list[list[dict[int, int]]] | None:
         """Per demand item, per level: group -> free matching devices (shared devices count as enough)."""
         inv, ledger = self.inv, self.ledger
         mask, _ = inv.node_mask(node)
@@ -214,7 +257,12 @@ class Placement:
                 groups = topo.groups.get(off + lo)
                 if rec is None or groups is None:
                     continue
-                if free_only and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+                if (
+                    free_only
+                    and rec.consumes
+                    and not ledger.active(rec)
+                    and not ledger.counter_room(rec)
+                ):
                     continue
                 if needs and any(rec.attribute(a) is None for a in needs):
                     continue  # a matchAttribute / distinctAttribute the device lacks
@@ -237,7 +285,12 @@ class Placement:
             return None
         topo = self.topology.node(node)
         demanding = [s for s in slots if not s.alt.all_mode]
-        if topo is None or topo.flat or not demanding or all(len(s.cands) <= 1 for s in demanding):
+        if (
+            topo is None
+            or topo.flat
+            or not demanding
+            or all(len(s.cands) <= 1 for s in demanding)
+        ):
             return None
         groups = topo.groups
         levels = range(len(GROUP_LEVELS))
@@ -245,7 +298,9 @@ class Placement:
         holds: list[set[int] | None] = [None] * len(GROUP_LEVELS)
         for slot in demanding:
             need = slot.alt.count
-            alike: dict[tuple[int, ...], int] = {}  # devices of one GPU/switch/... share a tuple
+            alike: dict[
+                tuple[int, ...], int
+            ] = {}  # devices of one GPU/switch/... share a tuple
             for rec in slot.cands:
                 g = groups.get(rec.id)
                 if g is not None:
@@ -269,7 +324,13 @@ class Placement:
             tight = vector.index(0) if 0 in vector else NODE
             fit = totals[tight][g[tight]] if tight != NODE else 0
             # best fit outward: the fullest NVLink domain, NUMA node, root, switch, GPU
-            coarse = (totals[NVLINK][g[NVLINK]], totals[NUMA][g[NUMA]], totals[ROOT][g[ROOT]], totals[SWITCH][g[SWITCH]], totals[GPU][g[GPU]])
+            coarse = (
+                totals[NVLINK][g[NVLINK]],
+                totals[NUMA][g[NUMA]],
+                totals[ROOT][g[ROOT]],
+                totals[SWITCH][g[SWITCH]],
+                totals[GPU][g[GPU]],
+            )
             return (vector, fit, coarse, g[tight] if tight != NODE else 0)
 
         def key(rec: DeviceRec) -> tuple:
@@ -291,25 +352,38 @@ class Placement:
 
     # --- words ---------------------------------------------------------------------------
 
-    def describe(self, node: str | None, chosen: list[DeviceRec], demand: Demand) -> list[str]:
+    def describe(
+        self, node: str | None, chosen: list[DeviceRec], demand: Demand
+    ) -> list[str]:
         """The chosen placement's score against the next best, in words (for `dralloc explain`)."""
         if not self.scoring:
-            return ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]
+            return [
+                "placement: scoring is off; the first valid devices in Kubernetes' order were taken"
+            ]
         topo = self.topology.node(node)
         if topo is None or not chosen:
             return []
         ids = [rec.id for rec in chosen]
-        lines = [f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, ids)}"]
+        lines = [
+            f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, ids)}"
+        ]
         if sum(c for _, c in demand) >= 2:
             level = level_of(topo, ids)
             best = self._static_level(node, demand)
             lines.append(
-                f"locality: {_WORDS[level]}" + (" (the tightest this node's hardware allows)" if level <= best else f" (the hardware allows {_WORDS[best]}, but not enough of it is free)")
+                f"locality: {_WORDS[level]}"
+                + (
+                    " (the tightest this node's hardware allows)"
+                    if level <= best
+                    else f" (the hardware allows {_WORDS[best]}, but not enough of it is free)"
+                )
             )
         other = self._next_best(node, demand)
         if other is not None:
             name, level = other
-            lines.append(f"next best: node {name}: {_WORDS[level]}; {self._fullness(name, demand, [])}")
+            lines.append(
+                f"next best: node {name}: {_WORDS[level]}; {self._fullness(name, demand, [])}"
+            )
         else:
             lines.append("next best: none; no other node could hold it now")
         return lines
@@ -319,7 +393,11 @@ class Placement:
             g = topo.groups.get(ids[0])
             if g is None:
                 return "one device"
-            parts = [topo.names[level][g[level]] for level in (SWITCH, NUMA) if g[level] in topo.names[level]]
+            parts = [
+                topo.names[level][g[level]]
+                for level in (SWITCH, NUMA)
+                if g[level] in topo.names[level]
+            ]
             return "one device" + (f" (on {', '.join(parts)})" if parts else "")
         words = []
         for level, same, differ in (
@@ -329,13 +407,21 @@ class Placement:
             (NUMA, "same NUMA node", "{n} NUMA nodes"),
         ):
             seen = {topo.groups[i][level] for i in ids if i in topo.groups}
-            named = all(topo.groups[i][level] in topo.names[level] for i in ids if i in topo.groups)
+            named = all(
+                topo.groups[i][level] in topo.names[level]
+                for i in ids
+                if i in topo.groups
+            )
             if len(seen) == 1 and named:
                 name = topo.names[level][seen.pop()]
                 words.append(f"{same} ({name})")
                 if level in (SWITCH, ROOT):
                     break  # the coarser PCIe levels follow
-            elif level != NVLINK or any(topo.groups[i][NVLINK] in topo.names[NVLINK] for i in ids if i in topo.groups):
+            elif level != NVLINK or any(
+                topo.groups[i][NVLINK] in topo.names[NVLINK]
+                for i in ids
+                if i in topo.groups
+            ):
                 words.append(differ.format(n=len(seen)))
         return ", ".join(words) or "same node"
 
@@ -362,7 +448,10 @@ class Placement:
             rec = self.inv.devices[i]
             if rec is None:
                 continue
-            if i in mine or (not (ledger.used_bits >> i) & 1 and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))):
+            if i in mine or (
+                not (ledger.used_bits >> i) & 1
+                and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))
+            ):
                 n += 1
         return n
 
@@ -372,7 +461,9 @@ class Placement:
             return None
         total = sum(c for _, c in demand)
         best: tuple[int, int, str] | None = None
-        for n, rank in enumerate(self._fit_order(-1 & ((1 << len(self.inv.node_names)) - 1))):
+        for n, rank in enumerate(
+            self._fit_order(-1 & ((1 << len(self.inv.node_names)) - 1))
+        ):
             name = self.inv.node_names[rank]
             if name == chosen:
                 continue
@@ -414,7 +505,9 @@ def demand_of(plans: list[ClaimPlan]) -> Demand:
     return _demand(plans)
 
 
-def _tightest(topo: NodeTopology, counts: list[list[dict[int, int]]], demand: Demand) -> int:
+def _tightest(
+    topo: NodeTopology, counts: list[list[dict[int, int]]], demand: Demand
+) -> int:
     named = topo.names[NVLINK]
     for pos in GROUP_LEVELS:
         candidates: set[int] | None = None

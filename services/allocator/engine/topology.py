@@ -28,12 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import networkx as nx
-
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
-LEVEL_NAMES = ("physical GPU", "NVLink domain", "PCIe switch", "PCIe root", "NUMA node", "node")
+LEVEL_NAMES = (
+    "physical GPU",
+    "NVLink domain",
+    "PCIe switch",
+    "PCIe root",
+    "NUMA node",
+    "node",
+)
 GROUP_LEVELS = (GPU, NVLINK, SWITCH, ROOT, NUMA)
 
 NVLINK_DOMAIN = "dralloc.dev/nvlinkDomain"
@@ -47,7 +53,13 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 RACK_LABEL = "dralloc.dev/rack"
 
 # Which edge levels make a level's groups (PCIe levels accumulate, see above).
-_EDGES = {GPU: {GPU}, NVLINK: {NVLINK}, SWITCH: {SWITCH}, ROOT: {SWITCH, ROOT}, NUMA: {SWITCH, ROOT, NUMA}}
+_EDGES = {
+    GPU: {GPU},
+    NVLINK: {NVLINK},
+    SWITCH: {SWITCH},
+    ROOT: {SWITCH, ROOT},
+    NUMA: {SWITCH, ROOT, NUMA},
+}
 
 
 @dataclass(slots=True)
@@ -79,7 +91,12 @@ def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
         attr = attrs.get(own)
         if attr is not None and attr.string:
             out.append((GPU, ("uuid", rec.driver, attr.string)))
-    for level, name in ((NVLINK, NVLINK_DOMAIN), (SWITCH, PCIE_SWITCH), (ROOT, PCIE_ROOT), (NUMA, NUMA_NODE)):
+    for level, name in (
+        (NVLINK, NVLINK_DOMAIN),
+        (SWITCH, PCIE_SWITCH),
+        (ROOT, PCIE_ROOT),
+        (NUMA, NUMA_NODE),
+    ):
         value = rec.attribute(name)
         if value is not None:
             out.append((level, value[1]))
@@ -102,7 +119,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
     alike: dict[tuple, list[int]] = {}
     for rec in recs:
         alike.setdefault(tuple(sorted(set(_hubs(rec)), key=repr)), []).append(rec.id)
-    if list(alike) == [()]:  # no topology published at all: every device alone, no graph needed
+    if list(alike) == [
+        ()
+    ]:  # no topology published at all: every device alone, no graph needed
         n = len(recs)
         return NodeTopology(
             node=node, stamp=stamp, groups={rec.id: (i,) * len(GROUP_LEVELS) for i, rec in enumerate(recs)},
@@ -145,7 +164,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
                 index += 1
         names.append(level_names)
         sizes.append(level_sizes)
-    cliques = sorted({v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None})
+    cliques = sorted(
+        {v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None}
+    )
     return NodeTopology(
         node=node,
         stamp=stamp,
@@ -165,7 +186,9 @@ class Topology:
     def __init__(self, inventory: Inventory) -> None:
         self.inv = inventory
         self._nodes: dict[str, NodeTopology] = {}
-        self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
+        self._domains: dict[
+            str | None, tuple[int, dict[str, str], dict[str, list[str]]]
+        ] = {}
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
         self.nvlink_ranks = 0
         """Ranks of the nodes with at least one device on an NVLink domain (kept as pools change)."""
@@ -173,11 +196,18 @@ class Topology:
 
     def _pool_rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
         inv = self.inv
-        touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}  # type: ignore[attr-defined]
+        touched = {
+            rec.local_node
+            for rec in (*pool.devices, *old_devices)
+            if rec.local_node is not None
+        }  # type: ignore[attr-defined]
         for node in touched:
             bit = 1 << inv._see_node(node)
             devices = (inv.devices[i] for i in iter_bits(inv.local.get(node, 0)))
-            if any(rec is not None and rec.attribute(NVLINK_DOMAIN) is not None for rec in devices):
+            if any(
+                rec is not None and rec.attribute(NVLINK_DOMAIN) is not None
+                for rec in devices
+            ):
                 self.nvlink_ranks |= bit
             else:
                 self.nvlink_ranks &= ~bit
@@ -195,7 +225,9 @@ class Topology:
             topo = self._nodes[node] = build_node(node, recs, stamp)
         return topo
 
-    def domains(self, label: str | None = None) -> tuple[dict[str, str], dict[str, list[str]]]:
+    def domains(
+        self, label: str | None = None
+    ) -> tuple[dict[str, str], dict[str, list[str]]]:
         """(node -> domain, domain -> nodes in rank order) for the multi-node domains.
 
         `label` None: the NVLink clique (a device's `dralloc.dev/nvlinkClique`,
@@ -225,7 +257,9 @@ class Topology:
             hubs = sorted(str(v[1]) for v in comp if v[0] != "node")
             if not hubs:
                 continue
-            nodes = sorted((v[1] for v in comp if v[0] == "node"), key=lambda n: rank[n])
+            nodes = sorted(
+                (v[1] for v in comp if v[0] == "node"), key=lambda n: rank[n]
+            )
             members[hubs[0]] = nodes
             for n in nodes:
                 of[n] = hubs[0]
