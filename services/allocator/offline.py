@@ -49,6 +49,11 @@ def run(paths: Sequence[str | Path], *, node: str | None = None, together: bool 
     nodes = sorted((o for _, o in objects if isinstance(o, Node)), key=lambda n: n.metadata.name)
     classes = [o for _, o in objects if isinstance(o, DeviceClass)]
     slices = sorted((o for _, o in objects if isinstance(o, ResourceSlice)), key=lambda s: (s.spec.driver, s.spec.pool.name, s.metadata.name))
+    # nodes are tried in name order, also those known only from a slice's or device's nodeName
+    names = {n.metadata.name for n in nodes}
+    for s in slices:
+        names.update(x for x in [s.spec.node_name, *(d.node_name for d in s.spec.devices)] if x)
+    engine.inventory.register_nodes(sorted(names))
     for obj in [*nodes, *classes, *slices]:
         for problem in validate(obj):
             warnings.append(f"{obj.kind}/{obj.metadata.name}: {problem}")

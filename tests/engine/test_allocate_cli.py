@@ -149,3 +149,25 @@ def test_bench_workloads_build_what_they_promise():
     assert all(c.spec.devices.constraints for c in fleet.claims if c.spec.devices.requests[0].exactly.count > 1)
     perf = module.kube_perf_500()
     assert perf.devices == 5000 and len(perf.claims) == 5000
+
+
+def test_nodes_known_only_from_slices_are_tried_in_name_order(tmp_path: Path):
+    docs = [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}},
+        # pool "a" lives on node-b, pool "b" on node-a: slice order and node-name order disagree
+        *[
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{pool}-slice"},
+                "spec": {"driver": "gpu.example.com", "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "nodeName": node, "devices": [{"name": "gpu-0"}]},
+            }
+            for pool, node in (("a", "node-b"), ("b", "node-a"))
+        ],
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}},
+    ]
+    path = tmp_path / "in.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    result = _invoke("allocate", "-f", str(path), "-o", "json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["results"][0]["node"] == "node-a"

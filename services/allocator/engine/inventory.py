@@ -234,6 +234,12 @@ class Inventory:
             self.node_names.append(name)
         return rank
 
+    def register_nodes(self, names: list[str]) -> None:
+        """Fix the order of nodes about to be loaded (the engine tries nodes in the order
+        first seen): a caller loading a whole inventory passes every name, sorted."""
+        for name in names:
+            self._see_node(name)
+
     def apply_node(self, node: Node) -> None:
         name = node.metadata.name
         self._see_node(name)
