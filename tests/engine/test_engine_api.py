@@ -193,3 +193,10 @@ def test_explain_on_failure_names_the_emptying_filter():
     (request,) = outcome.explanation.nodes[0].requests
     assert request.emptied_by == "in use"
     assert {f.filter: f.left for f in request.filters}["node"] == 2
+
+
+def test_cel_length_limit_is_an_error_naming_the_limit():
+    engine = _engine(_slice("node-1", GPUS))
+    long = " || ".join(['device.driver == "x"'] * 600)  # over 10 KiB
+    (outcome,) = engine.allocate([_claim("a", selectors=[{"cel": {"expression": long}}])])
+    assert outcome.status == "error" and "too long" in outcome.message and "10240" in outcome.message

@@ -159,7 +159,7 @@ def _brute_force(fleet: dict, objects: list, spec: dict, node: str) -> bool:
     return False
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fleet=fleets(), specs=claim_specs())
 def test_random_fleets_and_claims(fleet: dict, specs: list[dict]):
     objects = build(fleet)
@@ -191,7 +191,7 @@ def test_random_fleets_and_claims(fleet: dict, specs: list[dict]):
     assert _ledger_state(engine) == initial
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(fleet=fleets(), specs=claim_specs())
 def test_together_is_all_or_nothing_and_valid(fleet: dict, specs: list[dict]):
     objects = build(fleet)
