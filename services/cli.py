@@ -442,7 +442,7 @@ def bench_engine(
 def bench_placement(
     seed: int = typer.Option(42, "--seed", help="Seed of the churn trace."),
     jobs: int = typer.Option(3000, "--jobs", help="Arrivals in the trace (claims and gangs)."),
-    load: float = typer.Option(1.0, "--load", help="Offered load: 1.0 offers about the fleet's GPUs."),
+    load: float = typer.Option(0.9, "--load", help="Offered load per GPU family: 1.0 offers as much GPU time as it has."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """A seeded churn trace over a 68-node mixed fleet, run with topology/best-fit scoring and with
