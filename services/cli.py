@@ -113,9 +113,16 @@ def _serve(name: str, module: str, nats_url: str | None, **overrides: object) ->
 
 
 @run_app.command("discovery")
-def run_discovery(nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP)) -> None:
+def run_discovery(
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    source: str = typer.Option(None, "--source", help="nvml (default), profile, replay or fleet."),
+    profile: str = typer.Option(None, "--profile", help="Hardware profile to simulate (--source profile)."),
+    fleet: str = typer.Option(None, "--fleet", help="Fleet file of simulated nodes (--source fleet)."),
+    node: str = typer.Option(None, "--node", help="Node name (default: $NODE_NAME, else the hostname)."),
+    interval: float = typer.Option(None, "--interval", help="Seconds between rescans (NVML and replay)."),
+) -> None:
     """Publish this node's ResourceSlices (NVML, or simulated nodes from hardware profiles)."""
-    _serve("discovery", "dralloc.discovery.service", nats_url)
+    _serve("discovery", "dralloc.discovery.service", nats_url, source=source, profile=profile, fleet=fleet, node=node, interval=interval)
 
 
 @run_app.command("ingestor")
