@@ -65,7 +65,6 @@ class DeviceRec:
     local_node: str | None  # set for node-local devices (slice or per-device nodeName)
     node_selector: NodeSelector | None
     all_nodes: bool
-    per_device: bool
     taints: tuple[DeviceTaint, ...]  # only the effects that need a toleration
     consumes: tuple[tuple[CounterKey, int], ...]
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
@@ -117,7 +116,6 @@ class Pool:
     invalid: str | None = None
     devices: list[DeviceRec] = field(default_factory=list)
     counters: dict[CounterKey, int] = field(default_factory=dict)
-    bits: int = 0
 
     @property
     def label(self) -> str:
@@ -376,7 +374,6 @@ class Inventory:
                     local_node=local or None,
                     node_selector=selector,
                     all_nodes=all_nodes,
-                    per_device=per_device,
                     taints=tuple(t for t in device.taints if t.effect in _TOLERATION_NEEDED),
                     consumes=tuple(
                         ((pool.driver, pool.name, c.counter_set, name), parse_quantity(v.value))
@@ -391,7 +388,6 @@ class Inventory:
                 self.devices.append(rec)
                 pool.devices.append(rec)
                 self._index(rec)
-                pool.bits |= 1 << rec.id
 
     def _index(self, rec: DeviceRec) -> None:
         bit = 1 << rec.id
