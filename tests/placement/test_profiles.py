@@ -230,3 +230,14 @@ def test_single_gpu_claims_leave_nvlink_nodes_to_multi_gpu_claims():
         ].status
         == "unsatisfiable"
     )
+
+
+def test_strict_placement_fails_rather_than_cross_a_switch():
+    engine = make_engine([("l40s-pcie", 1)])
+    for i in range(8):
+        devices(engine.allocate([claim(f"s{i}", 1)])[0])
+    for i in (1, 3, 5, 7):
+        engine.release(f"default/s{i}")  # one free GPU under each switch
+    strict = engine.allocate([claim("strict", 2, match="dralloc.dev/pcieSwitch")])[0]
+    assert strict.status == "unsatisfiable"
+    assert devices(engine.allocate([claim("preferred", 2)])[0]) == ["gpu-1", "gpu-3"]  # same NUMA node: the best left
