@@ -200,3 +200,12 @@ def test_cel_length_limit_is_an_error_naming_the_limit():
     long = " || ".join(['device.driver == "x"'] * 600)  # over 10 KiB
     (outcome,) = engine.allocate([_claim("a", selectors=[{"cel": {"expression": long}}])])
     assert outcome.status == "error" and "too long" in outcome.message and "10240" in outcome.message
+
+
+def test_explain_counts_every_usable_device_before_the_node_filter():
+    engine = _engine(_slice("node-1", GPUS), _slice("node-2", GPUS))
+    (outcome,) = engine.allocate([_claim("a", count=3)], node="node-1")
+    (request,) = outcome.explanation.nodes[0].requests
+    counts = {f.filter: f.left for f in request.filters}
+    assert (counts["pool"], counts["class"], counts["selectors"], counts["node"]) == (4, 4, 4, 2)
+    assert request.emptied_by == "node"

@@ -50,6 +50,9 @@ Status = Literal["allocated", "unsatisfiable", "error"]
 DEFAULT_BUDGET = 500_000
 """Search steps (device or value trials) per allocation unit before giving up with an error."""
 
+EXPLAIN_GLOBAL_MAX = 4096
+"""Up to this many usable devices, `explain` counts class and selector matches over all of them."""
+
 FILTERS = ("pool", "class", "selectors", "node", "in use", "counters", "capacity", "taints", "constraints")
 """The candidate filters, in the order they are applied (what `explain` counts)."""
 
@@ -530,14 +533,21 @@ class Engine:
 
     # --- explanations --------------------------------------------------------------------
 
-    def _report(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node_filter: bool, node: str | None = None) -> tuple[RequestReport, list[DeviceRec]]:
-        inv = self.inventory
+    def _report(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node: str | None = None) -> tuple[RequestReport, list[DeviceRec]]:
+        """Devices left after each filter for one request on one node. The first counts
+        (pool, class, selectors) cover every usable device, or in an inventory over
+        EXPLAIN_GLOBAL_MAX devices only the node's (selectors are evaluated lazily)."""
         report = RequestReport(claim=plan.key, request=alt.result_name, wanted="all" if alt.all_mode else str(alt.count))
-        live = inv.live
-        cls = self.verdicts.class_only(alt, live if not node_filter else mask)
-        full = self.verdicts.get(alt, live if not node_filter else mask)
-        counts = [("pool", live.bit_count()), ("class", (cls.matched & live).bit_count()), ("selectors", (full.matched & live).bit_count())]
-        counts.append(("node", (full.matched & live & mask).bit_count()))
+        live = self.inventory.live
+        universe = live if live.bit_count() <= EXPLAIN_GLOBAL_MAX else mask & live
+        cls = self.verdicts.class_only(alt, universe)
+        full = self.verdicts.get(alt, universe)
+        counts = [
+            ("pool", universe.bit_count()),
+            ("class", (cls.matched & universe).bit_count()),
+            ("selectors", (full.matched & universe).bit_count()),
+            ("node", (full.matched & universe & mask).bit_count()),
+        ]
         report.filters = [FilterCount(filter=f, left=n) for f, n in counts]
         need = 1 if alt.all_mode else alt.count
         for f, n in counts:
@@ -565,7 +575,7 @@ class Engine:
             for plan in plans:
                 for request in plan.requests:
                     for alt in request.alts:
-                        report.requests.append(self._report(plan, alt, mask, order, node_filter=True, node=candidate)[0])
+                        report.requests.append(self._report(plan, alt, mask, order, node=candidate)[0])
             explanation.nodes.append(report)
         return explanation
 
@@ -573,7 +583,7 @@ class Engine:
         mask, order = self._mask(node)
         report = NodeReport(node=node, verdict="allocated: the first devices in candidate order (driver/pool/slice/device) that satisfy every constraint")
         for slot in slots:
-            request, _ = self._report(plan, slot.alt, mask, order, node_filter=True, node=node)
+            request, _ = self._report(plan, slot.alt, mask, order, node=node)
             request.devices = [rec.label for rec in slot.chosen]
             report.requests.append(request)
         chosen = [rec for slot in slots for rec in slot.chosen]
