@@ -51,19 +51,11 @@ def claim(
             exactly = {
                 "deviceClassName": "mig.nvidia.com",
                 "count": gpus,
-                "selectors": [
-                    {
-                        "cel": {
-                            "expression": f"device.attributes['gpu.nvidia.com'].profile == '{mig}'"
-                        }
-                    }
-                ],
+                "selectors": [{"cel": {"expression": f"device.attributes['gpu.nvidia.com'].profile == '{mig}'"}}],
             }
         requests.append({"name": "gpus", "exactly": exactly})
     if nics:
-        requests.append(
-            {"name": "nics", "exactly": {"deviceClassName": "nic", "count": nics}}
-        )
+        requests.append({"name": "nics", "exactly": {"deviceClassName": "nic", "count": nics}})
     spec: dict = {"devices": {"requests": requests}}
     if match:
         spec["devices"]["constraints"] = [{"matchAttribute": match}]

@@ -36,9 +36,7 @@ def _churn(seed: int, scoring: bool = True) -> tuple[list, object]:
                 outcome.claim,
                 outcome.status,
                 outcome.node,
-                sorted(r.device for r in outcome.allocation.devices.results)
-                if outcome.allocation
-                else None,
+                sorted(r.device for r in outcome.allocation.devices.results) if outcome.allocation else None,
             )
         )
         if outcome.status == "allocated":
@@ -56,13 +54,9 @@ def test_scoring_keeps_every_allocation_valid():
         held: dict[tuple, str] = {}
         for key, record in engine.ledger.claims.items():
             for entry in record.entries:
-                assert entry.device not in held, (
-                    f"{entry.device} held by {held.get(entry.device)} and {key}"
-                )
+                assert entry.device not in held, f"{entry.device} held by {held.get(entry.device)} and {key}"
                 held[entry.device] = key
-            assert (
-                len({r.pool for r in record.allocation.devices.results}) <= 2
-            )  # one node: its GPU and NIC pools
+            assert len({r.pool for r in record.allocation.devices.results}) <= 2  # one node: its GPU and NIC pools
             assert {r.pool for r in record.allocation.devices.results} <= {record.node}
         for counter, used in engine.ledger.counter_used.items():
             pool = engine.inventory.pools[(counter[0], counter[1])]
@@ -72,10 +66,7 @@ def test_scoring_keeps_every_allocation_valid():
 
 def test_bench_trace_is_deterministic():
     jobs = bench.trace(seed=3, jobs=120)
-    assert [(j.family, j.gpus, j.nics, j.mig, j.members) for j in jobs] == [
-        (j.family, j.gpus, j.nics, j.mig, j.members)
-        for j in bench.trace(seed=3, jobs=120)
-    ]
+    assert [(j.family, j.gpus, j.nics, j.mig, j.members) for j in jobs] == [(j.family, j.gpus, j.nics, j.mig, j.members) for j in bench.trace(seed=3, jobs=120)]
     first, second = bench.run(jobs, scoring=True), bench.run(jobs, scoring=True)
     assert (first.rejected, first.locality_optimal, first.multi_device) == (
         second.rejected,
@@ -83,3 +74,27 @@ def test_bench_trace_is_deterministic():
         second.multi_device,
     )
     assert first.multi_device and first.locality_optimal == first.multi_device
+
+
+def test_free_devices_per_kind_stay_in_step_with_the_ledger():
+    log, engine = _churn(5)
+    from dralloc.allocator.engine.placement import kind_of
+
+    inv, used = engine.inventory, engine.ledger.used_bits
+    expected: dict = {}
+    for rec in inv.devices:
+        if rec is not None and rec.local_node is not None and not rec.multi:
+            key = (kind_of(rec), rec.local_node)
+            expected[key] = expected.get(key, 0) + (not (used >> rec.id) & 1)
+    kinds = engine.placement.kinds
+    assert {(k, n): v for k, nodes in kinds.free.items() for n, v in nodes.items()} == expected
+    for kind, nodes in kinds.free.items():
+        for node, free in nodes.items():
+            bit = 1 << inv.node_rank[node]
+            assert all(bool(kinds.ge[kind][k] & bit) == (k <= free) for k in range(1, len(kinds.ge[kind])))
+    # a pool rebuilt (its slice published again) is counted again from the ledger
+    gpu_slices = [s for s in engine.inventory.slices.values() if s.spec.pool.name == "h100-sxm-0" and s.spec.devices]
+    before = dict(kinds.free[("gpu.nvidia.com", "gpu")])
+    for s in gpu_slices:
+        engine.apply(s)
+    assert kinds.free[("gpu.nvidia.com", "gpu")] == before

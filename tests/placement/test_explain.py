@@ -10,18 +10,9 @@ def test_explain_compares_the_choice_with_the_next_best_node():
     devices(engine.allocate([claim("one", 1)])[0])  # gpu-0 on l40s-pcie-0
     outcome = engine.allocate([claim("pair", 2)], explain=True)[0]
     notes = outcome.explanation.notes
-    assert (
-        notes[0]
-        == "placement on node l40s-pcie-0: same PCIe switch (l40s-pcie-0/pcie-switch-1); node 12% full (1 of 8 matching devices in use before)"
-    )
-    assert (
-        notes[1]
-        == "locality: same PCIe switch (the tightest this node's hardware allows)"
-    )
-    assert (
-        notes[2]
-        == "next best: node l40s-pcie-1: same PCIe switch; node 0% full (0 of 8 matching devices in use before)"
-    )
+    assert notes[0] == "placement on node l40s-pcie-0: same PCIe switch (l40s-pcie-0/pcie-switch-1); node 12% full (1 of 8 matching devices in use before)"
+    assert notes[1] == "locality: same PCIe switch (the tightest this node's hardware allows)"
+    assert notes[2] == "next best: node l40s-pcie-1: same PCIe switch; node 0% full (0 of 8 matching devices in use before)"
 
 
 def test_explain_says_when_the_hardware_allowed_better():
@@ -41,6 +32,4 @@ def test_explain_says_when_the_hardware_allowed_better():
 def test_explain_with_scoring_off_says_so():
     engine = make_engine([("l40s-pcie", 1)], scoring=False)
     outcome = engine.allocate([claim("pair", 2)], explain=True)[0]
-    assert outcome.explanation.notes == [
-        "placement: scoring is off; the first valid devices in Kubernetes' order were taken"
-    ]
+    assert outcome.explanation.notes == ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]

@@ -24,9 +24,7 @@ def _held(engine, gang: list) -> list[str]:
 
 def test_two_gangs_compete_for_one_clique_one_wins_whole_the_other_waits_whole():
     for scoring in (True, False):
-        engine = make_engine(
-            [("gb200-nvl72", 18)], scoring=scoring
-        )  # one NVL72 rack: 72 GPUs
+        engine = make_engine([("gb200-nvl72", 18)], scoring=scoring)  # one NVL72 rack: 72 GPUs
         a, b = _members("a", 10, 4), _members("b", 10, 4)
         won = allocate_gang(engine, a, name="a")
         assert [o.status for o in won] == ["allocated"] * 10
@@ -41,9 +39,7 @@ def test_two_gangs_compete_for_one_clique_one_wins_whole_the_other_waits_whole()
         engine.release("default/single")
         for o in won:
             engine.release(o.claim)
-        assert [o.status for o in allocate_gang(engine, b, name="b")] == [
-            "allocated"
-        ] * 10
+        assert [o.status for o in allocate_gang(engine, b, name="b")] == ["allocated"] * 10
 
 
 def test_gang_stays_inside_one_clique_and_prefers_the_fuller_one():
@@ -51,9 +47,7 @@ def test_gang_stays_inside_one_clique_and_prefers_the_fuller_one():
     for i in range(3):
         devices(engine.allocate([claim(f"s{i}", 4)])[0])
     racks = {n.metadata.name: n.metadata.labels["dralloc.dev/rack"] for n in _nodes(36)}
-    assert {racks[r.node] for r in engine.ledger.claims.values()} == {
-        "gb200-nvl72-rack-0"
-    }
+    assert {racks[r.node] for r in engine.ledger.claims.values()} == {"gb200-nvl72-rack-0"}
     # 15 trays are free in rack 0 and 18 in rack 1: a 15-tray gang takes rack 0 (best fit)
     small = allocate_gang(engine, _members("small", 15, 4), name="small")
     assert {racks[o.node] for o in small} == {"gb200-nvl72-rack-0"}
@@ -61,9 +55,7 @@ def test_gang_stays_inside_one_clique_and_prefers_the_fuller_one():
     big = allocate_gang(engine, _members("big", 16, 4), name="big")
     assert {racks[o.node] for o in big} == {"gb200-nvl72-rack-1"}
     # and a gang bigger than any clique's free room waits, though 2 + 0 trays are free in total
-    assert {
-        o.status for o in allocate_gang(engine, _members("late", 3, 4), name="late")
-    } == {"unsatisfiable"}
+    assert {o.status for o in allocate_gang(engine, _members("late", 3, 4), name="late")} == {"unsatisfiable"}
 
 
 def _nodes(n: int) -> list[Node]:
@@ -87,12 +79,8 @@ def test_gang_by_node_label_rack():
                 )
             )
         )
-    devices(
-        engine.allocate([claim("x", 1)])[0]
-    )  # h100-sxm-0 (rack r0) is no longer whole
-    gang = allocate_gang(
-        engine, _members("job", 2, 8), name="job", domain_label="dralloc.dev/rack"
-    )
+    devices(engine.allocate([claim("x", 1)])[0])  # h100-sxm-0 (rack r0) is no longer whole
+    gang = allocate_gang(engine, _members("job", 2, 8), name="job", domain_label="dralloc.dev/rack")
     assert sorted(o.node for o in gang) == ["h100-sxm-2", "h100-sxm-3"]
     assert "r1" in gang[0].message
 

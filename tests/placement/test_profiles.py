@@ -100,12 +100,8 @@ def test_hgx_sizes(count, expected):
 def test_hgx_pair_after_fragmentation_keeps_one_switch():
     engine = make_engine([("h100-sxm", 1)])
     for name in ("a", "b", "c"):
-        devices(
-            engine.allocate([claim(name, 1)])[0]
-        )  # gpu-0, gpu-1 (fills switch 0), gpu-2
-    assert engine.release(
-        "default/b"
-    )  # gpu-1 free again: switch 0 has one, switch 1 has one
+        devices(engine.allocate([claim(name, 1)])[0])  # gpu-0, gpu-1 (fills switch 0), gpu-2
+    assert engine.release("default/b")  # gpu-1 free again: switch 0 has one, switch 1 has one
     assert devices(engine.allocate([claim("pair", 2)])[0]) == ["gpu-4", "gpu-5"]
 
 
@@ -113,9 +109,7 @@ def test_a100_pairs_stay_on_one_nvlink_bridge():
     engine = make_engine([("a100-pcie", 1)])
     devices(engine.allocate([claim("a", 1)])[0])  # gpu-0
     assert devices(engine.allocate([claim("pair", 2)])[0]) == ["gpu-2", "gpu-3"]
-    assert devices(engine.allocate([claim("b", 1)])[0]) == [
-        "gpu-1"
-    ]  # completes bridge 0
+    assert devices(engine.allocate([claim("b", 1)])[0]) == ["gpu-1"]  # completes bridge 0
 
 
 def test_a100_strict_pair_with_match_attribute_takes_the_best_fit_bridge():
@@ -123,9 +117,7 @@ def test_a100_strict_pair_with_match_attribute_takes_the_best_fit_bridge():
     devices(engine.allocate([claim("a", 1)])[0])  # gpu-0; NUMA 1 untouched
     devices(engine.allocate([claim("b", 1)])[0])  # gpu-1
     # bridges 1 (NUMA 0), 2 and 3 (NUMA 1) are free: the fuller NUMA 0 first
-    got = devices(
-        engine.allocate([claim("pair", 2, match="dralloc.dev/nvlinkDomain")])[0]
-    )
+    got = devices(engine.allocate([claim("pair", 2, match="dralloc.dev/nvlinkDomain")])[0])
     assert got == ["gpu-2", "gpu-3"]
 
 
@@ -157,9 +149,7 @@ def test_mig_slices_pack_onto_a_partitioned_gpu():
     assert first[0].startswith("gpu-0-mig-") and second[0].startswith("gpu-0-mig-")
     # a whole GPU then skips the partitioned gpu-0, and the next 1g slice still packs onto gpu-0
     assert devices(engine.allocate([claim("whole", 1)])[0]) == ["gpu-1"]
-    assert devices(engine.allocate([claim("m3", 1, mig="1g.10gb")])[0])[0].startswith(
-        "gpu-0-mig-"
-    )
+    assert devices(engine.allocate([claim("m3", 1, mig="1g.10gb")])[0])[0].startswith("gpu-0-mig-")
 
 
 def test_mig_packs_onto_the_gpu_already_partitioned_even_when_it_is_not_first():
@@ -172,12 +162,8 @@ def test_mig_packs_onto_the_gpu_already_partitioned_even_when_it_is_not_first():
         devices(engine.allocate([claim("m1", 1, mig="1g.10gb")])[0])  # a slice on gpu-1
         assert engine.release("default/w0")
     # Kubernetes' order opens gpu-0 again; scored packs gpu-1
-    assert devices(plain.allocate([claim("m2", 1, mig="1g.10gb")])[0])[0].startswith(
-        "gpu-0-mig-"
-    )
-    assert devices(scored.allocate([claim("m2", 1, mig="1g.10gb")])[0])[0].startswith(
-        "gpu-1-mig-"
-    )
+    assert devices(plain.allocate([claim("m2", 1, mig="1g.10gb")])[0])[0].startswith("gpu-0-mig-")
+    assert devices(scored.allocate([claim("m2", 1, mig="1g.10gb")])[0])[0].startswith("gpu-1-mig-")
 
 
 def test_best_fit_node_keeps_a_whole_node_for_an_eight_gpu_claim():
@@ -212,24 +198,10 @@ def test_single_gpu_claims_leave_nvlink_nodes_to_multi_gpu_claims():
         make_engine([("h100-sxm", 1), ("l40s-pcie", 1)], scoring=False),
     )
     for i in range(8):
-        assert (
-            scored.allocate([claim(f"s{i}", 1)])[0].node == "l40s-pcie-0"
-        )  # any GPU will do: not NVLink
-        assert (
-            plain.allocate([claim(f"s{i}", 1)])[0].node == "h100-sxm-0"
-        )  # Kubernetes' order: the first node
-    assert (
-        scored.allocate([claim("nvlink8", 8, match="dralloc.dev/nvlinkDomain")])[
-            0
-        ].status
-        == "allocated"
-    )
-    assert (
-        plain.allocate([claim("nvlink8", 8, match="dralloc.dev/nvlinkDomain")])[
-            0
-        ].status
-        == "unsatisfiable"
-    )
+        assert scored.allocate([claim(f"s{i}", 1)])[0].node == "l40s-pcie-0"  # any GPU will do: not NVLink
+        assert plain.allocate([claim(f"s{i}", 1)])[0].node == "h100-sxm-0"  # Kubernetes' order: the first node
+    assert scored.allocate([claim("nvlink8", 8, match="dralloc.dev/nvlinkDomain")])[0].status == "allocated"
+    assert plain.allocate([claim("nvlink8", 8, match="dralloc.dev/nvlinkDomain")])[0].status == "unsatisfiable"
 
 
 def test_strict_placement_fails_rather_than_cross_a_switch():

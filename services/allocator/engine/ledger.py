@@ -17,6 +17,7 @@ the counters describe the hardware partition, which exists once).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool
@@ -53,6 +54,7 @@ class Ledger:
         self.counter_used: dict[CounterKey, int] = {}
         self.free_local: dict[str, int] = {}  # node -> free exclusive node-local devices
         self.free_ge: list[int] = [0]  # k -> bitset of node ranks with at least k free
+        self.on_charge: list[Callable[[DeviceRec, int], None]] = []  # (device, +1 taken / -1 freed): placement's indexes
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
 
     # --- queries -----------------------------------------------------------------------
@@ -130,6 +132,8 @@ class Ledger:
         if not rec.multi and rec.local_node is not None:
             self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - sign)
         self._counters(rec, sign)
+        for callback in self.on_charge:
+            callback(rec, sign)
 
     def _counters(self, rec: DeviceRec, sign: int) -> None:
         used = self.counter_used

@@ -81,6 +81,7 @@ class Placement:
         """The engine's per-node match memory (`learn(plans, node, mask)`): nodes scored here
         are remembered as the engine's own attempts are, so later units skip those that cannot serve."""
         self.topology = Topology(inventory)
+        self.kinds = KindIndex(inventory, ledger)
         self.within: int | None = None
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
         self._static: dict[tuple, int | None] = {}
@@ -104,59 +105,60 @@ class Placement:
             # one device gains nothing from NVLink: nodes without it first, so NVLink capacity
             # stays for the claims that need several devices close together
             nvlink = self.topology.nvlink_ranks
-            order = (
-                chain(
-                    self._fit_order(viable & ~nvlink), self._fit_order(viable & nvlink)
-                )
-                if viable & nvlink
-                else self._fit_order(viable)
-            )
+            kind = self._kind(demand)
+            order = chain(self._fit_order(viable & ~nvlink, kind), self._fit_order(viable & nvlink, kind)) if viable & nvlink else self._fit_order(viable, kind)
             later = []
             for rank in order:
                 name = names[rank]
                 if demand and not self._any_free(name, demand[0][0]):
-                    if (
-                        self.learn is not None
-                    ):  # the engine does not try it now: remember what it matches
+                    if self.learn is not None:  # the engine does not try it now: remember what it matches
                         self.learn(plans, name, self.inv.node_mask(name)[0])
-                    later.append(
-                        name
-                    )  # full for this request: tried last (another alternative may fit)
+                    later.append(name)  # full for this request: tried last (another alternative may fit)
                 else:
                     yield name
             yield from later
             return
         yield from self._locality_order(plans, demand, viable)
 
-    def _fit_order(self, viable: int) -> Iterator[int]:
+    def _kind(self, demand: Demand) -> tuple[str, str] | None:
+        """The kind of device the unit's first request takes (from a device it is known to match)."""
+        if not demand:
+            return None
+        matched = self.verdicts.get(demand[0][0], 0).matched
+        rec = self.inv.devices[matched.bit_length() - 1] if matched else None
+        return kind_of(rec) if rec is not None else None
+
+    def _fit_order(self, viable: int, kind: tuple[str, str] | None = None) -> Iterator[int]:
         """Known node ranks in best-fit order.
 
         Nodes outside any multi-node domain first, then domain by domain, the
         fullest domain first (fewest free devices): small claims concentrate
         where a domain is already broken, so whole cliques and racks stay free
-        for gangs. Inside each, the fullest nodes first."""
+        for gangs. Inside each, the fullest nodes first. Free devices are
+        counted of the claim's `kind` (GPUs for a GPU claim, not its node's
+        NICs), or of every kind when it is not known yet."""
+        if kind is not None and kind in self.kinds.ge:
+            free_ge, free = self.kinds.ge[kind], self.kinds.free[kind]
+        else:
+            free_ge, free = self.ledger.free_ge, self.ledger.free_local
         of, members = self.topology.domains()
         if not of:
-            yield from self._buckets(viable)
+            yield from self._buckets(viable, free_ge)
             return
         bits = self.topology.domain_bits()
         inside = 0
         for b in bits.values():
             inside |= b
-        yield from self._buckets(viable & ~inside)
-        free = self.ledger.free_local
+        yield from self._buckets(viable & ~inside, free_ge)
         rank = self.inv.node_rank
         touched = [d for d, b in bits.items() if viable & b]
-        touched.sort(
-            key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]])
-        )
+        touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
         for domain in touched:
-            yield from self._buckets(viable & bits[domain])
+            yield from self._buckets(viable & bits[domain], free_ge)
 
-    def _buckets(self, viable: int) -> Iterator[int]:
-        """Known node ranks of `viable`, fewest free exclusive devices first (the ledger's
-        buckets: free_ge[k] holds the nodes with at least k free), then rank; lazily."""
-        free_ge = self.ledger.free_ge
+    def _buckets(self, viable: int, free_ge: list[int]) -> Iterator[int]:
+        """Known node ranks of `viable`, fewest free exclusive devices first (buckets:
+        free_ge[k] holds the nodes with at least k free), then rank; lazily."""
         names = self.inv.node_names
         known = self.inv.node_known
         top = len(free_ge)
@@ -176,17 +178,13 @@ class Placement:
 
     def _any_free(self, node: str, alt: Alt) -> bool:
         mask, _ = self.inv.node_mask(node)
-        return bool(
-            self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits
-        )
+        return bool(self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits)
 
-    def _locality_order(
-        self, plans: list[ClaimPlan], demand: Demand, viable: int
-    ) -> Iterator[str]:
+    def _locality_order(self, plans: list[ClaimPlan], demand: Demand, viable: int) -> Iterator[str]:
         names = self.inv.node_names
         scanned: list[tuple[int, int, str]] = []
         unfit: list[str] = []
-        order = self._fit_order(viable)
+        order = self._fit_order(viable, self._kind(demand))
         for rank in order:
             name = names[rank]
             if self.learn is not None:
@@ -209,9 +207,7 @@ class Placement:
             yield names[rank]
         yield from unfit
 
-    def node_level(
-        self, node: str, demand: Demand, *, free_only: bool = True
-    ) -> int | None:
+    def node_level(self, node: str, demand: Demand, *, free_only: bool = True) -> int | None:
         """The tightest level at which one group of `node` has enough free devices for every
         request of the demand (NODE if only the node as a whole has), None if the node has not."""
         topo = self.topology.node(node)
@@ -237,9 +233,7 @@ class Placement:
         level = self._static[key]
         return NODE if level is None else level
 
-    def _counts(
-        self, topo: NodeTopology, node: str, demand: Demand, free_only: bool
-    ) -> list[list[dict[int, int]]] | None:
+    def _counts(self, topo: NodeTopology, node: str, demand: Demand, free_only: bool) -> list[list[dict[int, int]]] | None:
         """Per demand item, per level: group -> free matching devices (shared devices count as enough)."""
         inv, ledger = self.inv, self.ledger
         mask, _ = inv.node_mask(node)
@@ -257,12 +251,7 @@ class Placement:
                 groups = topo.groups.get(off + lo)
                 if rec is None or groups is None:
                     continue
-                if (
-                    free_only
-                    and rec.consumes
-                    and not ledger.active(rec)
-                    and not ledger.counter_room(rec)
-                ):
+                if free_only and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
                     continue
                 if needs and any(rec.attribute(a) is None for a in needs):
                     continue  # a matchAttribute / distinctAttribute the device lacks
@@ -285,12 +274,7 @@ class Placement:
             return None
         topo = self.topology.node(node)
         demanding = [s for s in slots if not s.alt.all_mode]
-        if (
-            topo is None
-            or topo.flat
-            or not demanding
-            or all(len(s.cands) <= 1 for s in demanding)
-        ):
+        if topo is None or topo.flat or not demanding or all(len(s.cands) <= 1 for s in demanding):
             return None
         groups = topo.groups
         levels = range(len(GROUP_LEVELS))
@@ -298,9 +282,7 @@ class Placement:
         holds: list[set[int] | None] = [None] * len(GROUP_LEVELS)
         for slot in demanding:
             need = slot.alt.count
-            alike: dict[
-                tuple[int, ...], int
-            ] = {}  # devices of one GPU/switch/... share a tuple
+            alike: dict[tuple[int, ...], int] = {}  # devices of one GPU/switch/... share a tuple
             for rec in slot.cands:
                 g = groups.get(rec.id)
                 if g is not None:
@@ -352,38 +334,26 @@ class Placement:
 
     # --- words ---------------------------------------------------------------------------
 
-    def describe(
-        self, node: str | None, chosen: list[DeviceRec], demand: Demand
-    ) -> list[str]:
+    def describe(self, node: str | None, chosen: list[DeviceRec], demand: Demand) -> list[str]:
         """The chosen placement's score against the next best, in words (for `dralloc explain`)."""
         if not self.scoring:
-            return [
-                "placement: scoring is off; the first valid devices in Kubernetes' order were taken"
-            ]
+            return ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]
         topo = self.topology.node(node)
         if topo is None or not chosen:
             return []
         ids = [rec.id for rec in chosen]
-        lines = [
-            f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, ids)}"
-        ]
+        lines = [f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, ids)}"]
         if sum(c for _, c in demand) >= 2:
             level = level_of(topo, ids)
             best = self._static_level(node, demand)
             lines.append(
                 f"locality: {_WORDS[level]}"
-                + (
-                    " (the tightest this node's hardware allows)"
-                    if level <= best
-                    else f" (the hardware allows {_WORDS[best]}, but not enough of it is free)"
-                )
+                + (" (the tightest this node's hardware allows)" if level <= best else f" (the hardware allows {_WORDS[best]}, but not enough of it is free)")
             )
         other = self._next_best(node, demand)
         if other is not None:
             name, level = other
-            lines.append(
-                f"next best: node {name}: {_WORDS[level]}; {self._fullness(name, demand, [])}"
-            )
+            lines.append(f"next best: node {name}: {_WORDS[level]}; {self._fullness(name, demand, [])}")
         else:
             lines.append("next best: none; no other node could hold it now")
         return lines
@@ -393,11 +363,7 @@ class Placement:
             g = topo.groups.get(ids[0])
             if g is None:
                 return "one device"
-            parts = [
-                topo.names[level][g[level]]
-                for level in (SWITCH, NUMA)
-                if g[level] in topo.names[level]
-            ]
+            parts = [topo.names[level][g[level]] for level in (SWITCH, NUMA) if g[level] in topo.names[level]]
             return "one device" + (f" (on {', '.join(parts)})" if parts else "")
         words = []
         for level, same, differ in (
@@ -407,21 +373,13 @@ class Placement:
             (NUMA, "same NUMA node", "{n} NUMA nodes"),
         ):
             seen = {topo.groups[i][level] for i in ids if i in topo.groups}
-            named = all(
-                topo.groups[i][level] in topo.names[level]
-                for i in ids
-                if i in topo.groups
-            )
+            named = all(topo.groups[i][level] in topo.names[level] for i in ids if i in topo.groups)
             if len(seen) == 1 and named:
                 name = topo.names[level][seen.pop()]
                 words.append(f"{same} ({name})")
                 if level in (SWITCH, ROOT):
                     break  # the coarser PCIe levels follow
-            elif level != NVLINK or any(
-                topo.groups[i][NVLINK] in topo.names[NVLINK]
-                for i in ids
-                if i in topo.groups
-            ):
+            elif level != NVLINK or any(topo.groups[i][NVLINK] in topo.names[NVLINK] for i in ids if i in topo.groups):
                 words.append(differ.format(n=len(seen)))
         return ", ".join(words) or "same node"
 
@@ -448,10 +406,7 @@ class Placement:
             rec = self.inv.devices[i]
             if rec is None:
                 continue
-            if i in mine or (
-                not (ledger.used_bits >> i) & 1
-                and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))
-            ):
+            if i in mine or (not (ledger.used_bits >> i) & 1 and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))):
                 n += 1
         return n
 
@@ -461,9 +416,7 @@ class Placement:
             return None
         total = sum(c for _, c in demand)
         best: tuple[int, int, str] | None = None
-        for n, rank in enumerate(
-            self._fit_order(-1 & ((1 << len(self.inv.node_names)) - 1))
-        ):
+        for n, rank in enumerate(self._fit_order(-1 & ((1 << len(self.inv.node_names)) - 1))):
             name = self.inv.node_names[rank]
             if name == chosen:
                 continue
@@ -489,6 +442,61 @@ _WORDS = {
 }
 
 
+def kind_of(rec: DeviceRec) -> tuple[str, str]:
+    """A device's kind for best fit: its driver and NVIDIA-style `type` (gpu, mig, nic, ...)."""
+    attr = rec.spec.attributes.get("type")
+    return (rec.driver, attr.string if attr is not None and attr.string else "")
+
+
+class KindIndex:
+    """Free exclusive node-local devices per kind and node, and per kind the bitsets of node
+    ranks with at least k free (the ledger's `free_ge`, by kind). Kept in step with the
+    ledger (its `on_charge` hook) and with pool rebuilds, so best fit reads it per claim for free."""
+
+    def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
+        self.inv = inventory
+        self.ledger = ledger
+        self.free: dict[tuple[str, str], dict[str, int]] = {}
+        self.ge: dict[tuple[str, str], list[int]] = {}
+        ledger.on_charge.append(self._charge)
+        inventory.on_pool_rebuilt.append(self._rebuilt)  # after the ledger's own (registered first)
+
+    def _charge(self, rec: DeviceRec, sign: int) -> None:
+        if rec.multi or rec.local_node is None:
+            return
+        kind = kind_of(rec)
+        self._set(kind, rec.local_node, self.free.get(kind, {}).get(rec.local_node, 0) - sign)
+
+    def _rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
+        inv, used = self.inv, self.ledger.used_bits
+        for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:  # type: ignore[attr-defined]
+            counts: dict[tuple[str, str], int] = {}
+            for i in iter_bits(inv.local.get(node, 0)):
+                rec = inv.devices[i]
+                if rec is not None and not rec.multi:
+                    kind = kind_of(rec)
+                    counts[kind] = counts.get(kind, 0) + (not (used >> i) & 1)
+            for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
+                self._set(kind, node, counts.get(kind, 0))
+
+    def _set(self, kind: tuple[str, str], node: str, new: int) -> None:
+        free = self.free.setdefault(kind, {})
+        ge = self.ge.setdefault(kind, [0])
+        old = free.get(node, 0)
+        free[node] = new
+        if new == old:
+            return
+        bit = 1 << self.inv._see_node(node)
+        while len(ge) <= max(new, old):
+            ge.append(0)
+        if new > old:
+            for k in range(old + 1, new + 1):
+                ge[k] |= bit
+        else:
+            for k in range(new + 1, old + 1):
+                ge[k] &= ~bit
+
+
 def _demand(plans: list[ClaimPlan]) -> Demand:
     """What the unit needs, per request: its first alternative and count (All and admin
     requests take what there is and are not scored)."""
@@ -505,9 +513,7 @@ def demand_of(plans: list[ClaimPlan]) -> Demand:
     return _demand(plans)
 
 
-def _tightest(
-    topo: NodeTopology, counts: list[list[dict[int, int]]], demand: Demand
-) -> int:
+def _tightest(topo: NodeTopology, counts: list[list[dict[int, int]]], demand: Demand) -> int:
     named = topo.names[NVLINK]
     for pos in GROUP_LEVELS:
         candidates: set[int] | None = None
