@@ -158,10 +158,22 @@ def test_engine_picks_the_first_node_with_room():
 
 
 def test_search_budget_ends_in_an_error():
-    # 12 devices with 6 NUMA values, 7 distinct values wanted: a search with no answer
+    # 12 partitions of one counter set that holds 6: any 7 exhaust it, which only a search finds out
+    counters = [{"name": "chip", "counters": {"units": {"value": "6"}}}]
+    devices = [{"name": f"part-{i:02d}", "consumesCounters": [{"counterSet": "chip", "counters": {"units": {"value": "1"}}}]} for i in range(12)]
+    engine = _engine(_slice("node-1", devices, counters=counters))
+    engine.budget = 50
+    (outcome,) = engine.allocate([_claim("wide", count=7)], node="node-1")
+    assert outcome.status == "error" and "search budget of 50 steps" in outcome.message
+    engine.budget = 1_000_000
+    (outcome,) = engine.allocate([_claim("wide", count=7)], node="node-1")
+    assert outcome.status == "unsatisfiable"
+
+
+def test_distinct_attribute_short_of_values_fails_without_searching():
     devices = [{"name": f"gpu-{i:02d}", "attributes": {"numa": {"int": i % 6}}} for i in range(12)]
     engine = _engine(_slice("node-1", devices))
-    engine.budget = 50
+    engine.budget = 50  # far too small to search 12-choose-7 combinations
     claim = msgspec.convert(
         {
             "metadata": {"name": "wide", "namespace": "ns"},
@@ -169,9 +181,6 @@ def test_search_budget_ends_in_an_error():
         },
         ResourceClaim,
     )
-    (outcome,) = engine.allocate([claim], node="node-1")
-    assert outcome.status == "error" and "search budget of 50 steps" in outcome.message
-    engine.budget = 1_000_000
     (outcome,) = engine.allocate([claim], node="node-1")
     assert outcome.status == "unsatisfiable"
 

@@ -64,6 +64,15 @@ class Search:
     # --- entry ---------------------------------------------------------------------------
 
     def run(self) -> bool:
+        # pigeonhole: a distinctAttribute needs as many values as the devices it covers
+        wanted: dict[int, tuple[Constraint, int, set]] = {}
+        for slot in self.slots:
+            for cid, constraint in slot.distinct:
+                _, need, values = wanted.setdefault(cid, (constraint, 0, set()))
+                values.update(rec.attribute(constraint.attribute) for rec in slot.cands)
+                wanted[cid] = (constraint, need + (len(slot.cands) if slot.alt.all_mode else slot.alt.count), values)
+        if any(len(values) < need for _, need, values in wanted.values()):
+            return False
         return self._match(0, [s.cands for s in self.slots])
 
     def _tick(self) -> None:
