@@ -158,16 +158,43 @@ def test_engine_picks_the_first_node_with_room():
 
 
 def test_search_budget_ends_in_an_error():
-    # 12 partitions of one counter set that holds 6: any 7 exhaust it, which only a search finds out
-    counters = [{"name": "chip", "counters": {"units": {"value": "6"}}}]
-    devices = [{"name": f"part-{i:02d}", "consumesCounters": [{"counterSet": "chip", "counters": {"units": {"value": "1"}}}]} for i in range(12)]
+    # one device per pair (6 pairs, distinctAttribute), an even device costs A=1 and B=1, an odd one
+    # A=2: A <= 8 needs four evens, B <= 3 allows three. No bound rules it out; only a search does.
+    counters = [{"name": "chip", "counters": {"a": {"value": "8"}, "b": {"value": "3"}}}]
+    devices = [
+        {
+            "name": f"gpu-{i:02d}",
+            "attributes": {"pair": {"int": i // 2}},
+            "consumesCounters": [{"counterSet": "chip", "counters": {"a": {"value": "1"}, "b": {"value": "1"}} if i % 2 == 0 else {"a": {"value": "2"}}}],
+        }
+        for i in range(12)
+    ]
+    engine = _engine(_slice("node-1", devices, counters=counters))
+    claim = msgspec.convert(
+        {
+            "metadata": {"name": "wide", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 6}}], "constraints": [{"distinctAttribute": "gpu.example.com/pair"}]}},
+        },
+        ResourceClaim,
+    )
+    engine.budget = 20
+    (outcome,) = engine.allocate([claim], node="node-1")
+    assert outcome.status == "error" and "search budget of 20 steps" in outcome.message
+    engine.budget = 1_000_000
+    (outcome,) = engine.allocate([claim], node="node-1")
+    assert outcome.status == "unsatisfiable"
+
+
+def test_counters_short_of_room_fail_without_searching():
+    # 24 partitions of one counter set that holds 12: 13 cannot fit, known without a search
+    counters = [{"name": "chip", "counters": {"units": {"value": "12"}}}]
+    devices = [{"name": f"part-{i:02d}", "consumesCounters": [{"counterSet": "chip", "counters": {"units": {"value": "1"}}}]} for i in range(24)]
     engine = _engine(_slice("node-1", devices, counters=counters))
     engine.budget = 50
-    (outcome,) = engine.allocate([_claim("wide", count=7)], node="node-1")
-    assert outcome.status == "error" and "search budget of 50 steps" in outcome.message
-    engine.budget = 1_000_000
-    (outcome,) = engine.allocate([_claim("wide", count=7)], node="node-1")
+    (outcome,) = engine.allocate([_claim("wide", count=13)], node="node-1")
     assert outcome.status == "unsatisfiable"
+    (outcome,) = engine.allocate([_claim("fits", count=12)], node="node-1")
+    assert outcome.status == "allocated"
 
 
 def test_distinct_attribute_short_of_values_fails_without_searching():

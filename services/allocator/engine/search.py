@@ -73,7 +73,40 @@ class Search:
                 wanted[cid] = (constraint, need + (len(slot.cands) if slot.alt.all_mode else slot.alt.count), values)
         if any(len(values) < need for _, need, values in wanted.values()):
             return False
+        if not self._counters_can_fit():
+            return False
         return self._match(0, [s.cands for s in self.slots])
+
+    def _counters_can_fit(self) -> bool:
+        """A lower bound: the unit needs N devices, so each counter must have room for
+        the N smallest amounts its candidates consume (shared or already active
+        devices count as free, which keeps the bound safe)."""
+        union: dict[int, DeviceRec] = {}
+        free_picks = 0  # a shared device can serve every request it is a candidate for, for nothing extra
+        need = 0
+        for slot in self.slots:
+            if slot.alt.admin:
+                continue
+            need += len(slot.cands) if slot.alt.all_mode else slot.alt.count
+            for rec in slot.cands:
+                if rec.multi:
+                    free_picks += 1
+                else:
+                    union[rec.id] = rec
+        keys = {key for rec in union.values() for key, _ in rec.consumes}
+        for key in keys:
+            costs = [0] * free_picks
+            for rec in union.values():
+                cost = 0
+                if not self.ledger.active(rec):
+                    cost = sum(amount for k, amount in rec.consumes if k == key)
+                costs.append(cost)
+            costs.sort()
+            pool = self.inv.pools.get((key[0], key[1]))
+            room = (pool.counters.get(key, 0) if pool is not None else 0) - self.ledger.counter_used.get(key, 0)
+            if sum(costs[:need]) > room:
+                return False
+        return True
 
     def _tick(self) -> None:
         self.steps += 1
