@@ -127,6 +127,7 @@ def test_cli_as_a_process(tmp_path: Path):
             capture_output=True,
             text=True,
             timeout=60,
+            check=False,
         )
         assert proc.returncode == header["upstream"]["exitCode"], proc.stderr
         _verify(path, header, load_documents(text, str(path)), json.loads(proc.stdout)["results"], proc.returncode)

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
-from allocation_validity import check  # noqa: E402
+from allocation_validity import check
 
-from dralloc.allocator.engine import Engine  # noqa: E402
-from dralloc.schemas.resource import (  # noqa: E402
+from dralloc.allocator.engine import Engine
+from dralloc.schemas.resource import (
     AllocationResult,
     DeviceAllocationResult,
     DeviceClass,

@@ -14,8 +14,8 @@ invalidated for the devices of a changed slice, and only for those.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from dralloc.allocator.engine.quantity import parse_quantity

@@ -213,11 +213,9 @@ def _violates(consumed: int, cap: Any) -> bool:
     if cap.default is not None and consumed == cap.default:
         return False
     if cap.range_min is not None:
-        if cap.range_max is not None and consumed > cap.range_max:
-            return True
-        if cap.range_step is not None and (consumed - cap.range_min) % cap.range_step:
-            return True
-        return False
+        too_big = cap.range_max is not None and consumed > cap.range_max
+        off_step = cap.range_step is not None and (consumed - cap.range_min) % cap.range_step != 0
+        return too_big or off_step
     if cap.valid_values:
         return consumed not in cap.valid_values
     return False
