@@ -411,6 +411,9 @@ class Engine:
                         report.emptied_by = f
                         break
         if len(out) < need:
+            if len(recs) < need:
+                where = f"on node {node}" if node is not None else "usable from every node"
+                return out, consumed, f"{len(recs)} device(s) {where} match the class and selectors, {need} wanted"
             for f in FILTERS[4:]:
                 if counts[f] < need:
                     return out, consumed, f"only {counts[f]} device(s) left after the '{f}' filter, {need} wanted"
@@ -661,6 +664,7 @@ def _unsatisfiable_message(plans: list[ClaimPlan], node: str | None, reasons: li
     if not reasons:
         return f"cannot allocate {who}: no node has enough free devices that match the requests"
     first_node, why = reasons[0]
-    where = f"node {first_node}" if first_node is not None else "any node"
+    if first_node is None:
+        return f"cannot allocate {who}: no node is known (no Node objects, no node-local slices), and {why}"
     more = f" ({len(reasons)} nodes tried)" if len(reasons) > 1 else ""
-    return f"cannot allocate {who} on any node{more}; on {where}: {why}"
+    return f"cannot allocate {who} on any node{more}; on node {first_node}: {why}"
