@@ -75,24 +75,33 @@ class Options:
 
 
 class NatsServer:
-    """A nats-server with JetStream in `root`; restartable on the same port and store."""
+    """A nats-server with JetStream in `root`; restartable on the same port and store.
 
-    def __init__(self, root: Path) -> None:
+    `config`: the text of a server configuration (auth, TLS), written to root/nats.conf;
+    `env`: variables it may reference.
+    """
+
+    def __init__(self, root: Path, config: str | None = None, env: dict[str, str] | None = None, scheme: str = "nats") -> None:
         self.root = root
         self.port = -1  # the first start picks a free port, restarts reuse it
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
+        self.config, self.env, self.scheme = config, env or {}, scheme
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         self.starts += 1
         logfile = self.root / f"nats-server.{self.starts}.log"  # a fresh log: readiness is read from it
+        config: list[str] = []
+        if self.config is not None:
+            (self.root / "nats.conf").write_text(self.config)
+            config = ["-c", str(self.root / "nats.conf")]
         self.proc = await asyncio.create_subprocess_exec(
-            nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / "store"),
-            "-l", str(logfile),
+            nats_server_binary(), *config, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / "store"),
+            "-l", str(logfile), env={**os.environ, **self.env},
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )  # fmt: skip
@@ -158,9 +167,13 @@ class Stack:
     allocators: int = 1
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dralloc-bench-")))
     env: dict[str, str] = field(default_factory=dict)
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per service (discovery, ingestor, statuswriter, allocator): more variables, e.g. its NATS user."""
+    nats_config: str | None = None
+    nats_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.nats = NatsServer(self.root)
+        self.nats = NatsServer(self.root, self.nats_config, self.nats_env)
         self.services: dict[str, Service] = {}
 
     async def __aenter__(self) -> Stack:
@@ -177,7 +190,8 @@ class Stack:
             **{f"allocator-{i}": (["allocator"], {}) for i in range(self.allocators)},
         }  # fmt: skip
         for name, (args, extra) in specs.items():
-            self.services[name] = Service(name, [*args, "--nats-url", url], {**env, **extra}, self.root)
+            own = self.service_env.get(name.split("-")[0], {})
+            self.services[name] = Service(name, [*args, "--nats-url", url], {**env, **extra, **own}, self.root)
         try:
             for service in self.services.values():
                 await service.start()

@@ -70,7 +70,6 @@ import os
 import re
 import shutil
 import signal
-import ssl
 import sys
 import tempfile
 import time
@@ -94,7 +93,7 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
-from dralloc import telemetry
+from dralloc import natsauth, telemetry
 from dralloc.schemas import events
 from dralloc.schemas.events import Event, EventDecodeError
 
@@ -241,19 +240,25 @@ class Bus:
     @classmethod
     async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
         url = url or os.environ.get("NATS_URL") or DEFAULT_URL
+        try:
+            security = natsauth.connect_options(url)  # credentials and TLS from NATS_* variables
+        except natsauth.AuthConfigError as exc:
+            raise BusError(f"cannot connect to NATS at {url}: {exc}") from None
         nc = nats.NATS()
 
         failures = 0
+        last_error: Exception | None = None
 
         async def on_error(exc: Exception) -> None:
             # Before the first connection the caller gets one clear error; afterwards, log.
-            nonlocal failures
+            nonlocal failures, last_error
+            last_error = exc
             if nc.is_connected or nc.is_reconnecting:
                 log.warning("nats: %s", exc)
             elif isinstance(exc, ConnectionRefusedError) and (failures := failures + 1) >= INITIAL_REFUSALS:
                 raise exc  # nothing listens there: say so now rather than at the timeout
-            elif isinstance(exc, nats.errors.AuthorizationError | ssl.SSLError) or "authorization violation" in str(exc).lower():
-                raise exc  # wrong credentials or certificates do not get better by retrying
+            elif isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+                raise exc  # wrong credentials do not get better by retrying
 
         try:
             # The client retries forever once connected (reconnects); the first connection
@@ -268,13 +273,14 @@ class Bus:
                     reconnect_time_wait=0.5,
                     drain_timeout=2,
                     error_cb=on_error,
+                    **security,
                 ),
                 timeout,
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             with contextlib.suppress(Exception):
                 await nc.close()
-            reason = str(exc) or f"no answer within {timeout:g}s"
+            reason = str(exc) or f"no answer within {timeout:g}s" + (f" (last error: {last_error})" if last_error else "")
             raise BusError(f"cannot connect to NATS at {url}: {reason} (is a nats-server with JetStream running there? `dralloc demo` starts its own)") from None
         return cls(nc, name)
 

@@ -1,0 +1,52 @@
+"""The invariant checker of the pipeline benchmark and the fault tests: it must see every violation."""
+
+from __future__ import annotations
+
+import msgspec
+from pipeline import Stored, check, claim_event, percentile
+
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaimStatus
+
+
+def submitted(name: str, at: float) -> Stored:
+    event = claim_event(name)
+    return Stored(0, at, event.subject, event, {})
+
+
+def committed(seq: int, at: float, claim: Stored, *devices: str) -> Stored:
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": d} for d in devices]}}
+    status = msgspec.convert({"allocation": allocation}, ResourceClaimStatus)
+    event = ev.AllocationCommitted(claim=msgspec.structs.replace(claim.event.claim, status=status))
+    return Stored(seq, at, event.subject, event, {})
+
+
+def released(seq: int, claim: Stored) -> Stored:
+    meta = claim.event.claim.metadata
+    return Stored(seq, 0, "", ev.AllocationReleased(namespace=meta.namespace, name=meta.name, uid=meta.uid), {})
+
+
+def test_a_clean_run_has_no_violation_and_its_latencies():
+    a, b = submitted("a", 10.0), submitted("b", 10.5)
+    verdict = check([a, b], [committed(1, 10.01, a, "gpu-0"), committed(2, 10.52, b, "gpu-1")])
+    assert (verdict.submitted, verdict.outcomes, verdict.lost, verdict.duplicated, verdict.double_allocated_devices) == (2, 2, 0, 0, 0)
+    assert [round(x) for x in verdict.latencies_ms] == [10, 20]
+
+
+def test_lost_duplicated_and_double_allocated_are_counted():
+    a, b, c = submitted("a", 1), submitted("b", 1), submitted("c", 1)
+    verdict = check([a, b, c], [committed(1, 2, a, "gpu-0"), committed(2, 2, b, "gpu-0", "gpu-1"), committed(3, 3, b, "gpu-2")])
+    assert verdict.lost == 1  # c
+    assert verdict.duplicated == 1  # b twice
+    assert verdict.double_allocated_devices == 1  # gpu-0 held by a when b got it
+
+
+def test_a_released_device_may_be_given_again():
+    a, b = submitted("a", 1), submitted("b", 1)
+    assert check([a, b], [committed(1, 2, a, "gpu-0"), released(2, a), committed(3, 3, b, "gpu-0")]).double_allocated_devices == 0
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile([5.0], 50) == 5.0
+    assert percentile([], 50) is None
