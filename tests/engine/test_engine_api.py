@@ -245,3 +245,15 @@ def test_explain_counts_every_usable_device_before_the_node_filter():
     counts = {f.filter: f.left for f in request.filters}
     assert (counts["pool"], counts["class"], counts["selectors"], counts["node"]) == (4, 4, 4, 2)
     assert request.emptied_by == "node"
+
+
+def test_a_claim_listed_twice_gets_one_allocation():
+    engine = _engine(_slice("node-1", GPUS))
+    first, again = engine.allocate([_claim("a"), _claim("a")], node="node-1")
+    assert first.status == again.status == "allocated" and again.allocation == first.allocation
+    (b,) = engine.allocate([_claim("b")], node="node-1")
+    assert _devices(b) == ["gpu-1"]
+    engine.release("ns/a")
+    engine.release("ns/b")
+    one, twice = engine.allocate([_claim("c"), _claim("c")], node="node-1", together=True)
+    assert one.status == "allocated" and twice.status == "error" and "listed twice" in twice.message

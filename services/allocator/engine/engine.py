@@ -197,20 +197,32 @@ class Engine:
         `explain` attaches an Explanation to every outcome (unsatisfiable ones
         always get one)."""
         outcomes: dict[int, Outcome] = {}
+        if not together:
+            for i, claim in enumerate(claims):
+                # checked claim by claim: a key listed twice gets its first allocation back
+                outcomes[i] = self._existing(claim) or self._allocate_unit([self._plan(claim)], node, explain)[0]
+            return [outcomes[i] for i in range(len(claims))]
         pending: list[tuple[int, ClaimPlan]] = []
+        seen: set[str] = set()
         for i, claim in enumerate(claims):
-            record = self.ledger.claims.get(claim.key)
-            if record is not None:
-                outcomes[i] = Outcome(claim=claim.key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
-                continue
-            pending.append((i, self._plan(claim)))
-        units = [pending] if together else [[p] for p in pending]
-        for unit in units:
-            if not unit:
-                continue
-            for (i, _), outcome in zip(unit, self._allocate_unit([p for _, p in unit], node, explain)):
+            existing = self._existing(claim)
+            if existing is not None:
+                outcomes[i] = existing
+            elif claim.key in seen:
+                outcomes[i] = Outcome(claim=claim.key, status="error", message=f"claim {claim.key} is listed twice in one unit")
+            else:
+                seen.add(claim.key)
+                pending.append((i, self._plan(claim)))
+        if pending:
+            for (i, _), outcome in zip(pending, self._allocate_unit([p for _, p in pending], node, explain)):
                 outcomes[i] = outcome
         return [outcomes[i] for i in range(len(claims))]
+
+    def _existing(self, claim: ResourceClaim) -> Outcome | None:
+        record = self.ledger.claims.get(claim.key)
+        if record is None:
+            return None
+        return Outcome(claim=claim.key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
 
     def _plan(self, claim: ResourceClaim) -> ClaimPlan:
         inv = self.inventory
