@@ -257,3 +257,14 @@ def test_a_claim_listed_twice_gets_one_allocation():
     engine.release("ns/b")
     one, twice = engine.allocate([_claim("c"), _claim("c")], node="node-1", together=True)
     assert one.status == "allocated" and twice.status == "error" and "listed twice" in twice.message
+
+
+def test_hostile_quantities_are_errors_not_tracebacks():
+    engine = _engine()
+    problems = engine.apply(_slice("node-1", [{"name": "gpu-0", "capacity": {"memory": {"value": "lots"}}}]))
+    assert problems and "invalid quantity 'lots'" in problems[0]
+    engine.apply(_slice("node-1", GPUS))
+    (outcome,) = engine.allocate([_claim("a", capacity={"requests": {"memory": "12Zi"}})])
+    assert outcome.status == "error" and "capacity" in outcome.message and "12Zi" in outcome.message
+    (outcome,) = engine.allocate([_claim("b", count=10**9)])
+    assert outcome.status == "error" and "exceeds the claim limit of 32" in outcome.message
