@@ -134,18 +134,6 @@ def pcie_root(sysfs_realpath: str) -> str | None:
     return None
 
 
-_BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
-
-
-def quantity(value: int) -> str:
-    """An integer byte count in Kubernetes' canonical BinarySI form (`150754820096` -> `143772Mi`)."""
-    if value:
-        for suffix, shift in _BINARY_SUFFIXES:
-            if value % (1 << shift) == 0:
-                return f"{value >> shift}{suffix}"
-    return str(value)
-
-
 def label_value(value: str) -> str:
     """A string as a Kubernetes label value (`NVIDIA H200` -> `NVIDIA-H200`)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", value).strip("-._")[:63]

@@ -40,6 +40,7 @@ from typing import Literal
 
 from dralloc.discovery import attributes as A
 from dralloc.discovery.inventory import Gpu, MigProfile, Nic, NodeInventory
+from dralloc.schemas.quantity import NANO, format_quantity
 from dralloc.schemas.resource import (
     Counter,
     CounterSet,
@@ -167,7 +168,7 @@ def _gpu_counters(profiles: tuple[MigProfile, ...], memory_slices: int) -> dict[
 
 
 def _value(capacity: str, amount: int) -> str:
-    return A.quantity(amount) if capacity == A.MEMORY else str(amount)
+    return _bytes(amount) if capacity == A.MEMORY else str(amount)
 
 
 def _taints(gpu: Gpu) -> list[DeviceTaint]:
@@ -179,7 +180,7 @@ def _gpu_group(gpu: Gpu, inventory: NodeInventory) -> _Group:
     attrs = {A.TYPE: _string("gpu"), **({A.UUID: _string(gpu.uuid)} if gpu.uuid else {}), **common}
     capacity: dict[str, DeviceCapacity] = {}
     if gpu.memory_bytes is not None:
-        capacity[A.MEMORY] = DeviceCapacity(value=A.quantity(gpu.memory_bytes))
+        capacity[A.MEMORY] = DeviceCapacity(value=_bytes(gpu.memory_bytes))
     taints = _taints(gpu)
     if not gpu.mig_profiles:
         return _Group([Device(name=gpu.name, attributes=attrs, capacity=capacity, taints=taints)])
@@ -294,3 +295,8 @@ def _pool(node: str, driver: str, short: str, groups: list[_Group], layout: str,
         )
         for i, (devices, sets) in enumerate(specs)
     ]
+
+
+def _bytes(value: int) -> str:
+    """A byte count as Kubernetes spells it (BinarySI: `150754820096` -> `143771Mi`)."""
+    return format_quantity(value * NANO, "BinarySI")

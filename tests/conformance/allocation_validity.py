@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from dralloc.allocator.engine.quantity import parse_quantity
+from dralloc.schemas.quantity import parse_quantity
 from dralloc.manifests import Loaded, Source, decode_object
 from dralloc.schemas.resource import AllocationResult, Node, ResourceClaim, ResourceSlice
 

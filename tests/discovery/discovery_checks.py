@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import msgspec
 
-from dralloc.allocator.engine.quantity import NANO, parse_quantity
+from dralloc.schemas.quantity import NANO, parse_quantity
 from dralloc.schemas.resource import ResourceSlice
 from dralloc.schemas.validation import validate
 

@@ -153,10 +153,3 @@ def test_unknown_profile_and_layout_are_clear_errors() -> None:
         simulate("h900", "n")
     with pytest.raises(ValueError, match="layout '1.33'"):
         build_slices(simulate("h100-sxm", "n"), layout="1.33")  # type: ignore[arg-type]
-
-
-def test_quantities_are_spelled_as_kubernetes_and_the_engine_spell_them() -> None:
-    from dralloc.allocator.engine.quantity import NANO, format_quantity
-
-    for value in (150754820096, 143360 * 2**20, 16 * 2**30, 189471 * 2**20, 1023, 0, 132):
-        assert A.quantity(value) == format_quantity(value * NANO, "BinarySI"), value

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dralloc.allocator.engine.cel_runtime import key_nano, quantity_key
-from dralloc.allocator.engine.quantity import (
+from dralloc.schemas.quantity import (
     NANO,
     as_int64,
     format_quantity,

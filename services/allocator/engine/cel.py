@@ -58,7 +58,7 @@ from .cel_syntax import (
     Bind, Binary, Call, CelSyntaxError, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select,
     Unary, parse, unparse,
 )
-from .quantity import parse_quantity
+from dralloc.schemas.quantity import parse_quantity
 from .semver import parse_semver
 
 if TYPE_CHECKING:

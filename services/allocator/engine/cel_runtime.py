@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import re2
 
-from .quantity import NANO, as_float, as_int64, parse_quantity
+from dralloc.schemas.quantity import NANO, as_float, as_int64, parse_quantity
 from .semver import Version, compare, parse_semver
 
 Q_KEY = "@quantity"

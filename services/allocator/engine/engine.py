@@ -27,7 +27,7 @@ from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.placement import Placement, demand_of
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
-from dralloc.allocator.engine.quantity import format_quantity, parse_quantity
+from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
 from dralloc.allocator.engine.verdicts import Verdicts
 from dralloc.schemas.resource import (

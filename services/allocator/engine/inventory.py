@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dralloc.allocator.engine.quantity import parse_quantity
+from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
     Device,
     DeviceClass,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dralloc.allocator.engine.quantity import parse_quantity
+from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import DeviceClass, DeviceToleration, ResourceClaim
 from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, validate
 
