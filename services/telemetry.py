@@ -50,6 +50,9 @@ def setup(service_name: str) -> None:
         else:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
+    from dralloc import metrics  # the same OTEL_* rules for metrics (dralloc.metrics)
+
+    metrics.setup()
 
 
 def tracer() -> trace.Tracer:

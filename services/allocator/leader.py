@@ -89,14 +89,14 @@ class Lease:
                     else:
                         if seen is None or seen[0] != entry.revision:
                             seen = (entry.revision, time.monotonic())
-                        await _sleep(stop, self.ttl / 6)
+                        await wait_or(stop, self.ttl / 6)
                         continue
             except nats.js.errors.KeyWrongLastSequenceError:
                 seen = None  # someone else was faster: watch the new holder
                 continue
             except _UNREACHABLE as exc:
                 log.warning("leader lease: NATS unreachable (%s); retrying", exc)
-                await _sleep(stop, 0.5)
+                await wait_or(stop, 0.5)
                 continue
             self.revision = self.epoch = revision
             self._valid_until = sent + self.ttl
@@ -108,7 +108,7 @@ class Lease:
         """Renew until `term` is set; set `term` (and return) as soon as the lease is lost."""
         value = self.holder.encode()
         while not term.is_set():
-            await _sleep(term, self.ttl / 3)
+            await wait_or(term, self.ttl / 3)
             if term.is_set():
                 return
             sent = time.monotonic()
@@ -135,6 +135,7 @@ class Lease:
             self.revision = 0
 
 
-async def _sleep(event: asyncio.Event, seconds: float) -> None:
+async def wait_or(event: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less if `event` is set first."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
+from dralloc.metrics import allocator_metrics
 from dralloc.allocator import leader
 from dralloc.allocator.engine import Engine
 from dralloc.bus import Bus
@@ -108,6 +110,8 @@ class Allocator:
         """Set when a write was fenced off: this term's state can no longer be trusted."""
         self.last_seq = 0
         """The last ALLOCATIONS sequence this allocator has seen (rebuilt, or written by itself)."""
+        self.began = 0.0
+        """When the claim being decided was taken up (perf_counter), for the latency histogram."""
         self.committed: dict[str, ev.AllocationCommitted] = {}
         self.waiting: dict[str, ResourceClaim] = {}
         self.traces: dict[str, Context] = {}
@@ -123,7 +127,9 @@ class Allocator:
         for event in inventory:
             self._apply_inventory(event)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
+        allocator_metrics().rebuilding()
         for event in decisions:
+            allocator_metrics().decided(event, replayed=True)
             if isinstance(event, ev.AllocationCommitted):
                 self.engine.restore(event.claim)
                 self.committed[event.key] = event
@@ -192,6 +198,7 @@ class Allocator:
 
     async def _allocate(self, claim: ResourceClaim) -> None:
         key = claim.key
+        self.began = time.perf_counter()
         if self._is_committed(claim):
             # Seen before (a redelivery): the ledger only holds decisions stored in ALLOCATIONS, so
             # there is nothing to write again.
@@ -256,6 +263,8 @@ class Allocator:
             raise Fenced(f"ALLOCATIONS moved past sequence {self.last_seq} (another leader, or a lost ack): {event.subject} not written") from None
         if not ack.duplicate:  # a duplicate's ack names the earlier message's sequence: the stream did not move
             self.last_seq = ack.seq
+            decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
+            allocator_metrics().decided(event, time.perf_counter() - self.began if decision and self.began else None)
 
     def _stop_waiting(self, key: str) -> None:
         self.waiting.pop(key, None)
@@ -299,6 +308,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
     assert allocator.lease is not None
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(allocator.lease.keep(term))  # renewing already while the rebuild runs
+        tasks.create_task(_report_lag(bus, term))
         tasks.create_task(_end_term_on(stop, term))
         inventory_seq = await allocator.rebuild()
         tasks.create_task(
@@ -322,3 +332,14 @@ async def _end_term_on(stop: asyncio.Event, term: asyncio.Event) -> None:
         for waiter in waiters:
             waiter.cancel()
     term.set()
+
+
+async def _report_lag(bus: Bus, term: asyncio.Event, every: float = 2.0) -> None:
+    """Claims not yet acked by the allocator's consumer, for the ``dralloc.consumer.lag`` gauge."""
+    while not term.is_set():
+        try:
+            info = await bus.js.consumer_info("CLAIMS", "allocator")
+            allocator_metrics().lag[("CLAIMS", "allocator")] = info.num_pending + info.num_ack_pending
+        except Exception:  # not created yet, or NATS away: the next round tells
+            pass
+        await leader.wait_or(term, every)
