@@ -47,6 +47,7 @@ from dralloc import telemetry
 from dralloc.metrics import allocator_metrics
 from dralloc.allocator import leader
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.gang import allocate_gang, gang_of
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
@@ -118,6 +119,8 @@ class Allocator:
         """Each waiting claim's trace context, so a retry continues the claim's one trace."""
         self.lock = asyncio.Lock()
         self.room_changed = asyncio.Event()
+        self.gangs: dict[str, dict[str, ResourceClaim]] = {}
+        """Gang name -> the member claims here so far (see `_allocate_gang`)."""
 
     # -- start ----------------------------------------------------------------------
 
@@ -210,6 +213,10 @@ class Allocator:
         if claim.status is not None and claim.status.allocation is not None:
             await self._adopt(claim)
             return
+        gang = gang_of(claim)
+        if gang is not None and gang[1] > 1:
+            await self._allocate_gang(claim, *gang)
+            return
         with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": key}) as span:
             (outcome,) = self.engine.allocate([claim])
             span.set_attribute("dralloc.outcome", outcome.status)
@@ -229,6 +236,41 @@ class Allocator:
             raise
         self.committed[key] = event
         self._stop_waiting(key)
+
+    async def _allocate_gang(self, claim: ResourceClaim, name: str, size: int, domain: str | None) -> None:
+        """A gang member (annotations `dralloc.dev/gang`, `-size`, `-domain`) waits, with no decision
+        written, until all `size` members are here; then the engine allocates them all or none, inside
+        one domain (engine/gang.py), and every decision is written. If a write fails part way, the
+        members written stay committed and the rest are retried into the same domain."""
+        members = self.gangs.setdefault(name, {})
+        members[claim.key] = claim
+        self.waiting[claim.key] = claim
+        self.traces.setdefault(claim.key, otel_context.get_current())
+        if len(members) < size:
+            return
+        claims = sorted(members.values(), key=lambda c: c.key)
+        with telemetry.tracer().start_as_current_span("allocate gang", attributes={"dralloc.gang": name, "dralloc.gang.size": len(claims)}):
+            outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
+        if any(o.status != "allocated" for o in outcomes):
+            for member, outcome in zip(claims, outcomes):
+                await self._write(_failure(member, outcome.status, outcome.message))
+            return
+        pending = [(m, o) for m, o in zip(claims, outcomes) if not self._is_committed(m)]
+        try:
+            while pending:
+                member, outcome = pending[0]
+                decided = msgspec.structs.replace(member, status=ResourceClaimStatus(allocation=outcome.allocation))
+                event = ev.AllocationCommitted(claim=decided, node=outcome.node)
+                await self._write(event)
+                self.committed[member.key] = event
+                pending.pop(0)
+        except BaseException:
+            for member, _ in pending:  # not durable: decided again on redelivery or retry
+                self.engine.release(member.key)
+            raise
+        for member in claims:
+            self._stop_waiting(member.key)
+        del self.gangs[name]
 
     async def _adopt(self, claim: ResourceClaim) -> None:
         """A claim that arrives allocated (by Kubernetes, or by an earlier run written back to it):
@@ -274,6 +316,8 @@ class Allocator:
         waiting = self.waiting.get(key)
         if waiting is not None and (not uid or waiting.metadata.uid == uid):
             self._stop_waiting(key)
+            for members in self.gangs.values():
+                members.pop(key, None)
         done = self.committed.get(key)
         if done is None or (uid and done.claim.metadata.uid != uid):
             return
