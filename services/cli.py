@@ -187,6 +187,32 @@ def submit(
         raise typer.Exit(1)
 
 
+@app.command()
+def delete(
+    paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file or directory (repeatable)."),
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+) -> None:
+    """Delete the objects in the files from the bus: claims are released, classes and slices withdrawn."""
+    import asyncio
+
+    from dralloc.bus import BusError
+    from dralloc.ingestor.submit import delete_paths, render
+
+    if output not in ("table", "json"):
+        fail(f"--output must be table or json, not {output!r}")
+    problems: list[str] = []
+    try:
+        submission = asyncio.run(delete_paths(paths, nats_url, problems.append))
+    except BusError as exc:
+        fail(str(exc), 1)
+    for problem in problems:
+        print(f"dralloc: {problem}", file=sys.stderr)
+    render(submission, output)
+    if problems:
+        raise typer.Exit(2)
+
+
 get_app = typer.Typer(help="Show state kept on the bus.", no_args_is_help=True)
 app.add_typer(get_app, name="get")
 

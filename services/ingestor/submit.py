@@ -12,7 +12,7 @@ import nats.js.errors
 
 from dralloc import telemetry
 from dralloc.bus import Bus, PublishRefused
-from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests
+from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests, removal_of
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.sinks import ClaimStatus, status_of
@@ -41,7 +41,8 @@ def describe(event: SourceEvent) -> str:
         if obj is not None:
             ns = f"{obj.metadata.namespace}/" if obj.metadata.namespace else ""
             return f"{obj.kind}/{ns}{obj.metadata.name}"
-    return f"{type(event).__name__}/{getattr(event, 'key', None) or getattr(event, 'name', '')}"
+    kind = {"ClaimDeleted": "ResourceClaim", "DeviceClassRemoved": "DeviceClass", "ResourceSliceRemoved": "ResourceSlice", "NodeRemoved": "Node"}
+    return f"{kind.get(type(event).__name__, type(event).__name__)}/{getattr(event, 'key', None) or getattr(event, 'name', '')}"
 
 
 async def submit_paths(paths: list[str], url: str | None, report: Report, *, wait: float = 0.0) -> Submission:
@@ -68,6 +69,21 @@ async def submit_paths(paths: list[str], url: str | None, report: Report, *, wai
                 claims.append(event)
         if wait > 0:
             result.decisions = await _decisions(bus, claims, wait)
+    return result
+
+
+async def delete_paths(paths: list[str], url: str | None, report: Report) -> Submission:
+    """Publish the removal of every object in the files (claims: ClaimDeleted, so their devices are released)."""
+    telemetry.setup("delete")
+    todo = [undo for event in events_from_manifests(load_paths(paths), report) if (undo := removal_of(event)) is not None]
+    result = Submission()
+    if not todo:
+        return result
+    async with await Bus.connect(url, name="delete") as bus:
+        await bus.ensure_streams()
+        for event in todo:
+            ack = await bus.publish(event)
+            result.published.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
     return result
 
 

@@ -113,3 +113,24 @@ async def test_submit_wait_shows_each_claims_decision(bus: Bus, nats_url: str, t
         big = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "too-big.yaml"), "--wait", "3", url=nats_url)
         assert big.returncode == 1
         assert ["ml/too-big", "unsatisfiable"] == big.stdout.split()[5:7]
+
+
+async def test_delete_releases_the_claims_in_the_files(bus: Bus, nats_url: str, tmp_path: Path):
+    from dralloc import demo
+
+    (tmp_path / "classes.yaml").write_text((EXAMPLES / "deviceclasses.yaml").read_text())
+    (tmp_path / "claim.yaml").write_text(GOOD)
+    async with demo.running(nats_url, paths=[str(tmp_path / "classes.yaml")], fleet=[{"profile": "h100-sxm", "count": 1}]):
+        submitted = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "claim.yaml"), "--wait", "30", url=nats_url)
+        assert submitted.returncode == 0, submitted.stderr
+        deleted = await asyncio.to_thread(dralloc, "delete", "-f", str(tmp_path / "claim.yaml"), "-o", "json", url=nats_url)
+        assert deleted.returncode == 0, deleted.stderr
+        assert [(p["event"], p["object"]) for p in json.loads(deleted.stdout)["published"]] == [("ClaimDeleted", "ResourceClaim/ml/good")]
+        async with asyncio.timeout(15):
+            while True:
+                claims = json.loads((await asyncio.to_thread(dralloc, "get", "claims", "-o", "json", url=nats_url)).stdout)["claims"]
+                if not claims:
+                    break  # released: gone from the store
+                await asyncio.sleep(0.2)
+    last = await bus.js.get_last_msg("ALLOCATIONS", "dra.allocations.ml.good")
+    assert json.loads(last.data)["type"] == "AllocationReleased"
