@@ -9,15 +9,20 @@ rank, devices by driver/pool/slice/name).
 Two hooks:
 
 - `order_nodes(plans, viable)`: the nodes to try, best first. Best fit:
-  nodes with the fewest free devices come first (read from the ledger's
-  free-count buckets, so it costs nothing per node), ties broken by the
-  fewest free devices in the node's multi-node domain (NVLink clique or
-  rack), then rank. For a unit that needs several devices the nodes are also
-  scored for locality: the tightest level (one NVLink domain, PCIe switch,
-  PCIe root, NUMA node, node) at which one group of the node has enough free
-  devices for every request. The scan walks nodes in best-fit order and stops
-  at the first node that reaches the best level its hardware can give, so
-  the usual cost is a few nodes, not the fleet.
+  nodes outside multi-node domains first, then domain by domain, the fullest
+  domain (NVLink clique or rack) first, so whole domains stay free for gangs;
+  inside, the nodes with the fewest free devices of the claim's kind (GPUs
+  for a GPU claim, not the node's NICs) first, then rank. The counts are
+  kept per node and kind as the ledger changes (`KindIndex`), so the order
+  costs nothing per node. A claim for one device tries nodes without NVLink
+  first: it gains nothing from NVLink, and NVLink capacity stays for the
+  claims that need several GPUs close together. For a unit that needs
+  several devices the nodes are also scored for locality: the tightest
+  level (one NVLink domain, PCIe switch, PCIe root, NUMA node, node) at
+  which one group of the node has enough free devices for every request.
+  The scan walks nodes in best-fit order and stops at the first node that
+  reaches the best level its hardware can give, so the usual cost is a few
+  nodes, not the fleet (at most SCAN_LIMIT).
 - `order_slots(slots, node)`: each request's candidates on the chosen node,
   best first: devices in groups that can hold the whole unit at the tightest
   level first (same NVLink domain > same PCIe switch > same PCIe root > same
@@ -110,7 +115,8 @@ class Placement:
             later = []
             for rank in order:
                 name = names[rank]
-                if demand and not self._any_free(name, demand[0][0]):
+                # with the kind known, the buckets only hold nodes with a free device of that kind
+                if demand and kind is None and not self._any_free(name, demand[0][0]):
                     if self.learn is not None:  # the engine does not try it now: remember what it matches
                         self.learn(plans, name, self.inv.node_mask(name)[0])
                     later.append(name)  # full for this request: tried last (another alternative may fit)
