@@ -34,8 +34,8 @@ undo it with any URL-unquote function.
 from __future__ import annotations
 
 import hashlib
-from urllib.parse import unquote
 from typing import Literal
+from urllib.parse import unquote
 
 import msgspec
 
@@ -216,6 +216,10 @@ class AllocationCommitted(_Event, tag=True, frozen=True):
     @property
     def key(self) -> str:
         return self.claim.key
+
+    @property
+    def uid(self) -> str:
+        return self.claim.metadata.uid or ""
 
     @property
     def allocation(self) -> AllocationResult | None:

@@ -129,7 +129,7 @@ def expected_claims(paths: list[str]) -> list[str]:
 def _rows(expected: list[str], stored: list[ClaimStatus]) -> list[ClaimStatus]:
     """Stored statuses, plus a `pending` row for each expected claim without a decision yet."""
     known = {s.claim for s in stored}
-    pending = [ClaimStatus(claim=key, uid="", state="pending") for key in expected if key not in known]  # type: ignore[arg-type]
+    pending = [ClaimStatus(claim=key, uid="", state="pending") for key in expected if key not in known]
     return stored + pending
 
 

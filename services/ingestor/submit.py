@@ -99,15 +99,13 @@ async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> 
                 decision = ev.decode(msg.data)
             except (nats.js.errors.NotFoundError, ev.EventDecodeError):
                 continue
-            if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and (
-                getattr(decision, "uid", None) or decision.claim.metadata.uid  # type: ignore[union-attr]
-            ) == uid:
+            if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and decision.uid == uid:
                 found[key] = status_of(decision)
         settled = all(found.get(c.claim.key) is not None and found[c.claim.key].state == "allocated" for c in claims)
         if settled or time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.1)
-    pending = ClaimStatus(claim="", uid="", state="pending", message="no decision yet")  # type: ignore[arg-type]
+    pending = ClaimStatus(claim="", uid="", state="pending", message="no decision yet")
     return [found.get(c.claim.key) or msgspec.structs.replace(pending, claim=c.claim.key, uid=c.claim.metadata.uid or "") for c in claims]
 
 

@@ -36,7 +36,8 @@ class ClaimStatus(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=Tr
     claim: str
     """``namespace/name``."""
     uid: str
-    state: Literal["allocated", "unsatisfiable", "error"]
+    state: Literal["allocated", "unsatisfiable", "error", "pending"]
+    """``pending`` only in views (no decision yet); the store holds decisions."""
     node: str | None = None
     allocation: AllocationResult | None = None
     message: str = ""
