@@ -280,8 +280,8 @@ class Placement:
             return None
         topo = self.topology.node(node)
         demanding = [s for s in slots if not s.alt.all_mode]
-        if topo is None or topo.flat or not demanding or all(len(s.cands) <= 1 for s in demanding):
-            return None
+        if topo is None or topo.flat or not demanding or all(len(s.cands) <= s.alt.count for s in demanding):
+            return None  # nothing to choose: every candidate is taken (or none shares anything)
         groups = topo.groups
         levels = range(len(GROUP_LEVELS))
         totals: list[dict[int, int]] = [{} for _ in levels]

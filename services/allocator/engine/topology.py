@@ -111,73 +111,96 @@ def _hub_name(level: int, hub: object) -> str:
     return str(hub)
 
 
-def build_node(node: str, recs: list[DeviceRec], stamp: tuple) -> NodeTopology:
-    """The topology of one node's devices (pure; networkx graph, components per level).
+Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]]]
+"""A node's structure by device position: group tuple per device, group sizes per level,
+and per level the first device position of each group."""
+
+
+def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tuple, Shape] | None = None) -> NodeTopology:
+    """The topology of one node's devices (networkx graph, components per level).
 
     Devices with the same hubs (a GPU and its MIG partitions) share one graph
-    vertex, which keeps the graph of a MIG node as small as that of its GPUs."""
-    alike: dict[tuple, list[int]] = {}
-    for rec in recs:
-        alike.setdefault(tuple(sorted(set(_hubs(rec)), key=repr)), []).append(rec.id)
-    if list(alike) == [
-        ()
-    ]:  # no topology published at all: every device alone, no graph needed
+    vertex, which keeps the graph of a MIG node as small as that of its GPUs.
+    Nodes of one hardware profile have one shape (the same hubs up to their
+    names): with `shapes`, the graph is built once per shape, not per node."""
+    hub_lists = [tuple(sorted(set(_hubs(rec)), key=repr)) for rec in recs]
+    lo = min((rec.id for rec in recs), default=0)
+    if not any(hub_lists):  # no topology published at all: every device alone, no graph needed
         n = len(recs)
         return NodeTopology(
             node=node, stamp=stamp, groups={rec.id: (i,) * len(GROUP_LEVELS) for i, rec in enumerate(recs)},
             names=[{} for _ in GROUP_LEVELS], sizes=[dict.fromkeys(range(n), 1) for _ in GROUP_LEVELS],
-            clique=None, devices=n, lo=min((rec.id for rec in recs), default=0), flat=True,
+            clique=None, devices=n, lo=lo, flat=True,
         )  # fmt: skip
+    canon: dict[tuple, int] = {}
+    shape_key = tuple(tuple((level, canon.setdefault((level, hub), len(canon))) for level, hub in hubs) for hubs in hub_lists)
+    shape = shapes.get(shape_key) if shapes is not None else None
+    if shape is None:
+        shape = _shape(hub_lists)
+        if shapes is not None:
+            if len(shapes) > 1024:
+                shapes.clear()
+            shapes[shape_key] = shape
+    by_position, sizes, first = shape
+    names: list[dict[int, str]] = []
+    for pos, level in enumerate(GROUP_LEVELS):
+        level_names: dict[int, str] = {}
+        for gid, p in first[pos].items():
+            own = [hub for lv, hub in hub_lists[p] if lv == level]
+            if own:
+                level_names[gid] = _hub_name(level, own[0])
+        names.append(level_names)
+    cliques = sorted({v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None})
+    return NodeTopology(
+        node=node,
+        stamp=stamp,
+        groups={rec.id: g for rec, g in zip(recs, by_position)},
+        names=names,
+        sizes=sizes,
+        clique=cliques[0] if cliques else None,
+        devices=len(recs),
+        lo=lo,
+        flat=all(size == 1 for level in sizes for size in level.values()),
+    )
+
+
+def _shape(hub_lists: list[tuple]) -> Shape:
+    """Groups per level by device position: connected components of each level's edges."""
+    alike: dict[tuple, list[int]] = {}
+    for p, hubs in enumerate(hub_lists):
+        alike.setdefault(hubs, []).append(p)
     graphs = {level: nx.Graph() for level in GROUP_LEVELS}
     for sig in alike:
         for level, hub in sig:
             for target in GROUP_LEVELS:
                 if level in _EDGES[target]:
                     graphs[target].add_edge(("sig", sig), (level, hub))
-    per_device: dict[int, list[int]] = {rec.id: [] for rec in recs}
-    names: list[dict[int, str]] = []
+    per_device: list[list[int]] = [[] for _ in hub_lists]
     sizes: list[dict[int, int]] = []
+    first: list[dict[int, int]] = []
     for level in GROUP_LEVELS:
-        level_names: dict[int, str] = {}
         level_sizes: dict[int, int] = {}
+        level_first: dict[int, int] = {}
         seen: set[int] = set()
-        # components ordered by their first device id, so group indexes (and ties) are deterministic
-        components = []
-        for comp in nx.connected_components(graphs[level]):
-            members = sorted(i for v in comp if v[0] == "sig" for i in alike[v[1]])
-            own = sorted((v[1] for v in comp if v[0] == level), key=repr)
-            components.append((members, own))
-        components.sort(key=lambda c: c[0][0])
+        # components ordered by their first device, so group indexes (and ties) are deterministic
+        components = sorted(sorted(p for v in comp if v[0] == "sig" for p in alike[v[1]]) for comp in nx.connected_components(graphs[level]))
         index = 0
-        for members, own in components:
-            for dev_id in members:
-                per_device[dev_id].append(index)
-                seen.add(dev_id)
-            if own:
-                level_names[index] = _hub_name(level, own[0])
+        for members in components:
+            for p in members:
+                per_device[p].append(index)
+                seen.add(p)
             level_sizes[index] = len(members)
+            level_first[index] = members[0]
             index += 1
-        for rec in recs:  # alone at this level
-            if rec.id not in seen:
-                per_device[rec.id].append(index)
+        for p in range(len(hub_lists)):  # alone at this level
+            if p not in seen:
+                per_device[p].append(index)
                 level_sizes[index] = 1
+                level_first[index] = p
                 index += 1
-        names.append(level_names)
         sizes.append(level_sizes)
-    cliques = sorted(
-        {v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None}
-    )
-    return NodeTopology(
-        node=node,
-        stamp=stamp,
-        groups={i: tuple(g) for i, g in per_device.items()},
-        names=names,
-        sizes=sizes,
-        clique=cliques[0] if cliques else None,
-        devices=len(recs),
-        lo=min((rec.id for rec in recs), default=0),
-        flat=all(size == 1 for level in sizes for size in level.values()),
-    )
+        first.append(level_first)
+    return [tuple(g) for g in per_device], sizes, first
 
 
 class Topology:
@@ -186,9 +209,8 @@ class Topology:
     def __init__(self, inventory: Inventory) -> None:
         self.inv = inventory
         self._nodes: dict[str, NodeTopology] = {}
-        self._domains: dict[
-            str | None, tuple[int, dict[str, str], dict[str, list[str]]]
-        ] = {}
+        self._shapes: dict[tuple, Shape] = {}
+        self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
         self.nvlink_ranks = 0
         """Ranks of the nodes with at least one device on an NVLink domain (kept as pools change)."""
@@ -196,18 +218,11 @@ class Topology:
 
     def _pool_rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
         inv = self.inv
-        touched = {
-            rec.local_node
-            for rec in (*pool.devices, *old_devices)
-            if rec.local_node is not None
-        }  # type: ignore[attr-defined]
+        touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}  # type: ignore[attr-defined]
         for node in touched:
             bit = 1 << inv._see_node(node)
             devices = (inv.devices[i] for i in iter_bits(inv.local.get(node, 0)))
-            if any(
-                rec is not None and rec.attribute(NVLINK_DOMAIN) is not None
-                for rec in devices
-            ):
+            if any(rec is not None and rec.attribute(NVLINK_DOMAIN) is not None for rec in devices):
                 self.nvlink_ranks |= bit
             else:
                 self.nvlink_ranks &= ~bit
@@ -222,12 +237,10 @@ class Topology:
         if topo is None or topo.stamp != stamp:
             bits = inv.local.get(node, 0)
             recs = [rec for i in iter_bits(bits) if (rec := inv.devices[i]) is not None]
-            topo = self._nodes[node] = build_node(node, recs, stamp)
+            topo = self._nodes[node] = build_node(node, recs, stamp, self._shapes)
         return topo
 
-    def domains(
-        self, label: str | None = None
-    ) -> tuple[dict[str, str], dict[str, list[str]]]:
+    def domains(self, label: str | None = None) -> tuple[dict[str, str], dict[str, list[str]]]:
         """(node -> domain, domain -> nodes in rank order) for the multi-node domains.
 
         `label` None: the NVLink clique (a device's `dralloc.dev/nvlinkClique`,
@@ -257,9 +270,7 @@ class Topology:
             hubs = sorted(str(v[1]) for v in comp if v[0] != "node")
             if not hubs:
                 continue
-            nodes = sorted(
-                (v[1] for v in comp if v[0] == "node"), key=lambda n: rank[n]
-            )
+            nodes = sorted((v[1] for v in comp if v[0] == "node"), key=lambda n: rank[n])
             members[hubs[0]] = nodes
             for n in nodes:
                 of[n] = hubs[0]
