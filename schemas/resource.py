@@ -383,6 +383,11 @@ KINDS: dict[tuple[str, str], type[_Obj]] = {
 Object = Node | Pod | DeviceClass | ResourceSlice | ResourceClaim | ResourceClaimTemplate
 
 
-def to_builtins(obj: msgspec.Struct) -> dict[str, Any]:
-    """The object as JSON-ready builtins, exactly as Kubernetes writes it."""
-    return msgspec.to_builtins(obj)
+def to_builtins(obj: Object) -> dict[str, Any]:
+    """A whole object as JSON-ready builtins, as the API server takes and writes it.
+
+    `apiVersion` and `kind` are defaults, so plain encoding omits them (events
+    carry objects that way, their type being known); an object sent to the API
+    server or printed for people must say what it is.
+    """
+    return {"apiVersion": obj.api_version, "kind": obj.kind, **msgspec.to_builtins(obj)}

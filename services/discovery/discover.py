@@ -11,7 +11,6 @@ import os
 import socket
 from typing import Any
 
-import msgspec
 import yaml
 
 from dralloc.discovery.attributes import NIC_DRIVER, PCI_BUS_ID, PRODUCT
@@ -21,7 +20,7 @@ from dralloc.discovery.profiles import simulate
 from dralloc.discovery.record import RecordingSource
 from dralloc.discovery.replay import ReplaySource
 from dralloc.discovery.sysfs import read_nics
-from dralloc.schemas.resource import ResourceSlice
+from dralloc.schemas.resource import ResourceSlice, to_builtins
 
 OUTPUTS = ("yaml", "json", "table")
 
@@ -61,7 +60,7 @@ def inventory_from(
 def render(slices: list[ResourceSlice], output: str) -> str:
     """Slices as multi-document YAML (kubectl-appliable), a JSON v1 List, or a table for people."""
     # apiVersion and kind equal the Structs' defaults, which encoding omits; a manifest needs them.
-    items = [{"apiVersion": s.api_version, "kind": s.kind, **msgspec.to_builtins(s)} for s in slices]
+    items = [to_builtins(s) for s in slices]
     if output == "json":
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2, sort_keys=True)
     if output == "yaml":

@@ -15,11 +15,10 @@ from typing import Any
 
 import aiohttp
 
-import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
 
 from dralloc.kube import KubeSettings, api_client, describe
-from dralloc.schemas.resource import ResourceSlice
+from dralloc.schemas.resource import ResourceSlice, to_builtins
 
 log = logging.getLogger("dralloc.discovery.kubernetes")
 
@@ -38,7 +37,7 @@ class KubernetesSlices:
 
     async def apply(self, slices: Sequence[ResourceSlice], removed: Sequence[tuple[str, str, str]]) -> None:
         for s in slices:
-            body = {"apiVersion": s.api_version, "kind": s.kind, **msgspec.to_builtins(s)}
+            body = to_builtins(s)
             name = s.metadata.name
             try:
                 status, answer = await _call(self.api.create_resource_slice(body, _preload_content=False))

@@ -52,7 +52,7 @@ from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.ingestor.templates import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import DeviceClass, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from dralloc.schemas.resource import DeviceClass, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
 
 log = logging.getLogger("dralloc.ingestor.kubernetes")
 
@@ -454,7 +454,7 @@ class ClaimController:
             entry.resource_claim_template_name, namespace, _preload_content=False)), type=ResourceClaimTemplate)
         wanted = claim_from_template(pod, entry, template, suffix="")
         # No name: the API server completes `generateName`, as for the real controller's claims.
-        body = msgspec.to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))
+        body = to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))
         claim = msgspec.json.decode(await body_of(self.resource.create_namespaced_resource_claim(
             namespace, body, _preload_content=False)), type=ResourceClaim)
         self.created[(pod.metadata.uid or "", entry.name)] = claim.metadata.name

@@ -251,6 +251,10 @@ class ApiServer(KubernetesScaffold):
             if method == "GET":
                 return Response(status=200, payload=self._list(kind, request.namespace))
             if method == "POST":
+                body = request.data if isinstance(request.data, dict) else {}
+                if (body.get("apiVersion"), body.get("kind")) != (kind.api_version, kind.kind):
+                    # A real API server decodes the body by its own apiVersion/kind, not by the URL.
+                    raise _status(400, "BadRequest", f"Object 'Kind' is missing or not {kind.kind} ({kind.api_version}) in the request body")
                 return Response(status=201, payload=self._create(kind, namespace, request.data, keep_status=False))
             raise _status(405, "MethodNotAllowed", f"{method} on a collection is not supported")
         if method == "GET":
