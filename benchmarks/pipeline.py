@@ -67,7 +67,7 @@ class Options:
     kill_every: float = 3.0
     restart_every: float = 7.0
     allocators: int = 1
-    settle_timeout: float = 60.0
+    settle_timeout: float = 120.0
     """After offering, how long to wait for every claim's outcome."""
 
 
@@ -425,6 +425,7 @@ async def run(options: Options) -> dict[str, Any]:
             await offer(bus, paced, options.rate, never)
             await offer(bus, burst, None, never)
             if chaos_task is not None:
+                await settle(bus, set(paced) | set(burst), options.settle_timeout)  # chaos goes on while the backlog drains
                 stop_chaos.set()
                 await chaos_task
             verdict_all = await settle(bus, set(paced) | set(burst), options.settle_timeout)
