@@ -197,14 +197,7 @@ def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
     for f in families:
         weights = [s[5] for s in shapes[f]]
         gpu_time = sum(
-            w
-            * (
-                MIG_SHARE[s[3]]
-                if s[3]
-                else s[1] * (sum(GANG_SIZES[f]) / len(GANG_SIZES[f]) if s[4] else 1)
-            )
-            * s[6]
-            for s, w in zip(shapes[f], weights)
+            w * (MIG_SHARE[s[3]] if s[3] else s[1] * (sum(GANG_SIZES[f]) / len(GANG_SIZES[f]) if s[4] else 1)) * s[6] for s, w in zip(shapes[f], weights)
         ) / sum(weights)
         rates[f] = load * CAPACITY[f] / gpu_time
     total = sum(rates.values())
@@ -213,14 +206,10 @@ def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
     for i in range(jobs):
         now += rng.expovariate(total)
         family = rng.choices(families, weights=[rates[f] for f in families])[0]
-        _, count, nics, mig, members, _, mean = rng.choices(
-            shapes[family], weights=[s[5] for s in shapes[family]]
-        )[0]
+        _, count, nics, mig, members, _, mean = rng.choices(shapes[family], weights=[s[5] for s in shapes[family]])[0]
         if members:
             members = rng.choice(GANG_SIZES[family])
-        out.append(
-            Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members)
-        )
+        out.append(Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members))
     return out
 
 
@@ -236,11 +225,7 @@ def fleet_engine(scoring: bool) -> Engine:
         engine.apply(
             DeviceClass(
                 metadata=ObjectMeta(name=name),
-                spec=DeviceClassSpec(
-                    selectors=[
-                        DeviceSelector(cel=CELDeviceSelector(expression=expression))
-                    ]
-                ),
+                spec=DeviceClassSpec(selectors=[DeviceSelector(cel=CELDeviceSelector(expression=expression))]),
             )
         )
     for _, slices in build_fleet(FLEET):
@@ -254,9 +239,7 @@ def fleet_engine(scoring: bool) -> Engine:
 
 def _free(engine: Engine, rec) -> bool:
     ledger = engine.ledger
-    return not (ledger.used_bits >> rec.id) & 1 and (
-        not rec.consumes or ledger.active(rec) or ledger.counter_room(rec)
-    )
+    return not (ledger.used_bits >> rec.id) & 1 and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))
 
 
 def _wants(job: Job) -> list[tuple[int, object]]:
@@ -265,11 +248,7 @@ def _wants(job: Job) -> list[tuple[int, object]]:
 
     def gpu(rec) -> bool:
         attrs = rec.spec.attributes
-        return (
-            rec.driver == "gpu.nvidia.com"
-            and attrs["type"].string == "gpu"
-            and attrs["productName"].string == product
-        )
+        return rec.driver == "gpu.nvidia.com" and attrs["type"].string == "gpu" and attrs["productName"].string == product
 
     def nic(rec) -> bool:
         return rec.driver == "dra.net"
@@ -313,10 +292,7 @@ def best_level(engine: Engine, job: Job, by_node: dict[str, list]) -> int | None
 
 
 def shared_level(engine: Engine, outcome) -> int:
-    recs = [
-        engine.inventory.by_key[(r.driver, r.pool, r.device)]
-        for r in outcome.allocation.devices.results
-    ]
+    recs = [engine.inventory.by_key[(r.driver, r.pool, r.device)] for r in outcome.allocation.devices.results]
     for level, (_, attribute) in enumerate(LEVELS):
         values = {_value(r, attribute, outcome.node) for r in recs}
         if len(values) == 1 and None not in values:
@@ -365,10 +341,7 @@ def _random_node(
     wants = _wants(job) if not job.mig else []
     fits = []
     for node, recs in by_node.items():
-        if all(
-            sum(1 for r in recs if pred(r) and _free(engine, r)) >= n
-            for n, pred in wants
-        ):
+        if all(sum(1 for r in recs if pred(r) and _free(engine, r)) >= n for n, pred in wants):
             fits.append(node)
     rng.shuffle(fits)
     outcome = None
@@ -379,9 +352,7 @@ def _random_node(
     return [outcome] if outcome is not None else engine.allocate(claims)
 
 
-def run(
-    jobs: list[Job], scoring: bool, *, spread: random.Random | None = None
-) -> Result:
+def run(jobs: list[Job], scoring: bool, *, spread: random.Random | None = None) -> Result:
     """One pass over the trace. `spread`: instead of the engine's node order, a random
     node among those that fit (see `_random_node`), devices in Kubernetes' order."""
     engine = fleet_engine(scoring)
@@ -390,10 +361,7 @@ def run(
     for rec in engine.inventory.devices:
         if rec is not None and rec.local_node is not None:
             by_node.setdefault(rec.local_node, []).append(rec)
-            if (
-                rec.driver == "gpu.nvidia.com"
-                and rec.spec.attributes["type"].string == "gpu"
-            ):
+            if rec.driver == "gpu.nvidia.com" and rec.spec.attributes["type"].string == "gpu":
                 total_gpus += 1
     result = Result()
     used = 0.0
@@ -420,18 +388,10 @@ def run(
                 domain_label=None if job.family == "gb200" else "dralloc.dev/rack",
             )
         else:
-            outcomes = (
-                _random_node(engine, job, claims, by_node, spread)
-                if spread is not None
-                else engine.allocate(claims)
-            )
+            outcomes = _random_node(engine, job, claims, by_node, spread) if spread is not None else engine.allocate(claims)
         result.engine_seconds += time.perf_counter() - t0
         if all(o.status == "allocated" for o in outcomes):
-            weight = sum(
-                _weight(engine.inventory.by_key[(r.driver, r.pool, r.device)])
-                for o in outcomes
-                for r in o.allocation.devices.results
-            )
+            weight = sum(_weight(engine.inventory.by_key[(r.driver, r.pool, r.device)]) for o in outcomes for r in o.allocation.devices.results)
             used += weight
             heapq.heappush(
                 leaving,
@@ -439,9 +399,7 @@ def run(
             )
             if multi:
                 result.multi_device += 1
-                result.locality_optimal += (
-                    optimum is not None and shared_level(engine, outcomes[0]) <= optimum
-                )
+                result.locality_optimal += optimum is not None and shared_level(engine, outcomes[0]) <= optimum
         else:
             result.rejected += len(claims)
             if job.large:
@@ -464,24 +422,12 @@ def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
         return round(r.locality_optimal / r.multi_device, 4) if r.multi_device else 1.0
 
     def mean(r: Result) -> float:
-        return (
-            round(sum(r.utilization_samples) / len(r.utilization_samples), 4)
-            if r.utilization_samples
-            else 0.0
-        )
+        return round(sum(r.utilization_samples) / len(r.utilization_samples), 4) if r.utilization_samples else 0.0
 
     def first(r: Result) -> float | None:
-        return (
-            None
-            if r.utilization_at_first_large_rejection is None
-            else round(r.utilization_at_first_large_rejection, 4)
-        )
+        return None if r.utilization_at_first_large_rejection is None else round(r.utilization_at_first_large_rejection, 4)
 
-    fewer = (
-        1 - scored.large_claims_rejected / baseline.large_claims_rejected
-        if baseline.large_claims_rejected
-        else 0.0
-    )
+    fewer = 1 - scored.large_claims_rejected / baseline.large_claims_rejected if baseline.large_claims_rejected else 0.0
     return {
         "seed": seed,
         "nodes": sum(n for _, n in FLEET),
@@ -510,12 +456,8 @@ def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
         "random_node_mean_utilization": mean(scheduler),
         "engine_seconds": round(scored.engine_seconds, 3),
         "baseline_engine_seconds": round(baseline.engine_seconds, 3),
-        "units_per_second": round(scored.units / scored.engine_seconds, 1)
-        if scored.engine_seconds
-        else 0.0,
-        "baseline_units_per_second": round(baseline.units / baseline.engine_seconds, 1)
-        if baseline.engine_seconds
-        else 0.0,
+        "units_per_second": round(scored.units / scored.engine_seconds, 1) if scored.engine_seconds else 0.0,
+        "baseline_units_per_second": round(baseline.units / baseline.engine_seconds, 1) if baseline.engine_seconds else 0.0,
     }
 
 
@@ -523,8 +465,4 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(
-        json.dumps(
-            measure(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else 3000), indent=2
-        )
-    )
+    print(json.dumps(measure(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else 3000), indent=2))

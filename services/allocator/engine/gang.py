@@ -84,16 +84,8 @@ def allocate_gang(
         of = {n: "all nodes" for n in inv.nodes()}
     else:
         of, domains = placement.topology.domains(domain_label)
-    kind = (
-        "NVLink clique or rack"
-        if domain_label is None
-        else ("cluster" if domain_label == "" else f"{domain_label} domain")
-    )
-    held = {
-        c.key: engine.ledger.claims[c.key]
-        for c in claims
-        if c.key in engine.ledger.claims
-    }
+    kind = "NVLink clique or rack" if domain_label is None else ("cluster" if domain_label == "" else f"{domain_label} domain")
+    held = {c.key: engine.ledger.claims[c.key] for c in claims if c.key in engine.ledger.claims}
     pending = [c for c in claims if c.key not in held]
     if not pending:
         return [
@@ -168,15 +160,9 @@ def allocate_gang(
                 )
                 for c in claims
             ]
-        first_failure = (
-            first_failure or f"in {domain}, claim {failure.claim}: {failure.message}"
-        )
+        first_failure = first_failure or f"in {domain}, claim {failure.claim}: {failure.message}"
     if not candidates:
-        why = (
-            f"no {kind} has {need} free devices"
-            if domains
-            else f"no node is in a {kind}"
-        )
+        why = f"no {kind} has {need} free devices" if domains else f"no node is in a {kind}"
     else:
         why = f"{len(candidates)} tried; {first_failure}"
     message = f"gang {gang}: cannot place all {len(pending)} pending claims inside one {kind} ({why}); none holds devices"
