@@ -145,6 +145,15 @@ class Service:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
+    def peak_rss_mb(self) -> float | None:
+        """The process's peak resident memory (Linux /proc), while it runs."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except (OSError, TypeError):
+            return None
+        kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
+        return None if kb is None else round(kb / 1024, 1)
+
     async def kill(self) -> None:
         if self.pid is not None:
             self.proc.kill()  # type: ignore[union-attr]
@@ -429,6 +438,7 @@ async def run(options: Options) -> dict[str, Any]:
                 stop_chaos.set()
                 await chaos_task
             verdict_all = await settle(bus, set(paced) | set(burst), options.settle_timeout)
+            peak_rss = {name: service.peak_rss_mb() for name, service in stack.services.items()}
             claims_seen = await _read_all(bus, "CLAIMS")
             allocations_seen = await _read_all(bus, "ALLOCATIONS")
         finally:
@@ -446,6 +456,7 @@ async def run(options: Options) -> dict[str, Any]:
         "nodes": nodes,
         "gpus": nodes * GPUS_PER_NODE,
         "allocators": allocators,
+        "peak_rss_mb": peak_rss,
     }
     if options.chaos:
         report.update(
