@@ -107,9 +107,11 @@ class Placement:
             return
         demand = _demand(plans)
         if sum(count for _, count in demand) < 2:
-            # one device gains nothing from NVLink: nodes without it first, so NVLink capacity
-            # stays for the claims that need several devices close together
-            nvlink = self.topology.nvlink_ranks
+            # one device of the class, any: it gains nothing from NVLink, so nodes without it
+            # first and NVLink capacity stays for the claims that need several devices close
+            # together. (Not for a claim with its own selectors: those often exclude the
+            # non-NVLink nodes, and trying them all first would cost an evaluation each.)
+            nvlink = self.topology.nvlink_ranks if demand and not demand[0][0].selectors else 0
             kind = self._kind(demand)
             order = chain(self._fit_order(viable & ~nvlink, kind), self._fit_order(viable & nvlink, kind)) if viable & nvlink else self._fit_order(viable, kind)
             later = []
