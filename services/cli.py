@@ -159,6 +159,7 @@ def submit(
     nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
     wait: float = typer.Option(0.0, "--wait", help="Wait up to this many seconds for each claim's allocation and show it."),
+    gang: str = typer.Option(None, "--gang", help="The claims are one gang (the pods of one job): all allocated inside one topology domain, or none."),
 ) -> None:
     """Publish claims (and classes, slices, Pods' claim templates) from files to the bus.
 
@@ -175,7 +176,7 @@ def submit(
         fail(f"--output must be table or json, not {output!r}")
     problems: list[str] = []
     try:
-        submission = asyncio.run(submit_paths(paths, nats_url, problems.append, wait=wait))
+        submission = asyncio.run(submit_paths(paths, nats_url, problems.append, wait=wait, gang=gang))
     except BusError as exc:
         fail(str(exc), 1)
     for problem in problems:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from dralloc.allocator.engine.cel import CelError, compile_selector, diagnose
 from dralloc.manifests import Manifests
-from dralloc.schemas.resource import DeviceClass, DeviceSelector, Pod, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate
+from dralloc.schemas.resource import (
+    DeviceClass,
+    DeviceSelector,
+    Pod,
+    ResourceClaim,
+    ResourceClaimSpec,
+    ResourceClaimTemplate,
+)
 from dralloc.schemas.validation import validate
 
 
@@ -43,8 +50,7 @@ def lint(manifests: Manifests) -> list[Problem]:
         obj = item.obj
         where = f"{item.source}: {obj.kind}/{obj.metadata.name}"
         problems += [Problem(where, error.field, error.message) for error in validate(obj)]
-        for field, selector in _selectors(obj):
-            problems += _cel_problems(where, field, selector)
+        problems += selector_problems(obj, where)
         spec = _claim_spec(obj)
         if spec is not None:
             for field, class_name in _class_references(spec, "spec.spec" if isinstance(obj, ResourceClaimTemplate) else "spec"):
@@ -65,6 +71,11 @@ def lint(manifests: Manifests) -> list[Problem]:
                         )
                     )
     return problems
+
+
+def selector_problems(obj: object, where: str) -> list[Problem]:
+    """Every CEL selector of a DeviceClass, claim or template that cannot work, with its diagnosis."""
+    return [problem for field, selector in _selectors(obj) for problem in _cel_problems(where, field, selector)]
 
 
 def _claim_spec(obj: object) -> ResourceClaimSpec | None:

@@ -20,11 +20,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
-
 from dralloc.ingestor.templates import expand_pod
+from dralloc.lint import selector_problems
 from dralloc.manifests import Manifests, expand_paths, load_paths
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import DeviceClass, Node, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from dralloc.schemas.resource import (
+    DeviceClass,
+    Node,
+    Pod,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    ResourceSlice,
+)
 from dralloc.schemas.validation import validate
 
 SourceEvent = (
@@ -89,6 +96,9 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
             for problem in problems:
                 report(f"{item.source}: {obj.kind}/{obj.metadata.name}: field {problem.field}: {problem.message}")
             continue
+        for problem in selector_problems(obj, f"{item.source}: {obj.kind}/{obj.metadata.name}"):
+            # Published all the same: the allocator records the failure for each claim it affects.
+            report(f"{problem}\n    published anyway: claims that use this selector fail with this error")
         if isinstance(obj, DeviceClass):
             inventory.append(ev.DeviceClassPublished(device_class=obj))
         elif isinstance(obj, ResourceSlice):

@@ -45,13 +45,34 @@ def describe(event: SourceEvent) -> str:
     return f"{kind.get(type(event).__name__, type(event).__name__)}/{getattr(event, 'key', None) or getattr(event, 'name', '')}"
 
 
-async def submit_paths(paths: list[str], url: str | None, report: Report, *, wait: float = 0.0) -> Submission:
+def as_gang(events: list[SourceEvent], name: str) -> list[SourceEvent]:
+    """Mark every claim as one gang (the annotations the allocator reads): all of them, or none."""
+    from dralloc.allocator.engine.gang import GANG, GANG_SIZE
+
+    size = sum(isinstance(e, ev.ClaimSubmitted) for e in events)
+
+    def marked(event: SourceEvent) -> SourceEvent:
+        if not isinstance(event, ev.ClaimSubmitted):
+            return event
+        meta = event.claim.metadata
+        annotations = {**meta.annotations, GANG: name, GANG_SIZE: str(size)}
+        return ev.ClaimSubmitted(claim=msgspec.structs.replace(event.claim, metadata=msgspec.structs.replace(meta, annotations=annotations)))
+
+    return [marked(event) for event in events]
+
+
+async def submit_paths(
+    paths: list[str], url: str | None, report: Report, *, wait: float = 0.0, gang: str | None = None
+) -> Submission:
     """Read the files and publish what they hold; problems go to `report`, the rest is published.
 
     With `wait` > 0, also wait up to that many seconds for the allocator's decision on each claim.
+    With `gang`, the claims form one gang: allocated all together inside one topology domain, or not at all.
     """
     telemetry.setup("submit")  # each claim's trace starts here
     todo = events_from_manifests(load_paths(paths), report)
+    if gang:
+        todo = as_gang(todo, gang)
     result = Submission()
     if not todo:
         return result

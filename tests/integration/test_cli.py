@@ -134,3 +134,44 @@ async def test_delete_releases_the_claims_in_the_files(bus: Bus, nats_url: str, 
                 await asyncio.sleep(0.2)
     last = await bus.js.get_last_msg("ALLOCATIONS", "dra.allocations.ml.good")
     assert json.loads(last.data)["type"] == "AllocationReleased"
+
+
+async def test_submitting_the_articles_manifest_shows_lints_diagnosis(bus: Bus, nats_url: str, shared_dir: Path):
+    """The article's manifest gets the same diagnosis from `submit` as from `lint`, and the rest goes on."""
+    seed = str(shared_dir / "examples" / "seed-manifest.yaml")
+    out = await asyncio.to_thread(dralloc, "submit", "-f", seed, "-o", "json", url=nats_url)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    linted = subprocess.run([DRALLOC, "lint", "-f", seed, "-o", "json"], capture_output=True, text=True, timeout=60)
+    (cel,) = [p for p in json.loads(linted.stdout)["problems"] if p["field"].endswith("cel.expression")]
+    assert cel["message"] in out.stderr
+    assert all(hint in out.stderr for hint in cel["hints"])
+    assert "h100-nvlink-template" in out.stderr  # the Pod's missing template is named too
+    published = json.loads(out.stdout)["published"]
+    assert [p["object"] for p in published] == ["DeviceClass/high-bandwidth-gpu"]
+
+
+async def test_submit_gang_is_allocated_whole_inside_one_clique_or_not_at_all(bus: Bus, nats_url: str, tmp_path: Path):
+    from dralloc import demo
+
+    def job(name: str, workers: int) -> Path:
+        claims = "---\n".join(
+            GOOD.replace("name: good", f"name: {name}-{i}").replace("deviceClassName: gpu.nvidia.com", "deviceClassName: gpu.nvidia.com, count: 4")
+            for i in range(workers)
+        )
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(claims)
+        return path
+
+    (tmp_path / "classes.yaml").write_text((EXAMPLES / "deviceclasses.yaml").read_text())
+    fleet = [{"profile": "gb200-nvl72", "count": 2}]  # two 4-GPU trays of one NVLink clique
+    async with demo.running(nats_url, paths=[str(tmp_path / "classes.yaml")], fleet=fleet):
+        # 3 x 4 GPUs cannot fit in 8: without the gang two claims would take both trays; as a gang, none holds any.
+        big = await asyncio.to_thread(dralloc, "submit", "-f", str(job("big", 3)), "--gang", "big", "--wait", "3", "-o", "json", url=nats_url)
+        assert big.returncode == 1
+        assert [c["state"] for c in json.loads(big.stdout)["claims"]] == ["unsatisfiable"] * 3
+
+        fits = await asyncio.to_thread(dralloc, "submit", "-f", str(job("fits", 2)), "--gang", "fits", "--wait", "30", "-o", "json", url=nats_url)
+        assert fits.returncode == 0, fits.stderr
+        claims = json.loads(fits.stdout)["claims"]
+        assert sorted(c["claim"] for c in claims) == ["ml/fits-0", "ml/fits-1"]
+        assert len({c["node"] for c in claims}) == 2  # one tray each, inside the one clique
