@@ -11,7 +11,7 @@ from dralloc import demo
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus
 from dralloc.ingestor.sources import events_from_manifests
-from dralloc.manifests import load_paths, load_text
+from dralloc.manifests import load_text
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.sinks import ClaimStatus, read_all
 

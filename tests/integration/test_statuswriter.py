@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
