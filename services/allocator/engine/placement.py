@@ -9,10 +9,12 @@ rank, devices by driver/pool/slice/name).
 Two hooks:
 
 - `order_nodes(plans, viable)`: the nodes to try, best first. Best fit:
-  nodes outside multi-node domains first, then domain by domain, the fullest
-  domain (NVLink clique or rack) first, so whole domains stay free for gangs;
-  inside, the nodes with the fewest free devices of the claim's kind (GPUs
-  for a GPU claim, not the node's NICs) first, then rank. The counts are
+  nodes already partly used (of the claim's kind: GPUs for a GPU claim, not
+  the node's NICs) before whole free ones, so a claim fills a hole before it
+  breaks a node that an 8-GPU claim or a gang member could take; in each,
+  the fewest free devices of the kind first; nodes outside multi-node
+  domains first, then domain by domain, the fullest domain (NVLink clique or
+  rack) first, so whole domains stay free for gangs; then rank. The counts are
   kept per node and kind as the ledger changes (`KindIndex`), so the order
   costs nothing per node. A claim for one device tries nodes without NVLink
   first: it gains nothing from NVLink, and NVLink capacity stays for the
@@ -139,34 +141,48 @@ class Placement:
     def _fit_order(self, viable: int, kind: tuple[str, str] | None = None) -> Iterator[int]:
         """Known node ranks in best-fit order.
 
-        Nodes outside any multi-node domain first, then domain by domain, the
+        Nodes already partly used (of the claim's `kind`: GPUs for a GPU claim,
+        not its node's NICs) first, the fewest free first: a claim fills a hole
+        before it breaks a whole node, so whole nodes stay for 8-GPU claims and
+        gang members. Then the whole free nodes, the smallest first. In each,
+        nodes outside any multi-node domain first, then domain by domain, the
         fullest domain first (fewest free devices): small claims concentrate
         where a domain is already broken, so whole cliques and racks stay free
-        for gangs. Inside each, the fullest nodes first. Free devices are
-        counted of the claim's `kind` (GPUs for a GPU claim, not its node's
-        NICs), or of every kind when it is not known yet."""
+        for gangs. With the kind not known yet, free devices of every kind are
+        counted and nothing is known whole."""
+        whole = 0
         if kind is not None and kind in self.kinds.ge:
             free_ge, free = self.kinds.ge[kind], self.kinds.free[kind]
+            whole = self.kinds.whole.get(kind, 0)
         else:
             free_ge, free = self.ledger.free_ge, self.ledger.free_local
         of, members = self.topology.domains()
         if not of:
-            yield from self._buckets(viable, free_ge)
+            parts = [viable]
+        else:
+            bits = self.topology.domain_bits()
+            inside = 0
+            for b in bits.values():
+                inside |= b
+            rank = self.inv.node_rank
+            touched = [d for d, b in bits.items() if viable & b]
+            touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
+            parts = [viable & ~inside, *(viable & bits[d] for d in touched)]
+        if whole:
+            for part in parts:
+                yield from self._buckets(part & ~whole, free_ge, with_none=False)
+            for part in parts:
+                yield from self._buckets(part & whole, free_ge, with_none=False)
+            rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
+            yield from self._known(rest)
             return
-        bits = self.topology.domain_bits()
-        inside = 0
-        for b in bits.values():
-            inside |= b
-        yield from self._buckets(viable & ~inside, free_ge)
-        rank = self.inv.node_rank
-        touched = [d for d, b in bits.items() if viable & b]
-        touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
-        for domain in touched:
-            yield from self._buckets(viable & bits[domain], free_ge)
+        for part in parts:
+            yield from self._buckets(part, free_ge)
 
-    def _buckets(self, viable: int, free_ge: list[int]) -> Iterator[int]:
+    def _buckets(self, viable: int, free_ge: list[int], *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable`, fewest free exclusive devices first (buckets:
-        free_ge[k] holds the nodes with at least k free), then rank; lazily."""
+        free_ge[k] holds the nodes with at least k free), then rank; lazily. `with_none`:
+        then the nodes with none free (they may still have shared devices)."""
         names = self.inv.node_names
         known = self.inv.node_known
         top = len(free_ge)
@@ -180,9 +196,12 @@ class Placement:
                 r = low.bit_length() - 1
                 if names[r] in known:
                     yield r
-        # nodes with no free exclusive device (they may still have shared devices)
-        rest = viable & ~(free_ge[1] if top > 1 else 0)
-        yield from (r for r in iter_bits(rest) if names[r] in known)
+        if with_none:
+            yield from self._known(viable & ~(free_ge[1] if top > 1 else 0))
+
+    def _known(self, ranks: int) -> Iterator[int]:
+        names, known = self.inv.node_names, self.inv.node_known
+        return (r for r in iter_bits(ranks) if names[r] in known)
 
     def _any_free(self, node: str, alt: Alt) -> bool:
         mask, _ = self.inv.node_mask(node)
@@ -458,14 +477,17 @@ def kind_of(rec: DeviceRec) -> tuple[str, str]:
 
 class KindIndex:
     """Free exclusive node-local devices per kind and node, and per kind the bitsets of node
-    ranks with at least k free (the ledger's `free_ge`, by kind). Kept in step with the
-    ledger (its `on_charge` hook) and with pool rebuilds, so best fit reads it per claim for free."""
+    ranks with at least k free (the ledger's `free_ge`, by kind) and of the nodes with every
+    device of the kind free (`whole`). Kept in step with the ledger (its `on_charge` hook) and
+    with pool rebuilds, so best fit reads it per claim for free."""
 
     def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
         self.inv = inventory
         self.ledger = ledger
         self.free: dict[tuple[str, str], dict[str, int]] = {}
+        self.total: dict[tuple[str, str], dict[str, int]] = {}
         self.ge: dict[tuple[str, str], list[int]] = {}
+        self.whole: dict[tuple[str, str], int] = {}
         ledger.on_charge.append(self._charge)
         inventory.on_pool_rebuilt.append(self._rebuilt)  # after the ledger's own (registered first)
 
@@ -479,22 +501,30 @@ class KindIndex:
         inv, used = self.inv, self.ledger.used_bits
         for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:  # type: ignore[attr-defined]
             counts: dict[tuple[str, str], int] = {}
+            totals: dict[tuple[str, str], int] = {}
             for i in iter_bits(inv.local.get(node, 0)):
                 rec = inv.devices[i]
                 if rec is not None and not rec.multi:
                     kind = kind_of(rec)
                     counts[kind] = counts.get(kind, 0) + (not (used >> i) & 1)
+                    totals[kind] = totals.get(kind, 0) + 1
             for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
-                self._set(kind, node, counts.get(kind, 0))
+                self.total.setdefault(kind, {})[node] = totals.get(kind, 0)
+                self._set(kind, node, counts.get(kind, 0), force=True)
 
-    def _set(self, kind: tuple[str, str], node: str, new: int) -> None:
+    def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
         free = self.free.setdefault(kind, {})
         ge = self.ge.setdefault(kind, [0])
         old = free.get(node, 0)
         free[node] = new
-        if new == old:
+        if new == old and not force:
             return
         bit = 1 << self.inv._see_node(node)
+        total = self.total.get(kind, {}).get(node, 0)
+        if total and new == total:
+            self.whole[kind] = self.whole.get(kind, 0) | bit
+        else:
+            self.whole[kind] = self.whole.get(kind, 0) & ~bit
         while len(ge) <= max(new, old):
             ge.append(0)
         if new > old:
