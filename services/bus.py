@@ -35,7 +35,10 @@ Consuming
     pull consumer until ``stop`` is set. ``handler(event)`` is awaited for each
     decoded event inside a CONSUMER span continuing the publisher's trace;
     the message is acked only after the handler returns (so the handler must
-    make its effect durable first, e.g. by awaiting ``bus.publish``).
+    make its effect durable first, e.g. by awaiting ``bus.publish``), or, when
+    the handler returns an awaitable (e.g. from ``bus.send``), after that
+    completes: the consumer handles the next messages meanwhile, so several
+    effects are in flight at once (at most ``MAX_IN_FLIGHT``).
     - undecodable message, or handler raises `Permanent`: dead-lettered at once;
     - handler raises anything else: redelivered after a short delay, and
       dead-lettered on the ``max_deliver``-th failure;
@@ -64,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -75,6 +79,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
@@ -91,7 +96,8 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.kv import KeyValue
-from opentelemetry.trace import SpanKind
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from dralloc import natsauth, telemetry
 from dralloc.schemas import events
@@ -133,7 +139,13 @@ INITIAL_REFUSALS = 3
 FETCH_WAIT_S = 1.0
 """Longest wait of one pull request, and so the longest a consumer takes to notice `stop`."""
 
-Handler = Callable[[Event], Awaitable[None]]
+Handler = Callable[[Event], Awaitable[Awaitable[Any] | None]]
+"""Awaited per event; it may return an awaitable that completes once the event's effect is
+durable (e.g. a `Bus.send` ack), and the message is acked only then: the consumer goes on with
+the next messages meanwhile (see `Bus.consume`)."""
+
+MAX_IN_FLIGHT = 256
+"""Messages a consumer has handled but not yet acked (their effects not yet durable), at most."""
 
 
 class DeadLetter(msgspec.Struct, rename="camel", kw_only=True):
@@ -236,6 +248,10 @@ class Bus:
         self.nc = nc
         self.js = nc.jetstream()
         self.name = name
+        self._reply_prefix = ""
+        self._reply_tokens = itertools.count()
+        self._replies: dict[str, asyncio.Future[PubAck]] = {}
+        """`send`'s acks still to come, by the token ending their reply subject."""
 
     @classmethod
     async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
@@ -308,12 +324,62 @@ class Bus:
                     continue
             await self.js.update_stream(config)
 
-    async def publish(self, event: Event, *, headers: dict[str, str] | None = None) -> PubAck:
+    async def publish(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None) -> PubAck:
         """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it).
 
         `headers` are added to the message (e.g. ``Nats-Expected-Last-Sequence``, which makes the
-        server refuse the write when the stream has moved on: the allocator's fence)."""
+        server refuse the write when the stream has moved on: the allocator's fence); `msg_id`
+        replaces the event's own ``Nats-Msg-Id``."""
+        subject, data, headers = self._outgoing(event, headers, msg_id)
+        return await self.js.publish(subject, data, headers=headers)
+
+    async def send(
+        self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0
+    ) -> Awaitable[PubAck]:
+        """Publish without waiting for the store: returns once the message is on its way (messages
+        leave in call order), with an awaitable for JetStream's ack (raising as `publish` does, or
+        `TimeoutError` after `timeout` seconds without an answer). Several may be in flight at once."""
+        subject, data, headers = self._outgoing(event, headers, msg_id)
+        # Our own replies, not nats-py's publish_async: that one loses a refusal (its reply handler
+        # raises the server's error instead of handing it to the waiting future).
+        if not self._reply_prefix:
+            self._reply_prefix = self.nc.new_inbox()
+            await self.nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
+        token = str(next(self._reply_tokens))
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self._replies[token] = future
+        try:
+            await self.nc.publish(subject, data, reply=f"{self._reply_prefix}.{token}", headers=headers)
+        except BaseException:
+            del self._replies[token]
+            raise
+        return self._answer(token, future, timeout)
+
+    async def _answer(self, token: str, future: asyncio.Future[PubAck], timeout: float) -> PubAck:
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._replies.pop(token, None)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        future = self._replies.get(msg.subject.rpartition(".")[2])
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            future.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+            if "error" in answer:
+                nats.js.errors.APIError.from_error(answer["error"])  # raises the error's own class
+            future.set_result(PubAck.from_response(answer))
+        except Exception as exc:
+            future.set_exception(exc)
+
+    def _outgoing(self, event: Event, headers: dict[str, str] | None, msg_id: str | None) -> tuple[str, bytes, dict[str, str]]:
+        """Subject, payload and headers of an event, under a PRODUCER span whose context the headers carry."""
         subject = event.subject
+        msg_id = msg_id or event.msg_id
         with telemetry.tracer().start_as_current_span(
             f"send {subject}",
             kind=SpanKind.PRODUCER,
@@ -321,7 +387,7 @@ class Bus:
                 "messaging.system": "nats",
                 "messaging.operation.type": "send",
                 "messaging.destination.name": subject,
-                "messaging.message.id": event.msg_id,
+                "messaging.message.id": msg_id,
                 "dralloc.event": type(event).__name__,
             },
         ):
@@ -331,8 +397,7 @@ class Bus:
                     f"{type(event).__name__} on {subject} is {len(data)} bytes, over the server's "
                     f"message limit of {self.nc.max_payload} bytes"
                 )
-            headers = telemetry.inject({**(headers or {}), "Nats-Msg-Id": event.msg_id})
-            return await self.js.publish(subject, data, headers=headers)
+            return subject, data, telemetry.inject({**(headers or {}), "Nats-Msg-Id": msg_id})
 
     async def consume(
         self,
@@ -370,6 +435,7 @@ class Bus:
                 await self._exhausted(advisory, stream, consumer_name)
 
             exhausted = await self.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}", cb=on_exhausted)
+        in_flight: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
                 try:
@@ -387,23 +453,30 @@ class Bus:
                 for msg in messages:
                     if stop.is_set():
                         await msg.nak()  # fetched but not started: hand it back at once
-                    else:
-                        await self._process(msg, handler, stream, consumer_name, max_deliver)
+                        continue
+                    finishing = await self._process(msg, handler, stream, consumer_name, max_deliver)
+                    if finishing is not None:
+                        in_flight.add(finishing)
+                        finishing.add_done_callback(in_flight.discard)
+                        if len(in_flight) >= MAX_IN_FLIGHT:
+                            await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if in_flight:  # every handled message is acked or handed back before the consumer ends
+                await asyncio.wait(in_flight)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             if exhausted is not None:
                 with contextlib.suppress(Exception):
                     await exhausted.unsubscribe()
 
-    async def _process(self, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> None:
-        delivered = msg.metadata.num_delivered
+    async def _process(self, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> asyncio.Task[None] | None:
+        """Handle one message; returns the task that acks it once its effect is durable, if that is still to come."""
         try:
             event = events.decode(msg.data)
         except EventDecodeError as exc:
             await self._dead_letter(msg, stream, consumer, str(exc))
-            return
-        with telemetry.tracer().start_as_current_span(
+            return None
+        span = telemetry.tracer().start_span(
             f"process {msg.subject}",
             context=telemetry.extract(msg.headers),
             kind=SpanKind.CONSUMER,
@@ -414,22 +487,51 @@ class Bus:
                 "messaging.consumer.group.name": consumer,
                 "messaging.message.id": (msg.headers or {}).get("Nats-Msg-Id", ""),
                 "dralloc.event": type(event).__name__,
-                "dralloc.delivery": delivered,
+                "dralloc.delivery": msg.metadata.num_delivered,
             },
-        ):
+        )
+        with trace.use_span(span, end_on_exit=False):
             try:
-                await handler(event)
-            except Permanent as exc:
-                await self._dead_letter(msg, stream, consumer, str(exc))
-                return
+                durable = await handler(event)
             except Exception as exc:
+                await self._settle(msg, exc, event, stream, consumer, max_deliver, span)
+                return None
+            except BaseException:
+                span.end()
+                raise
+        if durable is None:
+            await self._settle(msg, None, event, stream, consumer, max_deliver, span)
+            return None
+        return asyncio.create_task(self._finish(msg, durable, event, stream, consumer, max_deliver, span))
+
+    async def _finish(self, msg: Msg, durable: Awaitable[Any], event: Event, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
+        try:
+            await durable
+        except Exception as exc:
+            await self._settle(msg, exc, event, stream, consumer, max_deliver, span)
+        else:
+            await self._settle(msg, None, event, stream, consumer, max_deliver, span)
+
+    async def _settle(
+        self, msg: Msg, failure: Exception | None, event: Event, stream: str, consumer: str, max_deliver: int, span: Span
+    ) -> None:
+        """Ack a handled message, or dead-letter it (`Permanent`, or the last delivery) or hand it back for a retry."""
+        delivered = msg.metadata.num_delivered
+        try:
+            if failure is None:
+                await msg.ack()
+            elif isinstance(failure, Permanent):
+                await self._dead_letter(msg, stream, consumer, str(failure))
+            else:
                 if delivered >= max_deliver:
-                    await self._dead_letter(msg, stream, consumer, f"failed {delivered} times, last: {exc}")
+                    await self._dead_letter(msg, stream, consumer, f"failed {delivered} times, last: {failure}")
                 else:
-                    log.warning("%s: %s on %s failed (delivery %d): %s", consumer, type(event).__name__, msg.subject, delivered, exc)
+                    log.warning("%s: %s on %s failed (delivery %d): %s", consumer, type(event).__name__, msg.subject, delivered, failure)
                     await msg.nak(delay=min(0.2 * 2**delivered, 10.0))
-                return
-        await msg.ack()
+        except nats.errors.Error as exc:  # NATS is away: JetStream redelivers after ack_wait
+            log.warning("%s: could not settle %s: %s", consumer, msg.subject, exc)
+        finally:
+            span.end()
 
     async def _dead_letter(self, msg: Msg, stream: str, consumer: str, reason: str) -> None:
         await self._publish_dead_letter(stream, consumer, msg.metadata.sequence.stream, msg.subject, msg.data, reason)

@@ -25,6 +25,15 @@ server refuses a write from a deposed leader, or from a view missing an
 earlier write (a publish whose ack was lost). A refused write ends the term;
 the next term (this process or another) rebuilds from the streams.
 
+Decisions are pipelined: the allocator decides the next claim while earlier
+decisions are still on their way, and acks a claim only once its decision
+(and every one before it) is stored. Each write in flight expects the stream
+to end exactly at the one before it: ``Nats-Expected-Last-Sequence`` one
+past it, and ``Nats-Expected-Last-Msg-Id`` its message id, which is unique to
+this term (``<event id>@<term>``), so a write is stored only on top of this
+term's own earlier writes. Any write that is refused, unanswered or found a
+duplicate ends the term, and the writes behind it are refused in turn.
+
 Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``,
 ``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3).
 """
@@ -35,11 +44,14 @@ import asyncio
 import logging
 import os
 import time
+import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import nats.js.errors
+from nats.js.api import PubAck
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
@@ -96,6 +108,8 @@ class Fenced(Exception):
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when ``Nats-Expected-Last-Sequence`` does not match the stream."""
+WRONG_LAST_MSG_ID = 10070
+"""JetStream's error code when ``Nats-Expected-Last-Msg-Id`` does not match the stream."""
 
 
 class Allocator:
@@ -110,9 +124,15 @@ class Allocator:
         self.term = term or asyncio.Event()
         """Set when a write was fenced off: this term's state can no longer be trusted."""
         self.last_seq = 0
-        """The last ALLOCATIONS sequence this allocator has seen (rebuilt, or written by itself)."""
-        self.began = 0.0
-        """When the claim being decided was taken up (perf_counter), for the latency histogram."""
+        """The last ALLOCATIONS sequence this allocator has seen (rebuilt), or that its last write sent will have."""
+        self.token = uuid.uuid4().hex[:12]
+        """This term's mark on its writes' message ids (see the module docstring)."""
+        self.last_id: str | None = None
+        """The message id of this term's last write sent (None before the first)."""
+        self.tail: asyncio.Task[None] | None = None
+        """The last write sent: done once it (and so every write before it) is stored."""
+        self.failures: dict[str, str] = {}
+        """Claim key -> message id of the failure this term wrote for it (an identical one is not written again)."""
         self.committed: dict[str, ev.AllocationCommitted] = {}
         self.waiting: dict[str, ResourceClaim] = {}
         self.traces: dict[str, Context] = {}
@@ -189,19 +209,37 @@ class Allocator:
     # -- claims ---------------------------------------------------------------------
 
     async def on_claim(self, event: ev.Event) -> None:
+        """Decide on a claim event; returns once the decision is stored."""
+        durable = await self.take_claim(event)
+        if durable is not None:
+            await durable
+
+    async def take_claim(self, event: ev.Event) -> Awaitable[None] | None:
+        """Decide on a claim event and send the decision; returns what completes once it is stored
+        (the consumer acks the claim then, and takes the next one meanwhile)."""
         async with self.lock:
             if isinstance(event, ev.ClaimSubmitted):
-                await self._allocate(event.claim)
+                await self._decide(event.claim)
             elif isinstance(event, ev.ClaimDeleted):
                 await self._release(event.key, event.uid)
+            # Whatever was decided, or not (a redelivery), stands once every write so far is stored.
+            tail = self.tail
+        return tail if tail is not None and not tail.done() else None
 
     def _is_committed(self, claim: ResourceClaim) -> bool:
         done = self.committed.get(claim.key)
         return done is not None and done.claim.metadata.uid == claim.metadata.uid
 
     async def _allocate(self, claim: ResourceClaim) -> None:
+        """Decide on a claim; returns once the decision is stored."""
+        await self._decide(claim)
+        if self.tail is not None:
+            await self.tail
+
+    async def _decide(self, claim: ResourceClaim) -> None:
+        """Decide on a claim and send the decision (`self.tail` completes once it is stored)."""
         key = claim.key
-        self.began = time.perf_counter()
+        began = time.perf_counter()
         if self._is_committed(claim):
             # Seen before (a redelivery): the ledger only holds decisions stored in ALLOCATIONS, so
             # there is nothing to write again.
@@ -225,17 +263,31 @@ class Allocator:
         if outcome.status != "allocated":
             self.waiting[key] = claim
             self.traces[key] = otel_context.get_current()
-            await self._write(_failure(claim, outcome.status, outcome.message))
+            await self._fail(claim, outcome.status, outcome.message, began)
             return
         decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
         event = ev.AllocationCommitted(claim=decided, node=outcome.node)
         try:
-            await self._write(event)
+            stored = await self._send(event, began)
         except BaseException:
-            self.engine.release(key)  # not durable: the redelivery decides again
+            self.engine.release(key)  # not sent: the redelivery decides again
             raise
         self.committed[key] = event
         self._stop_waiting(key)
+        stored.add_done_callback(lambda done: self._undo_unless_stored(done, event))
+
+    def _undo_unless_stored(self, write: asyncio.Task[None], event: ev.AllocationCommitted) -> None:
+        """A commit that was not stored is forgotten (the term is over; its redelivery decides again)."""
+        if (write.cancelled() or write.exception() is not None) and self.committed.get(event.key) is event:
+            del self.committed[event.key]
+            self.engine.release(event.key)
+
+    async def _fail(self, claim: ResourceClaim, status: str, message: str, began: float | None = None) -> None:
+        """Send the claim's failure, unless this term already wrote the same one (a retry that still does not fit)."""
+        failure = _failure(claim, status, message)
+        if self.failures.get(failure.key) != failure.msg_id:
+            await self._send(failure, began)
+            self.failures[failure.key] = failure.msg_id
 
     async def _allocate_gang(self, claim: ResourceClaim, name: str, size: int, domain: str | None) -> None:
         """A gang member (annotations `dralloc.dev/gang`, `-size`, `-domain`) waits, with no decision
@@ -253,7 +305,7 @@ class Allocator:
             outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
         if any(o.status != "allocated" for o in outcomes):
             for member, outcome in zip(claims, outcomes):
-                await self._write(_failure(member, outcome.status, outcome.message))
+                await self._fail(member, outcome.status, outcome.message)
             return
         pending = [(m, o) for m, o in zip(claims, outcomes) if not self._is_committed(m)]
         try:
@@ -289,28 +341,49 @@ class Allocator:
         self._stop_waiting(key)
 
     async def _write(self, event: ev.AllocationEvent) -> None:
-        """Publish a decision behind the fence (see the module docstring); raises `Fenced` when refused."""
+        """Publish a decision behind the fence and wait until it is stored; raises `Fenced` when refused."""
+        await (await self._send(event))
+
+    async def _send(self, event: ev.AllocationEvent, began: float | None = None) -> asyncio.Task[None]:
+        """Send a decision behind the fence (see the module docstring); returns the task that completes
+        once it is stored and raises `Fenced` when it was refused. `began`: when the claim was taken up."""
+        if self.term.is_set():
+            raise Fenced(f"term over: {event.subject} not written")
         headers = {"Nats-Expected-Last-Sequence": str(self.last_seq)}
+        if self.last_id is not None:
+            headers["Nats-Expected-Last-Msg-Id"] = self.last_id
         if self.lease is not None:
             if not self.lease.held:
                 self.term.set()
                 raise Fenced(f"lease lost (epoch {self.lease.epoch}): {event.subject} not written")
             headers["Dralloc-Epoch"] = str(self.lease.epoch)
+        msg_id = f"{event.msg_id}@{self.token}"
+        ack = await self.bus.send(event, headers=headers, msg_id=msg_id)
+        expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + 1, msg_id
+        self.tail = asyncio.ensure_future(self._stored(event, ack, expected, began))
+        return self.tail
+
+    async def _stored(self, event: ev.AllocationEvent, ack: Awaitable[PubAck], expected: int, began: float | None) -> None:
         try:
-            ack = await self.bus.publish(event, headers=headers)
+            stored = await ack
         except nats.js.errors.APIError as exc:
-            if exc.err_code != WRONG_LAST_SEQUENCE:
-                raise
             self.term.set()
-            raise Fenced(f"ALLOCATIONS moved past sequence {self.last_seq} (another leader, or a lost ack): {event.subject} not written") from None
-        if not ack.duplicate:  # a duplicate's ack names the earlier message's sequence: the stream did not move
-            self.last_seq = ack.seq
-            decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
-            allocator_metrics().decided(event, time.perf_counter() - self.began if decision and self.began else None)
+            if exc.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+                raise Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {event.subject} not written") from None
+            raise
+        except BaseException:
+            self.term.set()  # stored or not, nobody can tell now: the next term reads the stream
+            raise
+        if stored.duplicate or stored.seq != expected + 1:
+            self.term.set()  # a write of this term already stored it: this term's view is not the stream's
+            raise Fenced(f"{event.subject} was already stored (sequence {stored.seq}): the term's view is stale")
+        decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
+        allocator_metrics().decided(event, time.perf_counter() - began if decision and began else None)
 
     def _stop_waiting(self, key: str) -> None:
         self.waiting.pop(key, None)
         self.traces.pop(key, None)
+        self.failures.pop(key, None)
 
     async def _release(self, key: str, uid: str) -> None:
         waiting = self.waiting.get(key)
@@ -363,7 +436,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             allocator.room_changed.set()  # claims left waiting by a previous term: try them now
         tasks.create_task(
             bus.consume(
-                "CLAIMS", allocator.on_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
+                "CLAIMS", allocator.take_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
             )
         )
 
