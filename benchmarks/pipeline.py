@@ -229,9 +229,12 @@ class Stack:
         """The fleet is on the bus and a leader has rebuilt: a probe claim gets committed."""
         await bus.ensure_streams()
         async with asyncio.timeout(timeout):
+            classes = sum(1 for doc in yaml.safe_load_all(CLASSES.read_text()) if doc)
             while True:
-                info = await bus.js.stream_info("INVENTORY", subjects_filter="dra.nodes.>")
-                if len(info.state.subjects or {}) >= self.nodes:
+                nodes = await bus.js.stream_info("INVENTORY", subjects_filter="dra.nodes.>")
+                known = await bus.js.stream_info("INVENTORY", subjects_filter="dra.deviceclasses.>")
+                # the classes too: a probe that comes before its class fails first (two outcomes)
+                if len(nodes.state.subjects or {}) >= self.nodes and len(known.state.subjects or {}) >= classes:
                     break
                 await asyncio.sleep(0.2)
             before = -1
