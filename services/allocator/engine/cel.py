@@ -87,18 +87,37 @@ class CelRuntimeError(CelError):
 class DeviceEnv:
     """One device as selectors see it. Built once per device (per slice generation)."""
 
-    __slots__ = ("driver", "name", "value", "ctx", "error", "version_paths")
+    __slots__ = ("driver", "name", "value", "error", "_ctx", "_version_paths")
 
     def __init__(self, driver: str, name: str, value: dict[str, Any], error: str | None):
         self.driver = driver
         self.name = name
         self.value = value  # for the reference interpreter (outer maps are DefaultMaps)
         self.error = error  # Kubernetes fails every selector on a device it cannot represent
+        # Built on first use: most of a device's cost, and the usual class selectors (literal
+        # tests, see `Selector.matches`) never need it.
+        self._ctx: Any = None
+        self._version_paths: frozenset[tuple[str, str]] | None = None
+
+    @property
+    def version_paths(self) -> frozenset[tuple[str, str]]:
         # version attributes are the only Kubernetes-typed values behind a dyn type: a selector
         # that compares one of these (domain, name) with == runs its checked variant
-        self.version_paths = frozenset(
-            (domain, name) for domain, names in value["attributes"].items()
-            for name, v in names.items() if rt.is_semver_value(v))
+        if self._version_paths is None:
+            self._version_paths = frozenset(
+                (domain, name) for domain, names in self.value["attributes"].items()
+                for name, v in names.items() if rt.is_semver_value(v))
+        return self._version_paths
+
+    @property
+    def ctx(self) -> Any:
+        """The fast evaluator's context."""
+        if self._ctx is None:
+            self._ctx = self._build_ctx()
+        return self._ctx
+
+    def _build_ctx(self) -> Any:
+        value = self.value
         plain = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
         # The core copies a nested map each time it selects into it, so device.attributes[d].x
         # costs ~0.2 µs per attribute of the device; literal lookups read these flat maps instead.
@@ -106,7 +125,7 @@ class DeviceEnv:
         for outer in ("attributes", "capacity"):
             variables[_FLAT[outer]] = {
                 f"{domain}/{name}": v for domain, names in value[outer].items() for name, v in names.items()}
-        self.ctx = _fast.Context(variables=variables, functions=_FAST_FUNCTIONS)
+        return _fast.Context(variables=variables, functions=_FAST_FUNCTIONS)
 
 
 def _split_name(name: str, driver: str) -> tuple[str, str]:
@@ -162,7 +181,7 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
 class Selector:
     """A compiled selector. ``matches`` is safe to call from several threads."""
 
-    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared")
+    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared", "_tests")
 
     def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None,
                  compared: frozenset[tuple[str, str]] | None = frozenset()):
@@ -173,6 +192,7 @@ class Selector:
         self._program = self._program_versions = None
         # attributes (domain, name) this selector compares with ==; None: not known statically
         self._compared = compared
+        self._tests = _literal_tests(ast)
         if sources is not None:
             self._program = _fast.compile(sources[0])
             # the variant whose == on dynamic values is checked, for devices where one of
@@ -183,6 +203,8 @@ class Selector:
         """Does the device satisfy the selector? Raises CelRuntimeError."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
+        if self._tests is not None and (settled := _settle(self._tests, device.value)) is not None:
+            return settled
         program = self._program
         if device.version_paths and (self._compared is None or not self._compared.isdisjoint(device.version_paths)):
             program = self._program_versions
@@ -214,6 +236,55 @@ class Selector:
 
     def __repr__(self) -> str:
         return f"Selector({self.expression!r})"
+
+
+LiteralTest = tuple[str | None, str, str | bool]
+"""(attribute domain, or None for the driver; attribute name; the literal it must equal)."""
+
+
+def _literal_tests(ast: Node) -> tuple[LiteralTest, ...] | None:
+    """The selector as a conjunction of ``==`` tests of a device field against a string or bool
+    literal (``device.driver == "x"``, ``device.attributes["d"].name == "v"``; the usual class
+    selectors), or None. Such a selector is settled on the device's values without an evaluator."""
+    if isinstance(ast, Binary) and ast.op == "&&":
+        left, right = _literal_tests(ast.left), _literal_tests(ast.right)
+        return None if left is None or right is None else left + right
+    if not (isinstance(ast, Binary) and ast.op == "==" and isinstance(ast.right, Lit) and ast.right.kind in ("string", "bool")):
+        return None
+    target, literal = ast.left, ast.right.value
+
+    def is_device_field(node: Node, name: str) -> bool:
+        return isinstance(node, Select) and not node.optional and node.field == name and isinstance(node.operand, Ident) and node.operand.name == "device"
+
+    if is_device_field(target, "driver"):
+        return ((None, "driver", literal),)
+    if isinstance(target, Select) and not target.optional:
+        name, domain_node = target.field, target.operand
+    elif isinstance(target, Index) and not target.optional and isinstance(target.index, Lit) and target.index.kind == "string":
+        name, domain_node = target.index.value, target.operand
+    else:
+        return None
+    if (isinstance(domain_node, Index) and not domain_node.optional and is_device_field(domain_node.operand, "attributes")
+            and isinstance(domain_node.index, Lit) and domain_node.index.kind == "string"):
+        return ((domain_node.index.value, name, literal),)
+    return None
+
+
+def _settle(tests: tuple[LiteralTest, ...], value: dict[str, Any]) -> bool | None:
+    """False if a test fails (CEL's ``&&`` is false whatever its other operands, errors included),
+    True if all pass, None (the evaluators decide) if a value is missing or not of the literal's type."""
+    settled: bool | None = True
+    for domain, name, literal in tests:
+        if domain is None:
+            found = value["driver"]
+        else:
+            names = value["attributes"].get(domain)
+            found = None if names is None else names.get(name)
+        if found is None or type(found) is not type(literal):
+            settled = None
+        elif found != literal:
+            return False
+    return settled
 
 
 _cache: OrderedDict[str, Selector | CelCompileError] = OrderedDict()
