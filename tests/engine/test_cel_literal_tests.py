@@ -1,0 +1,64 @@
+"""Selectors made of literal == tests joined by && (the usual class selectors) are settled on the
+device's values without an evaluator: the verdict, error or not, must be the reference interpreter's."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from dralloc.allocator.engine.cel import CelRuntimeError, compile_selector, device_env
+from dralloc.schemas.resource import Device
+
+CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
+
+DEVICES = {
+    "gpu": ("gpu.nvidia.com", {"name": "g", "attributes": {"type": {"string": "gpu"}, "mig": {"bool": False}}}),
+    "mig": ("gpu.nvidia.com", {"name": "m", "attributes": {"type": {"string": "mig"}}}),
+    "qualified": ("gpu.nvidia.com", {"name": "q", "attributes": {"gpu.nvidia.com/type": {"string": "gpu"}}}),
+    "no type": ("gpu.nvidia.com", {"name": "n", "attributes": {}}),
+    "int type": ("gpu.nvidia.com", {"name": "i", "attributes": {"type": {"int": 1}}}),
+    "other driver": ("nic.example.com", {"name": "x", "attributes": {}}),
+    "unrepresentable": ("gpu.nvidia.com", {"name": "u", "attributes": {"type": {"string": "gpu"}, "big": {"int": 2**70}}}),
+}
+
+
+def verdict(decide, env) -> bool | str:
+    try:
+        return decide(env)
+    except CelRuntimeError:
+        return "error"
+
+
+@pytest.mark.parametrize("expression", [
+    CLASS,
+    "device.attributes['gpu.nvidia.com'].type == 'gpu' && device.driver == 'gpu.nvidia.com'",
+    'device.attributes["gpu.nvidia.com"]["mig"] == false',
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu' && device.attributes['gpu.nvidia.com'].mig == false",
+])  # fmt: skip
+@pytest.mark.parametrize("device", DEVICES)
+def test_literal_tests_agree_with_the_interpreter(expression: str, device: str):
+    selector = compile_selector(expression)
+    assert selector._tests is not None  # settled without an evaluator where the values allow
+    driver, raw = DEVICES[device]
+    env = device_env(driver, msgspec.convert(raw, Device))
+    assert verdict(selector.matches, env) == verdict(selector.evaluate, env)
+
+
+def test_a_missing_attribute_is_an_error_unless_another_test_is_false():
+    selector = compile_selector(CLASS)
+    envs = {name: device_env(driver, msgspec.convert(raw, Device)) for name, (driver, raw) in DEVICES.items()}
+    assert [verdict(selector.matches, envs[n]) for n in ("gpu", "mig", "qualified", "no type", "other driver")] == [
+        True, False, True, "error", False,
+    ]  # fmt: skip
+    assert envs["gpu"]._ctx is None  # the evaluator's context was never needed
+
+
+@pytest.mark.parametrize("expression", [
+    "device.driver != 'gpu.nvidia.com'",
+    "device.attributes['gpu.nvidia.com'].type == 'gpu' || device.driver == 'x'",
+    "device.attributes['gpu.nvidia.com'].count == 1",
+    "device.attributes[device.driver].type == 'gpu'",
+    "'gpu' == device.attributes['gpu.nvidia.com'].type",
+])  # fmt: skip
+def test_other_shapes_go_to_the_evaluators(expression: str):
+    assert compile_selector(expression)._tests is None
