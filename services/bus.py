@@ -340,6 +340,10 @@ class Bus:
         leave in call order), with an awaitable for JetStream's ack (raising as `publish` does, or
         `TimeoutError` after `timeout` seconds without an answer). Several may be in flight at once."""
         subject, data, headers = self._outgoing(event, headers, msg_id)
+        return await self.send_bytes(subject, data, headers=headers, timeout=timeout)
+
+    async def send_bytes(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
+        """`send` for a payload that is not an event (e.g. a KV bucket's ``$KV.<bucket>.<key>``)."""
         # Our own replies, not nats-py's publish_async: that one loses a refusal (its reply handler
         # raises the server's error instead of handing it to the waiting future).
         if not self._reply_prefix:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,25 +51,27 @@ async def make_sink(bus: Bus, config: Config) -> StatusSink:
         from dralloc.statuswriter.kubernetes import KubernetesSink  # only when asked: needs a cluster
 
         return KubernetesSink(config)
-    return KVSink(await bus.key_value(config.bucket))
+    return KVSink(await bus.key_value(config.bucket), bus, config.bucket)
 
 
-async def apply(sink: StatusSink, event: ev.Event) -> None:
-    """One event to the sink (the pure dispatch; other event types are not ours and are ignored)."""
+async def apply(sink: StatusSink, event: ev.Event) -> Awaitable[Any] | None:
+    """One event to the sink (the pure dispatch; other event types are not ours and are ignored).
+    Returns what completes once the effect is durable, if the sink is still writing it."""
     if isinstance(event, ev.AllocationCommitted):
-        await sink.committed(event)
-    elif isinstance(event, ev.AllocationFailed):
-        await sink.failed(event)
-    elif isinstance(event, ev.AllocationReleased):
-        await sink.released(event)
+        return await sink.committed(event)
+    if isinstance(event, ev.AllocationFailed):
+        return await sink.failed(event)
+    if isinstance(event, ev.AllocationReleased):
+        return await sink.released(event)
+    return None
 
 
 async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, sink: StatusSink | None = None) -> None:
     sink = sink or await make_sink(bus, config)
     durable = f"statuswriter-{config.sink}"
 
-    async def handle(event: ev.Event) -> None:
-        await apply(sink, event)
+    async def handle(event: ev.Event) -> Awaitable[Any] | None:
+        return await apply(sink, event)
 
     try:
         await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait)

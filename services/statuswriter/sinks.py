@@ -9,13 +9,15 @@ claim's ``status``).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from dralloc.bus import Bus
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult
 
@@ -23,11 +25,14 @@ DEFAULT_BUCKET = "dralloc-claims"
 
 
 class StatusSink(Protocol):
-    """Optionally also ``async def close()``: called once when the status writer stops."""
+    """Optionally also ``async def close()``: called once when the status writer stops.
 
-    async def committed(self, event: ev.AllocationCommitted) -> None: ...
-    async def failed(self, event: ev.AllocationFailed) -> None: ...
-    async def released(self, event: ev.AllocationReleased) -> None: ...
+    A method returns once the event's effect is durable, or returns an awaitable that completes
+    then (the status writer acks the event only then, and goes on with the next meanwhile)."""
+
+    async def committed(self, event: ev.AllocationCommitted) -> Awaitable[Any] | None: ...
+    async def failed(self, event: ev.AllocationFailed) -> Awaitable[Any] | None: ...
+    async def released(self, event: ev.AllocationReleased) -> Awaitable[Any] | None: ...
 
 
 class ClaimStatus(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
@@ -65,25 +70,51 @@ def kv_key(claim_key: str) -> str:
 
 
 class KVSink:
-    """The latest state per claim in a JetStream KV bucket (key ``namespace/name``); released claims are deleted."""
+    """The latest state per claim in a JetStream KV bucket (key ``namespace/name``); released claims are deleted.
 
-    def __init__(self, kv: KeyValue) -> None:
+    With `bus` (the status writer's), a put is sent without waiting for the store: the status
+    writer acks the event once it is stored, and several are in flight at once. Puts leave in
+    stream order, so the bucket ends at the right state; what this sink wrote is remembered
+    (`written`), so a check of the current state never reads the bucket behind a put in flight.
+    """
+
+    def __init__(self, kv: KeyValue, bus: Bus | None = None, bucket: str = DEFAULT_BUCKET) -> None:
         self.kv = kv
+        self.bus = bus
+        self.bucket = bucket
+        self.written: dict[str, tuple[str, str] | None] = {}
+        """Claim key -> (state, uid) this sink last wrote (None: deleted)."""
 
-    async def committed(self, event: ev.AllocationCommitted) -> None:
-        await self.kv.put(kv_key(event.key), msgspec.json.encode(status_of(event)))
+    async def committed(self, event: ev.AllocationCommitted) -> Awaitable[Any] | None:
+        return await self._put(event.key, status_of(event))
 
-    async def failed(self, event: ev.AllocationFailed) -> None:
-        current = await read_status(self.kv, event.key)
-        if current is not None and current.state == "allocated" and current.uid == event.uid:
-            return  # a late failure (an older attempt redelivered) never hides a commit
-        await self.kv.put(kv_key(event.key), msgspec.json.encode(status_of(event)))
+    async def failed(self, event: ev.AllocationFailed) -> Awaitable[Any] | None:
+        current = await self._current(event.key)
+        if current is not None and current == ("allocated", event.uid):
+            return None  # a late failure (an older attempt redelivered) never hides a commit
+        return await self._put(event.key, status_of(event))
 
-    async def released(self, event: ev.AllocationReleased) -> None:
-        current = await read_status(self.kv, event.key)
-        if current is not None and current.uid not in (event.uid, ""):
-            return  # the claim was re-created since: that one's status stays
+    async def released(self, event: ev.AllocationReleased) -> Awaitable[Any] | None:
+        current = await self._current(event.key)
+        if current is not None and current[1] not in (event.uid, ""):
+            return None  # the claim was re-created since: that one's status stays
+        self.written[event.key] = None
         await self.kv.delete(kv_key(event.key))
+        return None
+
+    async def _current(self, key: str) -> tuple[str, str] | None:
+        if key in self.written:
+            return self.written[key]
+        status = await read_status(self.kv, key)
+        return None if status is None else (status.state, status.uid)
+
+    async def _put(self, key: str, status: ClaimStatus) -> Awaitable[Any] | None:
+        data = msgspec.json.encode(status)
+        self.written[key] = (status.state, status.uid)
+        if self.bus is None:
+            await self.kv.put(kv_key(key), data)
+            return None
+        return await self.bus.send_bytes(f"$KV.{self.bucket}.{kv_key(key)}", data)
 
 
 async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:
