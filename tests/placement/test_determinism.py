@@ -78,6 +78,7 @@ def test_bench_trace_is_deterministic():
 
 def test_free_devices_per_kind_stay_in_step_with_the_ledger():
     log, engine = _churn(5)
+    from dralloc.allocator.engine.inventory import iter_bits
     from dralloc.allocator.engine.placement import kind_of
 
     inv, used = engine.inventory, engine.ledger.used_bits
@@ -92,9 +93,36 @@ def test_free_devices_per_kind_stay_in_step_with_the_ledger():
         for node, free in nodes.items():
             bit = 1 << inv.node_rank[node]
             assert all(bool(kinds.ge[kind][k] & bit) == (k <= free) for k in range(1, len(kinds.ge[kind])))
+            total = sum(
+                1 for i in iter_bits(inv.local.get(node, 0)) if (r := inv.devices[i]) is not None and not r.multi and kind_of(r) == kind
+            )
+            assert bool(kinds.whole.get(kind, 0) & bit) == (free == total > 0), (kind, node, free, total)
     # a pool rebuilt (its slice published again) is counted again from the ledger
     gpu_slices = [s for s in engine.inventory.slices.values() if s.spec.pool.name == "h100-sxm-0" and s.spec.devices]
     before = dict(kinds.free[("gpu.nvidia.com", "gpu")])
     for s in gpu_slices:
         engine.apply(s)
     assert kinds.free[("gpu.nvidia.com", "gpu")] == before
+
+
+def test_bitset_locality_agrees_with_counting_device_by_device():
+    """The locality scan's bitset path (`_masked_level`) gives the level the per-device count
+    gives, on every node, for GPU, GPU+NIC and matchAttribute demands, all along a churn."""
+    from dralloc.allocator.engine.placement import _PER_DEVICE, _tightest, demand_of
+
+    log, engine = _churn(11)
+    placement = engine.placement
+    shapes = [claim("a", 2), claim("b", 4), claim("c", 1, nics=1), claim("d", 2, nics=2), claim("e", 2, match="gpu.nvidia.com/productName")]
+    checked = 0
+    for c in shapes:
+        demand = demand_of([engine._plan(c)])
+        for node in engine.inventory.nodes():
+            topo = placement.topology.node(node)
+            for free_only in (True, False):
+                fast = placement._masked_level(topo, node, demand, free_only)
+                if fast is _PER_DEVICE:
+                    continue
+                counts = placement._counts(topo, node, demand, free_only)
+                assert fast == (None if counts is None else _tightest(topo, counts, demand)), (c.metadata.name, node, free_only)
+                checked += 1
+    assert checked > 50

@@ -107,3 +107,18 @@ def test_gang_annotations():
     )
     assert gang_of(c) == ("default/job", 4, "dralloc.dev/rack")
     assert gang_of(claim("q", 1)) is None
+
+
+def test_small_claim_fills_a_hole_before_breaking_a_whole_node_of_the_fuller_rack():
+    """Rack r0: h100-sxm-0 full, h100-sxm-1 whole (8 free). Rack r1: h100-sxm-2 with one GPU
+    free, h100-sxm-3 whole (9 free). r0 is the fuller rack, but a one-GPU claim takes r1's
+    hole: breaking h100-sxm-1 would leave r0 no node for an 8-GPU claim or gang member."""
+    engine = make_engine([("h100-sxm", 4)])
+    for i in range(4):
+        name = f"h100-sxm-{i}"
+        engine.apply(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, "dralloc.dev/rack": f"r{i // 2}"})))
+    assert engine.allocate([claim("full", 8)], node="h100-sxm-0")[0].status == "allocated"
+    assert engine.allocate([claim("seven", 7)], node="h100-sxm-2")[0].status == "allocated"
+    assert engine.allocate([claim("one", 1)])[0].node == "h100-sxm-2"
+    # no hole left: a whole node; both racks have 8 free now, r0 comes first by rank
+    assert engine.allocate([claim("two", 1)])[0].node == "h100-sxm-1"

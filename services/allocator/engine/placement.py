@@ -68,6 +68,7 @@ SCAN_LIMIT = 256
 """Nodes scored for locality per unit before the best one seen is taken (bounds the work on huge fleets)."""
 
 Demand = list[tuple["Alt", int]]
+_PER_DEVICE = object()
 
 
 class Placement:
@@ -88,10 +89,12 @@ class Placement:
         """The engine's per-node match memory (`learn(plans, node, mask)`): nodes scored here
         are remembered as the engine's own attempts are, so later units skip those that cannot serve."""
         self.topology = Topology(inventory)
+        self.topology.eager = scoring
         self.kinds = KindIndex(inventory, ledger)
         self.within: int | None = None
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
         self._static: dict[tuple, int | None] = {}
+        self._attrs: dict[tuple, int] = {}
 
     # --- nodes -------------------------------------------------------------------------
 
@@ -240,10 +243,58 @@ class Placement:
         topo = self.topology.node(node)
         if topo is None or not topo.groups:
             return None
+        if sum(count for _, count in demand) >= 2:
+            level = self._masked_level(topo, node, demand, free_only)
+            if level is not _PER_DEVICE:
+                return level  # type: ignore[return-value]
         counts = self._counts(topo, node, demand, free_only)
         if counts is None:
             return None
         return _tightest(topo, counts, demand)
+
+    def _masked_level(self, topo: NodeTopology, node: str, demand: Demand, free_only: bool) -> int | None | object:
+        """`node_level` with bitsets: per group, its free matching devices counted with one
+        `&` and `bit_count()` (groups of one device cannot hold a demand of two). Shared and
+        counter-consuming devices do not count one bit each: `_PER_DEVICE` says to count them
+        one by one (`_counts`)."""
+        mask, _ = self.inv.node_mask(node)
+        lo = topo.lo
+        free = topo.span & ~(self.ledger.used_bits >> lo) if free_only else topo.span
+        items: list[tuple[int, int]] = []
+        for alt, count in demand:
+            bits = ((self.verdicts.get(alt, mask).matched & mask) >> lo) & free
+            if bits & topo.special:
+                return _PER_DEVICE
+            if alt.constraint_attributes:
+                bits &= self._having(topo, alt.constraint_attributes)
+            if bits.bit_count() < count:
+                return None
+            items.append((bits, count))
+        named = topo.names[NVLINK]
+        for pos in GROUP_LEVELS:
+            for gid, _, group in topo.masks[pos]:
+                if pos == NVLINK and gid not in named:
+                    continue  # devices "alone" on no NVLink domain
+                if all((bits & group).bit_count() >= count for bits, count in items):
+                    return pos
+        return NODE
+
+    def _having(self, topo: NodeTopology, attributes: tuple[str, ...]) -> int:
+        """The node's devices (shifted by `lo`) that have every one of the attributes (a
+        matchAttribute or distinctAttribute needs them); cached per node topology (rebuilt
+        when its devices change)."""
+        key = (topo.node, topo.stamp, attributes)
+        bits = self._attrs.get(key)
+        if bits is None:
+            if len(self._attrs) > 100_000:
+                self._attrs.clear()
+            bits = 0
+            for i in topo.groups:
+                rec = self.inv.devices[i]
+                if rec is not None and all(rec.attribute(a) is not None for a in attributes):
+                    bits |= 1 << (i - topo.lo)
+            self._attrs[key] = bits
+        return bits
 
     def _static_level(self, node: str, demand: Demand) -> int:
         """The best level the node's hardware could give the demand if it were free (cached)."""

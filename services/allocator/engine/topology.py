@@ -79,6 +79,15 @@ class NodeTopology:
     """The lowest device id (bitsets of the node are shifted by it)."""
     flat: bool
     """No two devices share a group at any level: nothing to prefer (the order stays Kubernetes')."""
+    masks: list[list[tuple[int, int, int]]]
+    """Per level: (group index, size, bitset of its devices) for groups of two or more devices,
+    largest first: the locality scan counts a group's free devices with one `&` and `bit_count()`.
+    Bitsets here are shifted by `lo` (bit 0: the node's first device), so they stay small."""
+    special: int
+    """Devices (shifted by `lo`) that are shared (allowMultipleAllocations) or consume counters
+    (MIG): their free count is not one bit each, so the scan counts them device by device."""
+    span: int
+    """All of the node's device bits, shifted by `lo`."""
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
@@ -130,7 +139,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
         return NodeTopology(
             node=node, stamp=stamp, groups={rec.id: (i,) * len(GROUP_LEVELS) for i, rec in enumerate(recs)},
             names=[{} for _ in GROUP_LEVELS], sizes=[dict.fromkeys(range(n), 1) for _ in GROUP_LEVELS],
-            clique=None, devices=n, lo=lo, flat=True,
+            clique=None, devices=n, lo=lo, flat=True, masks=[[] for _ in GROUP_LEVELS],
+            special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
+            span=sum(1 << (rec.id - lo) for rec in recs),
         )  # fmt: skip
     canon: dict[tuple, int] = {}
     shape_key = tuple(tuple((level, canon.setdefault((level, hub), len(canon))) for level, hub in hubs) for hubs in hub_lists)
@@ -151,6 +162,12 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
                 level_names[gid] = _hub_name(level, own[0])
         names.append(level_names)
     cliques = sorted({v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None})
+    masks: list[list[tuple[int, int, int]]] = []
+    for pos in range(len(GROUP_LEVELS)):
+        bits: dict[int, int] = {}
+        for rec, g in zip(recs, by_position):
+            bits[g[pos]] = bits.get(g[pos], 0) | 1 << (rec.id - lo)
+        masks.append(sorted(((gid, sizes[pos][gid], b) for gid, b in bits.items() if sizes[pos][gid] > 1), key=lambda t: (-t[1], t[0])))
     return NodeTopology(
         node=node,
         stamp=stamp,
@@ -161,6 +178,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
         devices=len(recs),
         lo=lo,
         flat=all(size == 1 for level in sizes for size in level.values()),
+        masks=masks,
+        special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
+        span=sum(1 << (rec.id - lo) for rec in recs),
     )
 
 
@@ -214,6 +234,9 @@ class Topology:
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
         self.nvlink_ranks = 0
         """Ranks of the nodes with at least one device on an NVLink domain (kept as pools change)."""
+        self.eager = False
+        """Build a node's topology when its pool changes (placement sets it with scoring on), so a
+        claim never pays for it; off, it is built on first use (`dralloc explain`)."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
 
     def _pool_rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
@@ -226,6 +249,8 @@ class Topology:
                 self.nvlink_ranks |= bit
             else:
                 self.nvlink_ranks &= ~bit
+            if self.eager:
+                self.node(node)
 
     def node(self, node: str | None) -> NodeTopology | None:
         """The node's topology (its node-local devices), built on first use after a change."""
