@@ -377,7 +377,7 @@ class Bus:
             if "error" in answer:
                 nats.js.errors.APIError.from_error(answer["error"])  # raises the error's own class
             future.set_result(PubAck.from_response(answer))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the answer is wrong with, the sender hears it
             future.set_exception(exc)
 
     def _outgoing(self, event: Event, headers: dict[str, str] | None, msg_id: str | None) -> tuple[str, bytes, dict[str, str]]:
@@ -511,7 +511,7 @@ class Bus:
     async def _finish(self, msg: Msg, durable: Awaitable[Any], event: Event, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
         try:
             await durable
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - settled as a failing handler is: retried, then dead-lettered
             await self._settle(msg, exc, event, stream, consumer, max_deliver, span)
         else:
             await self._settle(msg, None, event, stream, consumer, max_deliver, span)
