@@ -95,6 +95,7 @@ class Placement:
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
         self._static: dict[tuple, int | None] = {}
         self._attrs: dict[tuple, int] = {}
+        self._slot_orders: dict[tuple, list[tuple[int, ...]]] = {}
 
     # --- nodes -------------------------------------------------------------------------
 
@@ -355,6 +356,29 @@ class Placement:
         if topo is None or topo.flat or not demanding or all(len(s.cands) <= s.alt.count for s in demanding):
             return None  # nothing to choose: every candidate is taken (or none shares anything)
         groups = topo.groups
+        # The order depends only on the candidates' groups, which are shared and how many each
+        # slot needs, and on the node's structure: nodes of one profile in the same state (the
+        # usual case in a fleet) reuse it. Candidates come in Kubernetes' order, so the list
+        # index stands for the tie-break.
+        memo_key = (topo.shape, *((s.alt.count, tuple(groups.get(r.id) for r in s.cands), tuple(r.multi for r in s.cands)) for s in demanding))
+        orders = self._slot_orders.get(memo_key)
+        if orders is None:
+            orders = self._slot_order(demanding, topo)
+            if len(self._slot_orders) > 100_000:
+                self._slot_orders.clear()
+            self._slot_orders[memo_key] = orders
+        for slot, order in zip(demanding, orders):
+            cands = slot.cands
+            slot.cands[:] = [cands[i] for i in order]
+        rank: dict[int, int] = {}
+        for slot in slots:
+            for rec in slot.cands:
+                rank.setdefault(rec.id, len(rank))
+        return rank
+
+    def _slot_order(self, demanding: list[Slot], topo: NodeTopology) -> list[tuple[int, ...]]:
+        """Per slot, its candidates' indexes best first (see `order_slots`)."""
+        groups = topo.groups
         levels = range(len(GROUP_LEVELS))
         totals: list[dict[int, int]] = [{} for _ in levels]
         holds: list[set[int] | None] = [None] * len(GROUP_LEVELS)
@@ -396,19 +420,17 @@ class Placement:
         def key(rec: DeviceRec) -> tuple:
             g = groups.get(rec.id)
             if g is None:
-                return (*far, rec.order)
+                return far
             head = memo.get(g)
             if head is None:
                 head = memo[g] = prefix(g)
-            return (*head, rec.order)
+            return head
 
+        out = []
         for slot in demanding:
-            slot.cands.sort(key=key)
-        rank: dict[int, int] = {}
-        for slot in slots:
-            for rec in slot.cands:
-                rank.setdefault(rec.id, len(rank))
-        return rank
+            heads = [key(rec) for rec in slot.cands]
+            out.append(tuple(sorted(range(len(heads)), key=lambda i: (heads[i], i))))
+        return out
 
     # --- words ---------------------------------------------------------------------------
 

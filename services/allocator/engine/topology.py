@@ -25,6 +25,7 @@ any node label a gang names); its components are the domains gangs stay in.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import networkx as nx
@@ -88,6 +89,9 @@ class NodeTopology:
     (MIG): their free count is not one bit each, so the scan counts them device by device."""
     span: int
     """All of the node's device bits, shifted by `lo`."""
+    shape: int
+    """The serial of the node's structure (`Shape`): nodes of one hardware profile share it,
+    so an order worked out for one (by device position) holds for the others."""
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
@@ -120,9 +124,12 @@ def _hub_name(level: int, hub: object) -> str:
     return str(hub)
 
 
-Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]]]
+Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]], int]
 """A node's structure by device position: group tuple per device, group sizes per level,
-and per level the first device position of each group."""
+per level the first device position of each group, and a serial number (nodes with the
+same serial have the same structure)."""
+
+_serials = itertools.count(1)
 
 
 def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tuple, Shape] | None = None) -> NodeTopology:
@@ -141,7 +148,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
             names=[{} for _ in GROUP_LEVELS], sizes=[dict.fromkeys(range(n), 1) for _ in GROUP_LEVELS],
             clique=None, devices=n, lo=lo, flat=True, masks=[[] for _ in GROUP_LEVELS],
             special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
-            span=sum(1 << (rec.id - lo) for rec in recs),
+            span=sum(1 << (rec.id - lo) for rec in recs), shape=0,
         )  # fmt: skip
     canon: dict[tuple, int] = {}
     shape_key = tuple(tuple((level, canon.setdefault((level, hub), len(canon))) for level, hub in hubs) for hubs in hub_lists)
@@ -152,7 +159,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
             if len(shapes) > 1024:
                 shapes.clear()
             shapes[shape_key] = shape
-    by_position, sizes, first = shape
+    by_position, sizes, first, serial = shape
     names: list[dict[int, str]] = []
     for pos, level in enumerate(GROUP_LEVELS):
         level_names: dict[int, str] = {}
@@ -181,6 +188,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
         masks=masks,
         special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
         span=sum(1 << (rec.id - lo) for rec in recs),
+        shape=serial,
     )
 
 
@@ -220,7 +228,7 @@ def _shape(hub_lists: list[tuple]) -> Shape:
                 index += 1
         sizes.append(level_sizes)
         first.append(level_first)
-    return [tuple(g) for g in per_device], sizes, first
+    return [tuple(g) for g in per_device], sizes, first, next(_serials)
 
 
 class Topology:
