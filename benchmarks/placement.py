@@ -20,7 +20,12 @@ MIG-capable) and 4 H200 servers with MIG partitions.
 Claims: 1/2/4/8 whole GPUs, GPU+NIC pairs (no constraint: a preference),
 MIG slices, and gangs (GB200: 4-12 trays of 4 GPUs in one clique; H100: 2-4
 nodes of 8 GPUs in one rack). A claim that does not fit is rejected (it
-leaves). Large claims: 8-GPU claims and gangs.
+leaves). Large claims: 8-GPU claims and gangs. Small claims leave at random
+times and scatter holes, so some large claims are rejected while enough GPUs
+of their family are free in total, only not on one node (or in one domain):
+`large_rejected_with_enough_free_gpus` counts those (fragmentation); the rest
+of `large_claims_rejected` found fewer free GPUs of their family than they
+asked for, in total. Both runs see the same trace, so the same offered load.
 
 Locality: for every multi-device claim (not gang members) an independent
 oracle (device attributes only, not the scorer's topology code) finds the
@@ -310,6 +315,7 @@ class Result:
     rejected: int = 0
     large_claims: int = 0
     large_claims_rejected: int = 0
+    large_rejected_with_enough_free_gpus: int = 0
     multi_device: int = 0
     locality_optimal: int = 0
     utilization_at_first_large_rejection: float | None = None
@@ -404,6 +410,11 @@ def run(jobs: list[Job], scoring: bool, *, spread: random.Random | None = None) 
             result.rejected += len(claims)
             if job.large:
                 result.large_claims_rejected += 1
+                # enough free GPUs of the family in total, but not on one node (or in one domain,
+                # for a gang): the rejection is fragmentation, not a lack of capacity
+                gpu = _wants(job)[0][1]
+                free = sum(1 for recs in by_node.values() for r in recs if gpu(r) and _free(engine, r))
+                result.large_rejected_with_enough_free_gpus += free >= job.gpus * max(1, job.members)
                 if result.utilization_at_first_large_rejection is None:
                     result.utilization_at_first_large_rejection = used / total_gpus
         result.utilization_samples.append(used / total_gpus)
@@ -445,6 +456,8 @@ def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
         "large_claims_rejected": scored.large_claims_rejected,
         "baseline_large_claims_rejected": baseline.large_claims_rejected,
         "large_claims_rejected_reduction": round(fewer, 4),
+        "large_rejected_with_enough_free_gpus": scored.large_rejected_with_enough_free_gpus,
+        "baseline_large_rejected_with_enough_free_gpus": baseline.large_rejected_with_enough_free_gpus,
         "utilization_at_first_large_rejection": first(scored),
         "baseline_utilization_at_first_large_rejection": first(baseline),
         "mean_utilization": mean(scored),

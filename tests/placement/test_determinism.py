@@ -126,3 +126,16 @@ def test_bitset_locality_agrees_with_counting_device_by_device():
                 assert fast == (None if counts is None else _tightest(topo, counts, demand)), (c.metadata.name, node, free_only)
                 checked += 1
     assert checked > 50
+
+
+def test_bench_counts_large_rejections_that_had_enough_free_gpus_in_total():
+    """Sixteen 7-GPU jobs leave one free GPU on each HGX H100 node: an 8-GPU job is then
+    rejected with 16 free H100 GPUs (fragmentation); once nine 1-GPU jobs have taken nine of
+    the holes, a gang of two 8-GPU members is rejected for lack of capacity (7 free)."""
+    jobs = [bench.Job(i, float(i), 1e9, "h100", 7, 0, None, 0) for i in range(16)]
+    jobs.append(bench.Job(16, 16.0, 1e9, "h100", 8, 0, None, 0))
+    jobs += [bench.Job(i, float(i), 1e9, "h100", 1, 0, None, 0) for i in range(17, 26)]
+    jobs.append(bench.Job(26, 26.0, 1e9, "h100", 8, 0, None, 2))
+    for scoring in (True, False):
+        result = bench.run(jobs, scoring)
+        assert (result.large_claims_rejected, result.large_rejected_with_enough_free_gpus) == (2, 1), scoring
