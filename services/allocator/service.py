@@ -433,7 +433,11 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
         tasks.create_task(allocator.lease.keep(term))  # renewing already while the rebuild runs
         tasks.create_task(_report_lag(bus, term))
         tasks.create_task(_end_term_on(stop, term))
-        inventory_seq = await allocator.rebuild()
+        gc.disable()  # the rebuild makes the fleet's objects: collections meanwhile only walk them again
+        try:
+            inventory_seq = await allocator.rebuild()
+        finally:
+            gc.enable()
         _freeze_long_lived()
         tasks.create_task(
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
