@@ -94,7 +94,6 @@ class Placement:
         self.within: int | None = None
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
         self._static: dict[tuple, int | None] = {}
-        self._attrs: dict[tuple, int] = {}
         self._slot_orders: dict[tuple, list[tuple[int, ...]]] = {}
 
     # --- nodes -------------------------------------------------------------------------
@@ -218,15 +217,15 @@ class Placement:
         order = self._fit_order(viable, self._kind(demand))
         for rank in order:
             name = names[rank]
-            if self.learn is not None:
-                self.learn(plans, name, self.inv.node_mask(name)[0])
             level = self.node_level(name, demand)
+            if level is not None and level <= self._static_level(name, demand):
+                yield name  # the best its hardware can do, on the fullest such node (the engine learns it)
+                break
+            if self.learn is not None:  # scored here, perhaps never tried: remember what it matches
+                self.learn(plans, name, self.inv.node_mask(name)[0])
             if level is None:
                 unfit.append(name)
                 continue
-            if level <= self._static_level(name, demand):
-                yield name  # the best its hardware can do, on the fullest such node
-                break
             scanned.append((level, len(scanned), name))
             if len(scanned) >= SCAN_LIMIT:
                 break
@@ -283,18 +282,15 @@ class Placement:
     def _having(self, topo: NodeTopology, attributes: tuple[str, ...]) -> int:
         """The node's devices (shifted by `lo`) that have every one of the attributes (a
         matchAttribute or distinctAttribute needs them); cached per node topology (rebuilt
-        when its devices change)."""
-        key = (topo.node, topo.stamp, attributes)
-        bits = self._attrs.get(key)
+        when its devices change, with it)."""
+        bits = topo.having.get(attributes)
         if bits is None:
-            if len(self._attrs) > 100_000:
-                self._attrs.clear()
             bits = 0
             for i in topo.groups:
                 rec = self.inv.devices[i]
                 if rec is not None and all(rec.attribute(a) is not None for a in attributes):
                     bits |= 1 << (i - topo.lo)
-            self._attrs[key] = bits
+            topo.having[attributes] = bits
         return bits
 
     def _static_level(self, node: str, demand: Demand) -> int:

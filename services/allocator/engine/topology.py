@@ -89,6 +89,8 @@ class NodeTopology:
     (MIG): their free count is not one bit each, so the scan counts them device by device."""
     span: int
     """All of the node's device bits, shifted by `lo`."""
+    having: dict[tuple[str, ...], int]
+    """Attribute names -> the devices (shifted by `lo`) that have them all (placement's cache)."""
     shape: int
     """The serial of the node's structure (`Shape`): nodes of one hardware profile share it,
     so an order worked out for one (by device position) holds for the others."""
@@ -148,7 +150,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
             names=[{} for _ in GROUP_LEVELS], sizes=[dict.fromkeys(range(n), 1) for _ in GROUP_LEVELS],
             clique=None, devices=n, lo=lo, flat=True, masks=[[] for _ in GROUP_LEVELS],
             special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
-            span=sum(1 << (rec.id - lo) for rec in recs), shape=0,
+            span=sum(1 << (rec.id - lo) for rec in recs), having={}, shape=0,
         )  # fmt: skip
     canon: dict[tuple, int] = {}
     shape_key = tuple(tuple((level, canon.setdefault((level, hub), len(canon))) for level, hub in hubs) for hubs in hub_lists)
@@ -188,6 +190,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
         masks=masks,
         special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
         span=sum(1 << (rec.id - lo) for rec in recs),
+        having={},
         shape=serial,
     )
 
