@@ -77,7 +77,7 @@ def test_bench_trace_is_deterministic():
 
 
 def test_free_devices_per_kind_stay_in_step_with_the_ledger():
-    log, engine = _churn(5)
+    _, engine = _churn(5)
     from dralloc.allocator.engine.inventory import iter_bits
     from dralloc.allocator.engine.placement import kind_of
 
@@ -110,7 +110,7 @@ def test_bitset_locality_agrees_with_counting_device_by_device():
     gives, on every node, for GPU, GPU+NIC and matchAttribute demands, all along a churn."""
     from dralloc.allocator.engine.placement import _PER_DEVICE, _tightest, demand_of
 
-    log, engine = _churn(11)
+    _, engine = _churn(11)
     placement = engine.placement
     shapes = [claim("a", 2), claim("b", 4), claim("c", 1, nics=1), claim("d", 2, nics=2), claim("e", 2, match="gpu.nvidia.com/productName")]
     checked = 0
