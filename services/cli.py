@@ -445,6 +445,25 @@ def _benchmarks_module(name: str):
     return module
 
 
+def _print_bench(result: dict, as_json: bool, title: str, rows: list[tuple[str, ...]], columns: tuple[str, ...] = ("value",)) -> None:
+    """One stable JSON object for machines, or a table of `rows` (metric, value per column) for people."""
+    if as_json:
+        import json
+
+        print(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
 @bench_app.command("engine")
 def bench_engine(
     workload: str = typer.Option(..., "--workload", help="kube-perf-500 or gpu-fleet-10k."),
@@ -452,24 +471,11 @@ def bench_engine(
     scoring: bool = typer.Option(True, "--scoring/--first-fit", help="Topology/best-fit placement (default) or Kubernetes' first-fit order."),
 ) -> None:
     """Allocate a workload's claims one by one through the engine: claims/s, p50/p99 latency, peak RSS, cold start."""
-    import json
-
     module = _benchmarks_module("engine_workloads")
     if workload not in module.WORKLOADS:
         fail(f"unknown workload {workload!r}; known: {', '.join(module.WORKLOADS)}")
     result = module.measure(workload, scoring=scoring)
-    if as_json:
-        print(json.dumps(result))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"dralloc bench engine: {workload}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    Console().print(table)
+    _print_bench(result, as_json, f"dralloc bench engine: {workload}", [(k, str(v)) for k, v in result.items()])
 
 
 @bench_app.command("placement")
@@ -481,26 +487,12 @@ def bench_placement(
 ) -> None:
     """A seeded churn trace over a 68-node mixed fleet, run with topology/best-fit scoring and with
     first fit in Kubernetes' order: locality, rejections, large-claim rejections, utilization."""
-    import json
-
     if jobs < 1 or load <= 0:
         fail("--jobs must be at least 1 and --load positive")
     result = _benchmarks_module("placement").measure(seed=seed, jobs=jobs, load=load)
-    if as_json:
-        print(json.dumps(result))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"dralloc bench placement (seed {seed}, {jobs} arrivals, load {load})")
-    table.add_column("metric")
-    table.add_column("dralloc", justify="right")
-    table.add_column("first fit (Kubernetes)", justify="right")
-    for key, value in result.items():
-        if key.startswith("baseline_"):
-            continue
-        table.add_row(key, str(value), str(result.get(f"baseline_{key}", "")))
-    Console().print(table)
+    rows = [(k, str(v), str(result.get(f"baseline_{k}", ""))) for k, v in result.items() if not k.startswith("baseline_")]
+    title = f"dralloc bench placement (seed {seed}, {jobs} arrivals, load {load})"
+    _print_bench(result, as_json, title, rows, ("dralloc", "first fit (Kubernetes)"))
 
 
 @bench_app.command("pipeline")
@@ -518,7 +510,6 @@ def bench_pipeline(
     p50/p99 from ClaimSubmitted to AllocationCommitted (server timestamps); with --chaos also
     submitted, outcomes, lost, duplicated, double_allocated_devices."""
     import asyncio
-    import json
     import logging
 
     from dralloc.bus import BusError
@@ -534,18 +525,7 @@ def bench_pipeline(
         result = asyncio.run(module.run(options))
     except (BusError, TimeoutError) as exc:
         fail(f"bench pipeline: {exc or 'the system did not get ready in time'}", 1)
-    if as_json:
-        print(json.dumps(result))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="dralloc bench pipeline" + (" --chaos" if chaos else ""))
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in module.summary_rows(result):
-        table.add_row(key, value)
-    Console().print(table)
+    _print_bench(result, as_json, "dralloc bench pipeline" + (" --chaos" if chaos else ""), list(module.summary_rows(result)))
 
 
 def main() -> None:
