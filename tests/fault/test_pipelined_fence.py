@@ -6,26 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from pipeline import CLASSES, claim_event
+from pipeline import claim_event
 
 from dralloc.allocator.service import Allocator, Fenced
-from dralloc.bus import Bus, embedded_nats
-from dralloc.discovery.fleet import build_fleet
-from dralloc.ingestor.sources import events_from_manifests
-from dralloc.manifests import load_paths
+from dralloc.bus import Bus
 from dralloc.schemas import events as ev
-
-
-@pytest.fixture
-async def bus():
-    async with embedded_nats() as url, await Bus.connect(url, name="test") as connection:
-        await connection.ensure_streams()
-        for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-            await connection.publish(event)
-        for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "n"}]):
-            for s in slices:
-                await connection.publish(ev.ResourceSlicePublished(slice=s))
-        yield connection
 
 
 async def stored_keys(bus: Bus) -> list[str]:
