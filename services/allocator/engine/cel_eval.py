@@ -122,15 +122,8 @@ def _check_int(v: int, uint: bool) -> int:
 
 
 def _numeric_kind(x: Any) -> str | None:
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, UInt):
-        return "uint"
-    if isinstance(x, int):
-        return "int"
-    if isinstance(x, float):
-        return "double"
-    return None
+    kind = type_name(x)
+    return kind if kind in ("int", "uint", "double") else None
 
 
 def equal(a: Any, b: Any) -> bool:
