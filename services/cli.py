@@ -456,7 +456,7 @@ def _print_bench(result: dict, as_json: bool, title: str, rows: list[tuple[str, 
     from rich.table import Table
 
     table = Table(title=title)
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True)
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
@@ -485,14 +485,20 @@ def bench_placement(
     load: float = typer.Option(0.9, "--load", help="Offered load per GPU family: 1.0 offers as much GPU time as it has."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """A seeded churn trace over a 68-node mixed fleet, run with topology/best-fit scoring and with
-    first fit in Kubernetes' order: locality, rejections, large-claim rejections, utilization."""
+    """A seeded churn trace over a 68-node mixed fleet, run with dralloc's placement, as Kubernetes
+    places it (a random feasible node, devices first fit) and with first fit by node rank:
+    locality, rejections, large-claim rejections, utilization."""
     if jobs < 1 or load <= 0:
         fail("--jobs must be at least 1 and --load positive")
     result = _benchmarks_module("placement").measure(seed=seed, jobs=jobs, load=load)
-    rows = [(k, str(v), str(result.get(f"baseline_{k}", ""))) for k, v in result.items() if not k.startswith("baseline_")]
+    prefixes = ("baseline_", "first_fit_")
+    rows = [
+        (k, *(str(result.get(f"{p}{k}", "")) for p in ("", *prefixes)))
+        for k in result
+        if not k.startswith(prefixes)
+    ]
     title = f"dralloc bench placement (seed {seed}, {jobs} arrivals, load {load})"
-    _print_bench(result, as_json, title, rows, ("dralloc", "first fit (Kubernetes)"))
+    _print_bench(result, as_json, title, rows, ("dralloc", "Kubernetes (baseline)", "first fit by rank"))
 
 
 @bench_app.command("pipeline")

@@ -139,3 +139,17 @@ def test_bench_counts_large_rejections_that_had_enough_free_gpus_in_total():
     for scoring in (True, False):
         result = bench.run(jobs, scoring)
         assert (result.large_claims_rejected, result.large_rejected_with_enough_free_gpus) == (2, 1), scoring
+
+
+def test_bench_baseline_scatters_like_kube_scheduler_and_dralloc_packs():
+    """Eight 1-GPU jobs, then fifteen 8-GPU jobs on the 16 HGX H100 nodes (none leaves). The
+    baseline puts each small job on a random node that fits, as kube-scheduler does, so they
+    break several nodes and some 8-GPU jobs find no whole node; dralloc packs them on one."""
+    jobs = [bench.Job(i, float(i), 1e9, "h100", 1, 0, None, 0) for i in range(8)]
+    jobs += [bench.Job(i, float(i), 1e9, "h100", 8, 0, None, 0) for i in range(8, 23)]
+    packed = bench.run(jobs, scoring=True)
+    scattered = bench.run(jobs, scoring=False, scheduler=random.Random(1))
+    assert (packed.rejected, packed.large_claims_rejected) == (0, 0)
+    assert scattered.large_claims_rejected > 0
+    assert scattered.large_claims_rejected == scattered.large_rejected_with_enough_free_gpus  # fragmentation, not capacity
+    assert scattered.rejected == scattered.large_claims_rejected  # every small job found a node
