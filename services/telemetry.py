@@ -1,25 +1,43 @@
 """OpenTelemetry setup and W3C trace-context propagation over NATS headers: one place.
 
-A tracer provider is always installed (so trace context is real and travels
-with every message: one trace per claim across the four services), but spans
-are exported only when the standard variables ask for it:
+Every claim is one trace across the services: each process's spans carry real
+trace and span ids, and the ids travel in every message's headers
+(``traceparent``). What a span costs depends on whether anything exports it:
 
 - ``OTEL_TRACES_EXPORTER=console`` prints spans to stderr;
 - ``OTEL_TRACES_EXPORTER=otlp`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT`` set) sends
   them with the OTLP exporter, if ``opentelemetry-exporter-otlp`` is installed;
-- unset or ``none``: nothing leaves the process.
+- unset or ``none``: nothing leaves the process, so nothing is recorded either.
+  Spans are then `NonRecordingSpan`s that only carry context: the incoming trace
+  id (or a new one for a claim's first span), a fresh span id, the parent's
+  trace flags (a new trace is flagged sampled, as the SDK's default sampler
+  would flag it, so a service downstream that does export records its part).
+  No span object, attributes, clock reads or processor calls: on the allocator
+  this took the tracing cost per claim from ~60 us to ~14 us
+  (``dralloc bench pipeline`` numbers in the README).
 
-``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK as usual.
+The switch is the provider's `add_span_processor`, as on the SDK's own
+provider: the first processor added (by the exporter variables above, or by a
+test's in-memory exporter) makes every tracer, including ones handed out
+before, start recording SDK spans. ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK as usual.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.util.types import Attributes
 
 log = logging.getLogger("dralloc.telemetry")
 
@@ -32,15 +50,13 @@ def setup(service_name: str) -> None:
     if _configured:
         return
     _configured = True
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
     attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or f"dralloc-{service_name}"}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = PropagatingTracerProvider(Resource.create(attributes))
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if not exporter_name and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         exporter_name = "otlp"
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
     if exporter_name == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     elif exporter_name == "otlp":
@@ -54,6 +70,85 @@ def setup(service_name: str) -> None:
     from dralloc import metrics  # the same OTEL_* rules for metrics (dralloc.metrics)
 
     metrics.setup()
+
+
+class PropagatingTracerProvider(trace.TracerProvider):
+    """Context-only spans until a span processor is added; from then on the SDK's recording spans."""
+
+    def __init__(self, resource: Resource) -> None:
+        self.resource = resource
+        self.sdk: TracerProvider | None = None
+        """The recording provider, made when the first span processor is added."""
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Attributes = None,
+    ) -> trace.Tracer:
+        return _Tracer(self, (instrumenting_module_name, instrumenting_library_version, schema_url, attributes))
+
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        if self.sdk is None:
+            self.sdk = TracerProvider(resource=self.resource)
+        self.sdk.add_span_processor(processor)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.sdk.force_flush(timeout_millis) if self.sdk is not None else True
+
+    def shutdown(self) -> None:
+        if self.sdk is not None:
+            self.sdk.shutdown()
+
+
+_ids = RandomIdGenerator()
+_NEW_TRACE_FLAGS = TraceFlags(TraceFlags.SAMPLED)
+
+
+class _Tracer(trace.Tracer):
+    def __init__(self, provider: PropagatingTracerProvider, args: tuple) -> None:
+        self._provider = provider
+        self._args = args
+        self._recording: trace.Tracer | None = None
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> Span:
+        recording = self._recording
+        if recording is None and self._provider.sdk is not None:
+            recording = self._recording = self._provider.sdk.get_tracer(*self._args)
+        if recording is not None:
+            return recording.start_span(name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception)
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:
+            return NonRecordingSpan(SpanContext(parent.trace_id, _ids.generate_span_id(), False, parent.trace_flags, parent.trace_state))
+        return NonRecordingSpan(SpanContext(_ids.generate_trace_id(), _ids.generate_span_id(), False, _NEW_TRACE_FLAGS))
+
+    @contextlib.contextmanager
+    def start_as_current_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[Span]:
+        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception)
+        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception, set_status_on_exception=set_status_on_exception):
+            yield span
 
 
 @functools.cache
