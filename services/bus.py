@@ -29,6 +29,11 @@ Publishing
     JetStream's ack (stream sequence, ``duplicate``) once stored; raises
     `PublishRefused` for an event that can never be stored (over the server's
     message size limit).
+    ``await bus.send_batch(events)``: several events stored all or none, as
+    one JetStream atomic batch (ADR-50; the stream needs ``allow_atomic``):
+    nothing of it is stored, or seen by any consumer, until the server has
+    the whole batch and its checks pass. Consumers see ordinary messages (with
+    ``Nats-Batch-Id`` and ``Nats-Batch-Sequence`` headers), one per event.
 
 Consuming
     ``await bus.consume(stream, handler, stop, durable="allocator")`` runs a
@@ -77,7 +82,8 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +128,11 @@ STREAMS: dict[str, StreamConfig] = {
         name="CLAIMS", subjects=["dra.claims.>"], storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S
     ),
     "ALLOCATIONS": StreamConfig(
-        name="ALLOCATIONS", subjects=["dra.allocations.>"], storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S
+        name="ALLOCATIONS",
+        subjects=["dra.allocations.>"],
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        allow_atomic=True,  # a gang's decisions are one atomic batch (`Bus.send_batch`)
     ),
     "DEADLETTER": StreamConfig(
         name="DEADLETTER",
@@ -132,6 +142,9 @@ STREAMS: dict[str, StreamConfig] = {
         duplicate_window=DUPLICATE_WINDOW_S,
     ),
 }
+
+MAX_BATCH = 1000
+"""Messages in one atomic batch, at most (JetStream refuses a larger one: error 10199)."""
 
 INITIAL_REFUSALS = 3
 """Refused connections (about a second) before `Bus.connect` gives up on a first connection."""
@@ -341,6 +354,39 @@ class Bus:
         `TimeoutError` after `timeout` seconds without an answer). Several may be in flight at once."""
         subject, data, headers = self._outgoing(event, headers, msg_id)
         return await self.send_bytes(subject, data, headers=headers, timeout=timeout)
+
+    async def send_batch(
+        self,
+        events: Sequence[Event],
+        *,
+        headers: dict[str, str] | None = None,
+        first: dict[str, str] | None = None,
+        msg_ids: Sequence[str] | None = None,
+        timeout: float = 5.0,
+    ) -> Awaitable[PubAck]:
+        """`send` for events stored all or none (an atomic batch); the awaitable gives the ack of the
+        batch's last message (``seq``: its sequence, ``batch_size``: how many were stored) or raises
+        the server's refusal, and then none was stored. A batch cut off before its last message (the
+        process died, the connection broke) is dropped by the server, never stored in part.
+
+        `headers` go on every message, `first` only on the first: JetStream checks
+        ``Nats-Expected-Last-Sequence`` there, against the stream before the batch, but refuses
+        ``Nats-Expected-Last-Msg-Id`` in a batch (10177). `msg_ids` replace the events' own
+        ``Nats-Msg-Id``s; a batch holding an id already stored is refused whole (10201)."""
+        if not events or len(events) > MAX_BATCH:
+            raise PublishRefused(f"an atomic batch holds 1 to {MAX_BATCH} events, not {len(events)}")
+        batch = uuid.uuid4().hex  # at most 64 characters
+        outgoing = []
+        for i, event in enumerate(events):
+            marks = {**(headers or {}), **((first or {}) if i == 0 else {}), "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i + 1)}
+            if i == len(events) - 1:
+                marks["Nats-Batch-Commit"] = "1"
+            outgoing.append(self._outgoing(event, marks, msg_ids[i] if msg_ids else None))
+        # Only the commit is answered; the messages before it are staged by the server.
+        for subject, data, marks in outgoing[:-1]:
+            await self.nc.publish(subject, data, headers=marks)
+        subject, data, marks = outgoing[-1]
+        return await self.send_bytes(subject, data, headers=marks, timeout=timeout)
 
     async def send_bytes(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
         """`send` for a payload that is not an event (e.g. a KV bucket's ``$KV.<bucket>.<key>``)."""

@@ -34,6 +34,18 @@ this term (``<event id>@<term>``), so a write is stored only on top of this
 term's own earlier writes. Any write that is refused, unanswered or found a
 duplicate ends the term, and the writes behind it are refused in turn.
 
+A gang's decisions are written as one JetStream atomic batch (`Bus.send_batch`):
+the stream, and so every consumer, holds all of them or none, whatever
+happens part way (a refused fence, a lost connection, SIGKILL: the server
+drops a batch whose commit never came). A batch can carry only
+``Nats-Expected-Last-Sequence`` (on its first message; JetStream refuses
+``Nats-Expected-Last-Msg-Id`` in a batch), so it is sent only once every
+write before it is stored: then that sequence is this term's own last write.
+Members already committed count towards a gang (a stream written member by
+member by an older version, or a member re-created): the others are placed
+inside their domain, or, where it has no room, the committed ones give their
+devices back in the same batch and the gang is decided again as a whole.
+
 Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``,
 ``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3).
 """
@@ -46,7 +58,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +73,7 @@ from dralloc.metrics import allocator_metrics
 from dralloc.allocator import leader
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.gang import allocate_gang, gang_of
-from dralloc.bus import Bus
+from dralloc.bus import MAX_BATCH, Bus
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
 
@@ -142,7 +154,9 @@ class Allocator:
         self.room_changed = asyncio.Event()
         self.inventory_changed = False
         self.gangs: dict[str, dict[str, ResourceClaim]] = {}
-        """Gang name -> the member claims here so far (see `_allocate_gang`)."""
+        """Gang name -> the member claims here so far, not committed (see `_allocate_gang`)."""
+        self.gang_held: dict[str, set[str]] = {}
+        """Gang name -> keys of its committed members."""
 
     # -- start ----------------------------------------------------------------------
 
@@ -157,7 +171,7 @@ class Allocator:
             allocator_metrics().decided(event, replayed=True)
             if isinstance(event, ev.AllocationCommitted):
                 self.engine.restore(event.claim)
-                self.committed[event.key] = event
+                self._record(event)
         claims, _ = await self.bus.replay("CLAIMS")
         for event in claims:
             if isinstance(event, ev.ClaimSubmitted) and not self._is_committed(event.claim):
@@ -278,15 +292,28 @@ class Allocator:
         except BaseException:
             self.engine.release(key)  # not sent: the redelivery decides again
             raise
-        self.committed[key] = event
+        self._record(event)
         self._stop_waiting(key)
         stored.add_done_callback(lambda done: self._undo_unless_stored(done, event))
 
     def _undo_unless_stored(self, write: asyncio.Task[None], event: ev.AllocationCommitted) -> None:
         """A commit that was not stored is forgotten (the term is over; its redelivery decides again)."""
         if (write.cancelled() or write.exception() is not None) and self.committed.get(event.key) is event:
-            del self.committed[event.key]
+            self._forget(event.key)
             self.engine.release(event.key)
+
+    def _record(self, event: ev.AllocationCommitted) -> None:
+        self.committed[event.key] = event
+        gang = gang_of(event.claim)
+        if gang is not None and gang[1] > 1:
+            self.gang_held.setdefault(gang[0], set()).add(event.key)
+
+    def _forget(self, key: str) -> None:
+        gang = gang_of(self.committed.pop(key).claim)
+        if gang is not None and (held := self.gang_held.get(gang[0])) is not None:
+            held.discard(key)
+            if not held:
+                del self.gang_held[gang[0]]
 
     async def _fail(self, claim: ResourceClaim, status: str, message: str, began: float | None = None) -> None:
         """Send the claim's failure, unless this term already wrote the same one (a retry that still does not fit)."""
@@ -297,38 +324,66 @@ class Allocator:
 
     async def _allocate_gang(self, claim: ResourceClaim, name: str, size: int, domain: str | None) -> None:
         """A gang member (annotations `dralloc.dev/gang`, `-size`, `-domain`) waits, with no decision
-        written, until all `size` members are here; then the engine allocates them all or none, inside
-        one domain (engine/gang.py), and every decision is written. If a write fails part way, the
-        members written stay committed and the rest are retried into the same domain."""
+        written, until all `size` members are here (committed ones count); then the engine places the
+        others inside one domain, that of the committed ones if any (engine/gang.py), and the decisions
+        are written as one atomic batch (see the module docstring). A gang that cannot be completed
+        where its committed members are is given back and decided again whole, in the same batch."""
+        if size > MAX_BATCH // 2:  # one batch may give back size - 1 members and commit all size
+            await self._fail(claim, "error", f"gang {name}: {size} claims; at most {MAX_BATCH // 2} are committed all or none")
+            return
         members = self.gangs.setdefault(name, {})
         members[claim.key] = claim
         self.waiting[claim.key] = claim
         self.traces.setdefault(claim.key, otel_context.get_current())
-        if len(members) < size:
+        held = [self.committed[key].claim for key in self.gang_held.get(name, ())]
+        if len(members) + len(held) < size:
             return
-        claims = sorted(members.values(), key=lambda c: c.key)
-        with telemetry.tracer().start_as_current_span("allocate gang", attributes={"dralloc.gang": name, "dralloc.gang.size": len(claims)}):
+        began = time.perf_counter()
+        with telemetry.tracer().start_as_current_span("allocate gang", attributes={"dralloc.gang": name, "dralloc.gang.size": size}):
+            claims = sorted([*members.values(), *held], key=lambda c: c.key)
             outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
-        if any(o.status != "allocated" for o in outcomes):
-            for member, outcome in zip(claims, outcomes):
+            given_back: list[ResourceClaim] = []
+            if held and any(o.status != "allocated" for o in outcomes):
+                # No room for the rest where the committed members are. A partial gang never keeps
+                # devices: they are given back (in the batch below) and the gang is decided whole.
+                given_back = held
+                for member in held:
+                    self.engine.release(member.key)
+                    members[member.key] = msgspec.structs.replace(member, status=None)
+                claims = sorted(members.values(), key=lambda c: c.key)
+                outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
+        placed = all(o.status == "allocated" for o in outcomes)
+        if not placed and not given_back:
+            for member, outcome in zip(claims, outcomes):  # all wait, none holds devices
                 await self._fail(member, outcome.status, outcome.message)
             return
-        pending = [(m, o) for m, o in zip(claims, outcomes) if not self._is_committed(m)]
-        try:
-            while pending:
-                member, outcome = pending[0]
+        batch: list[ev.AllocationEvent] = [
+            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "")
+            for m in given_back
+        ]
+        for member, outcome in zip(claims, outcomes):
+            if not placed:
+                batch.append(_failure(member, outcome.status, outcome.message))
+            elif member.key in members:
                 decided = msgspec.structs.replace(member, status=ResourceClaimStatus(allocation=outcome.allocation))
-                event = ev.AllocationCommitted(claim=decided, node=outcome.node)
-                await self._write(event)
-                self.committed[member.key] = event
-                pending.pop(0)
+                batch.append(ev.AllocationCommitted(claim=decided, node=outcome.node))
+        try:
+            await (await self._send_batch(batch, began))
         except BaseException:
-            for member, _ in pending:  # not durable: decided again on redelivery or retry
-                self.engine.release(member.key)
+            for key in members:  # none stored: the term is over, the next one decides from the stream
+                self.engine.release(key)
             raise
-        for member in claims:
-            self._stop_waiting(member.key)
-        del self.gangs[name]
+        for member in given_back:
+            self._forget(member.key)
+            self.waiting[member.key] = members[member.key]
+        for event in batch:
+            if isinstance(event, ev.AllocationCommitted):
+                self._record(event)
+                self._stop_waiting(event.key)
+            elif isinstance(event, ev.AllocationFailed):
+                self.failures[event.key] = event.msg_id
+        if placed:
+            del self.gangs[name]
 
     async def _adopt(self, claim: ResourceClaim) -> None:
         """A claim that arrives allocated (by Kubernetes, or by an earlier run written back to it):
@@ -343,48 +398,69 @@ class Allocator:
         except BaseException:
             self.engine.release(key)
             raise
-        self.committed[key] = event
+        self._record(event)
         self._stop_waiting(key)
 
     async def _write(self, event: ev.AllocationEvent) -> None:
         """Publish a decision behind the fence and wait until it is stored; raises `Fenced` when refused."""
         await (await self._send(event))
 
+    def _fence(self, what: str) -> dict[str, str]:
+        """The headers every write of this term carries; raises `Fenced` once the term is over."""
+        if self.term.is_set():
+            raise Fenced(f"term over: {what} not written")
+        if self.lease is None:
+            return {}
+        if not self.lease.held:
+            self.term.set()
+            raise Fenced(f"lease lost (epoch {self.lease.epoch}): {what} not written")
+        return {"Dralloc-Epoch": str(self.lease.epoch)}
+
     async def _send(self, event: ev.AllocationEvent, began: float | None = None) -> asyncio.Task[None]:
         """Send a decision behind the fence (see the module docstring); returns the task that completes
         once it is stored and raises `Fenced` when it was refused. `began`: when the claim was taken up."""
-        if self.term.is_set():
-            raise Fenced(f"term over: {event.subject} not written")
-        headers = {"Nats-Expected-Last-Sequence": str(self.last_seq)}
+        headers = {**self._fence(event.subject), "Nats-Expected-Last-Sequence": str(self.last_seq)}
         if self.last_id is not None:
             headers["Nats-Expected-Last-Msg-Id"] = self.last_id
-        if self.lease is not None:
-            if not self.lease.held:
-                self.term.set()
-                raise Fenced(f"lease lost (epoch {self.lease.epoch}): {event.subject} not written")
-            headers["Dralloc-Epoch"] = str(self.lease.epoch)
         msg_id = f"{event.msg_id}@{self.token}"
         ack = await self.bus.send(event, headers=headers, msg_id=msg_id)
         expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + 1, msg_id
-        self.tail = asyncio.ensure_future(self._stored(event, ack, expected, began))
+        self.tail = asyncio.ensure_future(self._stored((event,), ack, expected, began))
         return self.tail
 
-    async def _stored(self, event: ev.AllocationEvent, ack: Awaitable[PubAck], expected: int, began: float | None) -> None:
+    async def _send_batch(self, events: list[ev.AllocationEvent], began: float | None = None) -> asyncio.Task[None]:
+        """`_send` for decisions stored all or none (one atomic batch). Only once every write before
+        it is stored: its one fence, ``Nats-Expected-Last-Sequence``, then names this term's own write."""
+        if self.tail is not None:
+            await self.tail
+        headers = self._fence(f"{len(events)} decisions of a gang")
+        first = {"Nats-Expected-Last-Sequence": str(self.last_seq)}
+        # The sequence each will take in the ids too: a member given back and committed again in one
+        # term is a new message, not a duplicate (which would refuse the whole batch).
+        msg_ids = [f"{event.msg_id}@{self.token}:{self.last_seq + i}" for i, event in enumerate(events, start=1)]
+        ack = await self.bus.send_batch(events, headers=headers, first=first, msg_ids=msg_ids)
+        expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + len(events), msg_ids[-1]
+        self.tail = asyncio.ensure_future(self._stored(events, ack, expected, began))
+        return self.tail
+
+    async def _stored(self, events: Sequence[ev.AllocationEvent], ack: Awaitable[PubAck], expected: int, began: float | None) -> None:
+        what = events[0].subject if len(events) == 1 else f"{len(events)} decisions of a gang"
         try:
             stored = await ack
         except nats.js.errors.APIError as exc:
             self.term.set()
             if exc.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
-                raise Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {event.subject} not written") from None
+                raise Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {what} not written") from None
             raise
         except BaseException:
             self.term.set()  # stored or not, nobody can tell now: the next term reads the stream
             raise
-        if stored.duplicate or stored.seq != expected + 1:
+        if stored.duplicate or stored.seq != expected + len(events):
             self.term.set()  # a write of this term already stored it: this term's view is not the stream's
-            raise Fenced(f"{event.subject} was already stored (sequence {stored.seq}): the term's view is stale")
-        decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
-        allocator_metrics().decided(event, time.perf_counter() - began if decision and began else None)
+            raise Fenced(f"{what} was already stored (sequence {stored.seq}): the term's view is stale")
+        for event in events:
+            decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
+            allocator_metrics().decided(event, time.perf_counter() - began if decision and began else None)
 
     def _stop_waiting(self, key: str) -> None:
         self.waiting.pop(key, None)
@@ -403,7 +479,7 @@ class Allocator:
         namespace, name = key.split("/", 1)
         await self._write(ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or ""))
         self.engine.release(key)
-        del self.committed[key]
+        self._forget(key)
         self.room_changed.set()  # freed devices may fit a waiting claim
 
 
