@@ -336,6 +336,13 @@ class Bus:
                     await self.js.add_stream(config)
                     continue
             await self.js.update_stream(config)
+        # A server before 2.12 ignores allow_atomic, and then the headers of a batch too: each message
+        # would be stored on its own, so a gang's commit could be cut part way. Say so now instead.
+        if not (await self.js.stream_info("ALLOCATIONS")).config.allow_atomic:
+            raise BusError(
+                f"nats-server {self.nc.connected_server_version} has no JetStream atomic batches (2.12 or later "
+                "needed): a gang's decisions could be stored in part"
+            )
 
     async def publish(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None) -> PubAck:
         """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it).

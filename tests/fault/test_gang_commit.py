@@ -1,23 +1,29 @@
 """A gang's commit against a real nats-server, cut part way: ALLOCATIONS holds the whole gang or
 none of it, and the next term leaves every member with one outcome, all inside one domain.
 
-In one process, so the cut falls exactly where the test puts it: a foreign write (a deposed
-leader's late decision) lands on the stream between the gang's first member and the rest.
-Streams written by an older allocator, which committed a gang member by member, are rebuilt
-into a whole gang (completed in its domain, or given back and decided again as a whole).
+Mostly in one process, so the cut falls exactly where the test puts it: a foreign write (a
+deposed leader's late decision) lands on the stream between the gang's first member and the
+rest. Streams written by an older allocator, which committed a gang member by member, are
+rebuilt into a whole gang (completed in its domain, or given back and decided again as a
+whole). The last test runs the services as processes: the bus refuses every write after one
+(ALLOCATIONS full), the allocator is killed with SIGKILL, the bus recovers, a new one starts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import uuid
 
 import msgspec
+import nats.js.errors
 import pytest
-from pipeline import CLASSES
+from nats.js.api import DiscardPolicy
+from pipeline import CLASSES, Stack
 
 from dralloc.allocator.engine.gang import allocate_gang
 from dralloc.allocator.service import Allocator, Fenced
-from dralloc.bus import Bus, embedded_nats
+from dralloc.bus import STREAMS, Bus, embedded_nats
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -52,8 +58,10 @@ def claim(name: str, gpus: int, annotations: dict[str, str] | None = None) -> Re
     )  # fmt: skip
 
 
-def gang(name: str, size: int, gpus: int = 4) -> list[ResourceClaim]:
+def gang(name: str, size: int, gpus: int = 4, domain: str | None = None) -> list[ResourceClaim]:
     marks = {"dralloc.dev/gang": name, "dralloc.dev/gang-size": str(size)}
+    if domain is not None:
+        marks["dralloc.dev/gang-domain"] = domain
     return [claim(f"{name}-{i}", gpus, marks) for i in range(size)]
 
 
@@ -248,3 +256,67 @@ async def test_a_batch_cut_off_before_its_commit_stores_nothing(bus: Bus):
     assert (await bus.js.stream_info("ALLOCATIONS")).state.messages == 0
     ack = await (await bus.send_batch(events, first={"Nats-Expected-Last-Sequence": "0"}))
     assert (ack.seq, ack.batch_size) == (2, 2)
+
+
+async def test_ensure_streams_turns_atomic_batches_on_for_an_allocations_stream_made_before_them():
+    async with embedded_nats() as url, await Bus.connect(url, name="test") as bus:
+        older = dataclasses.replace(STREAMS["ALLOCATIONS"], allow_atomic=None)  # as an older version made it
+        await bus.js.add_stream(older)
+        decision = ev.AllocationFailed(namespace=NAMESPACE, name="x", uid="u", generation=1, reason="unsatisfiable", message="no room")
+        await bus.publish(decision)
+        with pytest.raises(nats.js.errors.APIError, match="atomic publish is disabled"):
+            await (await bus.send_batch([ev.AllocationCommitted(claim=m) for m in gang("train", 2)]))
+
+        await bus.ensure_streams()
+        assert (await bus.js.stream_info("ALLOCATIONS")).config.allow_atomic
+        ack = await (await bus.send_batch([ev.AllocationCommitted(claim=m) for m in gang("train", 2)], first={"Nats-Expected-Last-Sequence": "1"}))
+        assert (ack.seq, ack.batch_size) == (3, 2)
+        assert [e for e, _ in await stored(bus)][0] == decision  # kept
+
+
+async def test_a_gang_whose_commit_the_bus_cuts_before_a_sigkill_is_stored_whole_or_not_at_all_and_completed_after_restart():
+    members = gang("job", 2, gpus=4, domain="kubernetes.io/hostname")  # both on one 8-GPU node
+    keys = {m.key for m in members}
+    async with Stack(nodes=2) as stack, await Bus.connect(stack.nats.url, name="test") as bus:
+        await stack.ready(bus)
+        # The bus fails part way: ALLOCATIONS takes one more message, then refuses every write.
+        info = await bus.js.stream_info("ALLOCATIONS")
+        capped = info.config
+        capped.max_msgs, capped.discard = info.state.messages + 1, DiscardPolicy.NEW
+        await bus.js.update_stream(capped)
+        tried = asyncio.Event()  # a member's decision went out (stored or not)
+
+        async def on_decision(_: object) -> None:
+            tried.set()
+
+        watch = await bus.nc.subscribe(f"dra.allocations.{NAMESPACE}.>", cb=on_decision)
+        for member in members:
+            await bus.publish(ev.ClaimSubmitted(claim=member))
+        await asyncio.wait_for(tried.wait(), 30)
+        await asyncio.sleep(1.0)  # the allocator goes on: refused, its term ends, the next one tries again
+        (allocator,) = stack.allocators_()
+        await allocator.kill()
+        await watch.unsubscribe()
+
+        found = await stored(bus)
+        assert len([e for e, _ in found if isinstance(e, ev.AllocationCommitted) and e.key in keys]) in (0, len(members))
+        assert not set(holders(found).values()) & keys  # here: none at all (the bus refused the gang)
+
+        capped.max_msgs, capped.discard = -1, DiscardPolicy.OLD
+        await bus.js.update_stream(capped)
+        await allocator.start()
+        async with asyncio.timeout(60):
+            while not keys <= set(holders(found := await stored(bus)).values()):
+                await asyncio.sleep(0.2)
+        by_key = outcomes(found, keys)
+        assert all(len(o) == 1 and isinstance(o[0], ev.AllocationCommitted) for o in by_key.values()), by_key
+        assert len({o[0].node for o in by_key.values()}) == 1  # one domain: one node's hostname
+        # The status writer, unchanged, sees each member as its own commit.
+        kv = await bus.key_value("dralloc-claims")
+        async with asyncio.timeout(30):
+            while True:
+                states = [msgspec.json.decode((await kv.get(k)).value) for k in sorted(keys) if k in set(await kv.keys())]
+                if len(states) == len(keys) and all(s["state"] == "allocated" for s in states):
+                    break
+                await asyncio.sleep(0.2)
+        assert {s["node"] for s in states} == {by_key[k][0].node for k in keys}
