@@ -370,8 +370,13 @@ class Allocator:
         try:
             await (await self._send_batch(batch, began))
         except BaseException:
-            for key in members:  # none stored: the term is over, the next one decides from the stream
+            # None stored (or, if the answer was lost, the term is over and the next one reads the
+            # stream): the engine and the gang go back to what the stream holds.
+            for key in members:
                 self.engine.release(key)
+            for member in given_back:
+                del members[member.key]
+                self.engine.restore(self.committed[member.key].claim)
             raise
         for member in given_back:
             self._forget(member.key)
