@@ -69,7 +69,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
-from dralloc.metrics import allocator_metrics
+from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.allocator import leader
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.gang import allocate_gang, gang_of
@@ -166,7 +166,7 @@ class Allocator:
         for event in inventory:
             self._apply_inventory(event)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
-        allocator_metrics().rebuilding()
+        allocator_metrics().rebuilding(self.engine)
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
             if isinstance(event, ev.AllocationCommitted):
@@ -512,7 +512,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
     assert allocator.lease is not None
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(allocator.lease.keep(term))  # renewing already while the rebuild runs
-        tasks.create_task(_report_lag(bus, term))
+        tasks.create_task(report_lag(bus, "CLAIMS", "allocator", term))
         tasks.create_task(_end_term_on(stop, term))
         gc.disable()  # the rebuild makes the fleet's objects: collections meanwhile only walk them again
         try:
@@ -555,14 +555,3 @@ async def _end_term_on(stop: asyncio.Event, term: asyncio.Event) -> None:
         for waiter in waiters:
             waiter.cancel()
     term.set()
-
-
-async def _report_lag(bus: Bus, term: asyncio.Event, every: float = 2.0) -> None:
-    """Claims not yet acked by the allocator's consumer, for the ``dralloc.consumer.lag`` gauge."""
-    while not term.is_set():
-        try:
-            info = await bus.js.consumer_info("CLAIMS", "allocator")
-            allocator_metrics().lag[("CLAIMS", "allocator")] = info.num_pending + info.num_ack_pending
-        except Exception:  # not created yet, or NATS away: the next round tells
-            pass
-        await leader.wait_or(term, every)

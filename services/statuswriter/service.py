@@ -6,7 +6,8 @@ Environment: ``DRALLOC_STATUSWRITER_SINK``, ``DRALLOC_STATUSWRITER_BUCKET``,
 ``KUBECONFIG``; flags override them. The local store is a JetStream KV bucket
 (default ``dralloc-claims``), read by `dralloc get claims`. It reads
 ALLOCATIONS with the durable consumer ``statuswriter-<sink>``, so a restart
-resumes where it stopped.
+resumes where it stopped; that consumer's backlog is the ``dralloc.consumer.lag``
+gauge (`dralloc.metrics`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from dralloc.bus import Bus
+from dralloc.metrics import report_lag
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, KVSink, StatusSink
 
@@ -73,8 +75,10 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, sink: StatusSi
     async def handle(event: ev.Event) -> Awaitable[Any] | None:
         return await apply(sink, event)
 
+    lag = asyncio.create_task(report_lag(bus, "ALLOCATIONS", durable, stop))
     try:
         await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait)
     finally:
+        lag.cancel()  # (it ends by itself on stop; not when the consumer failed)
         if (close := getattr(sink, "close", None)) is not None:
             await close()
