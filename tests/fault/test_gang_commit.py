@@ -206,6 +206,19 @@ async def test_rebuild_gives_back_a_partly_committed_gang_that_cannot_be_complet
     successor = Allocator(bus)
     await successor.rebuild()
     before = len(await stored(bus))
+    # The first attempt never leaves (the connection breaks before the batch is sent): nothing
+    # changes, in the stream or in the allocator, and the next attempt decides the same.
+    send_batch = bus.send_batch
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        bus.send_batch = send_batch  # type: ignore[method-assign]
+        raise ConnectionError("connection lost")
+
+    bus.send_batch = broken  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await decide_waiting(successor)
+    assert len(await stored(bus)) == before
+    assert successor.engine.ledger.claims.get(members[0].key)  # still holds what the stream says it holds
     await decide_waiting(successor)
     found = await stored(bus)
     written = found[before:]
