@@ -103,6 +103,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
 from dralloc import natsauth, telemetry
@@ -369,6 +370,7 @@ class Bus:
         headers: dict[str, str] | None = None,
         first: dict[str, str] | None = None,
         msg_ids: Sequence[str] | None = None,
+        traces: Sequence[Context | None] | None = None,
         timeout: float = 5.0,
     ) -> Awaitable[PubAck]:
         """`send` for events stored all or none (an atomic batch); the awaitable gives the ack of the
@@ -379,7 +381,8 @@ class Bus:
         `headers` go on every message, `first` only on the first: JetStream checks
         ``Nats-Expected-Last-Sequence`` there, against the stream before the batch, but refuses
         ``Nats-Expected-Last-Msg-Id`` in a batch (10177). `msg_ids` replace the events' own
-        ``Nats-Msg-Id``s; a batch holding an id already stored is refused whole (10201)."""
+        ``Nats-Msg-Id``s; a batch holding an id already stored is refused whole (10201). `traces`: the
+        trace each event continues (None: the current one), e.g. each claim's own."""
         if not events or len(events) > MAX_BATCH:
             raise PublishRefused(f"an atomic batch holds 1 to {MAX_BATCH} events, not {len(events)}")
         batch = uuid.uuid4().hex  # at most 64 characters
@@ -388,7 +391,7 @@ class Bus:
             marks = {**(headers or {}), **((first or {}) if i == 0 else {}), "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i + 1)}
             if i == len(events) - 1:
                 marks["Nats-Batch-Commit"] = "1"
-            outgoing.append(self._outgoing(event, marks, msg_ids[i] if msg_ids else None))
+            outgoing.append(self._outgoing(event, marks, msg_ids[i] if msg_ids else None, traces[i] if traces else None))
         # Only the commit is answered; the messages before it are staged by the server.
         for subject, data, marks in outgoing[:-1]:
             await self.nc.publish(subject, data, headers=marks)
@@ -433,12 +436,16 @@ class Bus:
         except Exception as exc:  # noqa: BLE001 - whatever the answer is wrong with, the sender hears it
             future.set_exception(exc)
 
-    def _outgoing(self, event: Event, headers: dict[str, str] | None, msg_id: str | None) -> tuple[str, bytes, dict[str, str]]:
-        """Subject, payload and headers of an event, under a PRODUCER span whose context the headers carry."""
+    def _outgoing(
+        self, event: Event, headers: dict[str, str] | None, msg_id: str | None, trace_context: Context | None = None
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """Subject, payload and headers of an event, under a PRODUCER span (in `trace_context`, else the
+        current one) whose context the headers carry."""
         subject = event.subject
         msg_id = msg_id or event.msg_id
         with telemetry.tracer().start_as_current_span(
             f"send {subject}",
+            context=trace_context,
             kind=SpanKind.PRODUCER,
             attributes={
                 "messaging.system": "nats",

@@ -368,7 +368,7 @@ class Allocator:
                 decided = msgspec.structs.replace(member, status=ResourceClaimStatus(allocation=outcome.allocation))
                 batch.append(ev.AllocationCommitted(claim=decided, node=outcome.node))
         try:
-            await (await self._send_batch(batch, began))
+            await (await self._send_batch(batch, began, [self.traces.get(event.key) for event in batch]))
         except BaseException:
             # None stored (or, if the answer was lost, the term is over and the next one reads the
             # stream): the engine and the gang go back to what the stream holds.
@@ -433,9 +433,12 @@ class Allocator:
         self.tail = asyncio.ensure_future(self._stored((event,), ack, expected, began))
         return self.tail
 
-    async def _send_batch(self, events: list[ev.AllocationEvent], began: float | None = None) -> asyncio.Task[None]:
-        """`_send` for decisions stored all or none (one atomic batch). Only once every write before
-        it is stored: its one fence, ``Nats-Expected-Last-Sequence``, then names this term's own write."""
+    async def _send_batch(
+        self, events: list[ev.AllocationEvent], began: float | None = None, traces: list[Context | None] | None = None
+    ) -> asyncio.Task[None]:
+        """`_send` for decisions stored all or none (one atomic batch; `traces`: the one each continues).
+        Only once every write before it is stored: its one fence, ``Nats-Expected-Last-Sequence``,
+        then names this term's own write."""
         if self.tail is not None:
             await self.tail
         headers = self._fence(f"{len(events)} decisions of a gang")
@@ -443,7 +446,7 @@ class Allocator:
         # The sequence each will take in the ids too: a member given back and committed again in one
         # term is a new message, not a duplicate (which would refuse the whole batch).
         msg_ids = [f"{event.msg_id}@{self.token}:{self.last_seq + i}" for i, event in enumerate(events, start=1)]
-        ack = await self.bus.send_batch(events, headers=headers, first=first, msg_ids=msg_ids)
+        ack = await self.bus.send_batch(events, headers=headers, first=first, msg_ids=msg_ids, traces=traces)
         expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + len(events), msg_ids[-1]
         self.tail = asyncio.ensure_future(self._stored(events, ack, expected, began))
         return self.tail

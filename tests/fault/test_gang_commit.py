@@ -19,8 +19,10 @@ import msgspec
 import nats.js.errors
 import pytest
 from nats.js.api import DiscardPolicy
+from opentelemetry import trace
 from pipeline import CLASSES, Stack
 
+from dralloc import telemetry
 from dralloc.allocator.engine.gang import allocate_gang
 from dralloc.allocator.service import Allocator, Fenced
 from dralloc.bus import STREAMS, Bus, embedded_nats
@@ -149,6 +151,22 @@ async def test_a_gang_commit_cut_by_a_foreign_write_stores_no_member_and_the_nex
     assert set(holders(found).values()) == keys
     batches = {h.get("Nats-Batch-Id") for e, h in found if isinstance(e, ev.AllocationCommitted)}
     assert len(batches) == 1 and None not in batches  # written as one atomic batch
+
+
+async def test_each_members_commit_continues_that_members_own_trace(bus: Bus):
+    telemetry.setup("test")
+    members = gang("train", 2)
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    traces = {}
+    for member in members:  # each arrives in its own trace (the ingestor's, through the consumer)
+        with telemetry.tracer().start_as_current_span(f"process {member.key}") as span:
+            traces[member.key] = span.get_span_context().trace_id
+            await allocator.on_claim(ev.ClaimSubmitted(claim=member))
+    found = await stored(bus)
+    assert len(found) == 2
+    for event, headers in found:
+        assert trace.get_current_span(telemetry.extract(headers)).get_span_context().trace_id == traces[event.key]
 
 
 async def partly_committed(bus: Bus, members: list[ResourceClaim]) -> dict[str, str]:
