@@ -50,7 +50,7 @@ def test_a_missing_attribute_is_an_error_unless_another_test_is_false():
     assert [verdict(selector.matches, envs[n]) for n in ("gpu", "mig", "qualified", "no type", "other driver")] == [
         True, False, True, "error", False,
     ]  # fmt: skip
-    assert envs["gpu"]._ctx is None  # the evaluator's context was never needed
+    assert not envs["gpu"]._ctxs  # the evaluator's context was never needed
 
 
 @pytest.mark.parametrize("expression", [
@@ -62,3 +62,26 @@ def test_a_missing_attribute_is_an_error_unless_another_test_is_false():
 ])  # fmt: skip
 def test_other_shapes_go_to_the_evaluators(expression: str):
     assert compile_selector(expression)._tests is None
+
+
+def test_a_selector_gets_a_context_with_only_what_it_reads():
+    """A selector that reads one flat attribute map gets a context without the nested device
+    map or the capacity map, and still decides right; one reading `device` as a whole gets it."""
+    env = device_env(
+        "gpu.nvidia.com",
+        msgspec.convert(
+            {"name": "gpu-0", "attributes": {"index": {"int": 3}, "driverVersion": {"version": "550.54.15"}}, "capacity": {"memory": {"value": "80Gi"}}}, Device
+        ),
+    )
+    flat = compile_selector("device.attributes['gpu.nvidia.com'].index > 2")
+    whole = compile_selector(
+        "device.attributes.exists(d, d == 'gpu.nvidia.com') && device.attributes['gpu.nvidia.com'].driverVersion.isGreaterThan(semver('550.0.0'))"
+    )
+    quantity = compile_selector("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) > 0")
+    assert quantity.matches(env)
+    assert flat.matches(env) and whole.matches(env)
+    assert len(env._ctxs) == 3
+    needs_flat, needs_whole, needs_quantity = flat._needs, whole._needs, quantity._needs
+    assert needs_flat.variables == {"__dra_attributes"} and not needs_flat.functions
+    assert "device" in needs_whole.variables and needs_whole.functions
+    assert needs_quantity.variables == {"__dra_capacity"}  # a literal quantity folds into a string comparison

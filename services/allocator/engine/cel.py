@@ -45,9 +45,11 @@ an expression over either is refused at compile time, so nothing can run away.
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cel as _fast
 
@@ -87,16 +89,17 @@ class CelRuntimeError(CelError):
 class DeviceEnv:
     """One device as selectors see it. Built once per device (per slice generation)."""
 
-    __slots__ = ("driver", "name", "value", "error", "_ctx", "_version_paths")
+    __slots__ = ("driver", "name", "value", "error", "_ctxs", "_version_paths")
 
     def __init__(self, driver: str, name: str, value: dict[str, Any], error: str | None):
         self.driver = driver
         self.name = name
         self.value = value  # for the reference interpreter (outer maps are DefaultMaps)
         self.error = error  # Kubernetes fails every selector on a device it cannot represent
-        # Built on first use: most of a device's cost, and the usual class selectors (literal
-        # tests, see `Selector.matches`) never need it.
-        self._ctx: Any = None
+        # Fast-evaluator contexts by what a selector reads (`Needs`), built on first use: they
+        # are most of a device's cost, and the usual class selectors (literal tests, see
+        # `Selector.matches`) never need one.
+        self._ctxs: dict[Needs, Any] = {}
         self._version_paths: frozenset[tuple[str, str]] | None = None
 
     @property
@@ -109,29 +112,56 @@ class DeviceEnv:
                 for name, v in names.items() if rt.is_semver_value(v))
         return self._version_paths
 
-    @property
-    def ctx(self) -> Any:
-        """The fast evaluator's context."""
-        if self._ctx is None:
-            self._ctx = self._build_ctx()
-        return self._ctx
+    def ctx(self, needs: Needs) -> Any:
+        """The fast evaluator's context with only the variables (and functions) `needs` names:
+        the core converts every value it is given, ~2 µs per attribute, so a selector that
+        reads one flat map does not pay for the nested `device` map too."""
+        ctx = self._ctxs.get(needs)
+        if ctx is None:
+            ctx = self._ctxs[needs] = self._build_ctx(needs)
+        return ctx
 
-    def _build_ctx(self) -> Any:
+    def _build_ctx(self, needs: Needs) -> Any:
         value = self.value
-        plain = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
+        variables: dict[str, Any] = {}
+        if "device" in needs.variables:
+            variables["device"] = {**value, "attributes": dict(value["attributes"]), "capacity": dict(value["capacity"])}
         # The core copies a nested map each time it selects into it, so device.attributes[d].x
         # costs ~0.2 µs per attribute of the device; literal lookups read these flat maps instead.
-        variables = {"device": plain}
-        for outer in ("attributes", "capacity"):
-            variables[_FLAT[outer]] = {
-                f"{domain}/{name}": v for domain, names in value[outer].items() for name, v in names.items()}
-        return _fast.Context(variables=variables, functions=_FAST_FUNCTIONS)
+        for outer, flat in _FLAT.items():
+            if flat in needs.variables:
+                variables[flat] = {f"{domain}/{name}": v for domain, names in value[outer].items() for name, v in names.items()}
+        if needs.functions:
+            return _fast.Context(variables=variables, functions=_FAST_FUNCTIONS)
+        return _fast.Context(variables=variables)
+
+
+class Needs(NamedTuple):
+    """What a compiled selector's fast source reads: its variables and whether it calls functions."""
+
+    variables: frozenset[str]
+    functions: bool
+
+
+def _needs(*sources: str) -> Needs:
+    """From the generated sources' identifiers. Over-counting (a name inside a string literal)
+    only costs time; a variable left out would fail the fast path into the interpreter."""
+    names = {name for source in sources for name in _IDENTIFIER.findall(_STRING.sub('""', source))}
+    return Needs(frozenset(names & {"device", *_FLAT.values()}), not names.isdisjoint(_FAST_FUNCTIONS))
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 
 
 def _split_name(name: str, driver: str) -> tuple[str, str]:
     """A qualified name "domain/id"; an unqualified one belongs to the driver's domain."""
     domain, sep, ident = name.partition("/")
     return (domain, ident) if sep else (driver, name)
+
+
+_device_version = functools.lru_cache(maxsize=4096)(parse_semver)
+"""A version attribute's parse: a fleet repeats a few versions on every device (always a string here)."""
 
 
 def device_env(driver: str, device: "Device") -> DeviceEnv:
@@ -152,7 +182,7 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
             value = attr.string
         elif attr.version is not None:
             try:
-                value = rt.semver_value(parse_semver(attr.version))
+                value = rt.semver_value(_device_version(attr.version))
             except ValueError as e:
                 error = error or f"device {device.name}: attribute {name}: {e}"
                 continue
@@ -181,7 +211,7 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
 class Selector:
     """A compiled selector. ``matches`` is safe to call from several threads."""
 
-    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared", "_tests")
+    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared", "_tests", "_needs")
 
     def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None,
                  compared: frozenset[tuple[str, str]] | None = frozenset()):
@@ -189,7 +219,7 @@ class Selector:
         self.ast = ast
         self.cost = cost  # estimated worst-case cost, <= MAX_COST
         self.fast_source = sources[0] if sources else None
-        self._program = self._program_versions = None
+        self._program = self._program_versions = self._needs = None
         # attributes (domain, name) this selector compares with ==; None: not known statically
         self._compared = compared
         self._tests = _literal_tests(ast)
@@ -198,6 +228,7 @@ class Selector:
             # the variant whose == on dynamic values is checked, for devices where one of
             # the compared attributes is a version
             self._program_versions = self._program if sources[1] == sources[0] else _fast.compile(sources[1])
+            self._needs = _needs(*sources)
 
     def matches(self, device: DeviceEnv) -> bool:
         """Does the device satisfy the selector? Raises CelRuntimeError."""
@@ -210,7 +241,7 @@ class Selector:
             program = self._program_versions
         if program is not None:
             try:
-                result = program.execute(device.ctx)
+                result = program.execute(device.ctx(self._needs))
             except Exception:  # noqa: BLE001 - any fast-path error is re-decided below
                 pass
             else:

@@ -583,17 +583,21 @@ class KindIndex:
 
     def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
         free = self.free.setdefault(kind, {})
-        ge = self.ge.setdefault(kind, [0])
         old = free.get(node, 0)
         free[node] = new
         if new == old and not force:
             return
+        # bitsets over thousands of node ranks: flip a bit only where it changes (each
+        # operation makes a new int the size of the fleet)
         bit = 1 << self.inv._see_node(node)
         total = self.total.get(kind, {}).get(node, 0)
+        whole = self.whole.get(kind, 0)
         if total and new == total:
-            self.whole[kind] = self.whole.get(kind, 0) | bit
-        else:
-            self.whole[kind] = self.whole.get(kind, 0) & ~bit
+            if not whole & bit:
+                self.whole[kind] = whole | bit
+        elif whole & bit:
+            self.whole[kind] = whole ^ bit
+        ge = self.ge.setdefault(kind, [0])
         while len(ge) <= max(new, old):
             ge.append(0)
         if new > old:
