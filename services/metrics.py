@@ -205,8 +205,10 @@ class FleetView:
         self._taken_at = -FRESH_S
         self._nodes: dict[str, tuple[int, tuple, int, dict[str, _NodeClass]]] = {}
         """Node -> (its device bits, class versions, lowest id, class -> _NodeClass): rebuilt when either changes."""
-        self._counters: tuple[int, int] = (-1, 0)
-        """(inventory version, bits of the devices that consume shared counters)."""
+        self._counters: tuple = (-1, {}, {}, 0)
+        """(inventory version, `_counter_users` for it)."""
+        self._blocked: dict[tuple, tuple[int, list[int]]] = {}
+        """Counter in use -> (amount used, the devices it leaves no room for), while the amount stays."""
 
     def snapshot(self) -> Snapshot:
         now = time.monotonic()
@@ -259,34 +261,70 @@ class FleetView:
         from dralloc.allocator.engine.plan import Alt
 
         inv = self.engine.inventory
-        out = {}
+        out, alts = {}, {}
         for name, cls in sorted(inv.classes.items()):
+            try:
+                for selector in cls.spec.selectors:
+                    cel.compile_selector(selector.cel.expression if selector.cel else "")
+            except cel.CelCompileError:  # a class no claim can use: it has no devices
+                out[name] = 0
+                continue
             version = inv.class_versions.get(name, 0)
             key = (name, version, ())
-            alt = Alt(
+            alts[name] = alt = Alt(
                 result_name=name, base=name, sub=None, cls=cls, class_version=version, selectors=(), all_mode=False,
                 count=1, admin=False, tolerations=[], capacity=None, verdict_key=key, class_key=key,
             )  # fmt: skip
-            try:
-                out[name] = self.verdicts.get(alt, inv.live).matched & inv.live
-            except cel.CelCompileError:  # a class no claim can use: it has no devices
-                out[name] = 0
+            self.verdicts.get(alt, 0)  # every class known before any is evaluated: one CEL environment per device serves all
+        for name, alt in alts.items():
+            out[name] = self.verdicts.get(alt, inv.live).matched & inv.live
         return out
 
     def _free(self) -> int:
         """Bits of the devices free to take (see the module docstring)."""
-        from dralloc.allocator.engine.inventory import bits_of, iter_bits
+        from dralloc.allocator.engine.inventory import bits_of
 
         inv, ledger = self.engine.inventory, self.engine.ledger
         shared = [rec.id for key, shares in list(ledger.shares.items()) if shares and (rec := inv.by_key.get(key)) is not None]
-        free = inv.live & ~ledger.used_bits & ~bits_of(shared)
-        version, consuming = self._counters
+        consumers, capacity, oversized = self._counter_users()
+        # A device whose counter is used so far that its own amount no longer fits is not free (the
+        # ledger's counter_room, worked out per counter in use rather than per device).
+        blocked: set[int] = set()  # (a device consumes several counters: each once)
+        cache: dict[tuple, tuple[int, list[int]]] = {}
+        for key, used in list(ledger.counter_used.items()):
+            hit = self._blocked.get(key)
+            if hit is None or hit[0] != used:
+                room = capacity.get(key, 0) - used
+                hit = (used, [i for amount, i in consumers.get(key, ()) if amount > room])
+            cache[key] = hit
+            blocked.update(hit[1])
+        self._blocked = cache
+        return inv.live & ~ledger.used_bits & ~bits_of(shared) & ~bits_of(list(blocked)) & ~oversized
+
+    def _counter_users(self) -> tuple[dict[tuple, list[tuple[int, int]]], dict[tuple, int], int]:
+        """For the current inventory version: counter -> (amount, device id) of the devices consuming it,
+        counter -> what it holds, and the bits of devices that need more than a counter holds at all."""
+        from dralloc.allocator.engine.inventory import bits_of
+
+        inv = self.engine.inventory
+        version, *known = self._counters
         if version != inv.version:
-            consuming = bits_of([rec.id for rec in list(inv.devices) if rec is not None and rec.consumes])
-            self._counters = (inv.version, consuming)
-        devices = inv.devices
-        full = [i for i in iter_bits(free & consuming) if not ledger.counter_room(devices[i])]  # type: ignore[arg-type]
-        return free & ~bits_of(full)
+            consumers: dict[tuple, list[tuple[int, int]]] = {}
+            capacity: dict[tuple, int] = {}
+            too_big = []
+            for rec in list(inv.devices):
+                if rec is None or not rec.consumes:
+                    continue
+                counters = inv.pool_of(rec).counters
+                for key, amount in rec.consumes:
+                    consumers.setdefault(key, []).append((amount, rec.id))
+                    capacity[key] = counters.get(key, 0)
+                    if amount > capacity[key]:
+                        too_big.append(rec.id)
+            known = [consumers, capacity, bits_of(too_big)]
+            self._counters = (inv.version, *known)
+            self._blocked = {}
+        return known[0], known[1], known[2]
 
     def _node_classes(self, bits: int, classes: dict[str, int]) -> tuple[int, dict[str, _NodeClass]]:
         """A node's devices per class and NVLink domain, shifted by its lowest device id."""
