@@ -300,9 +300,10 @@ async def test_ensure_streams_turns_atomic_batches_on_for_an_allocations_stream_
 
         await bus.ensure_streams()
         assert (await bus.js.stream_info("ALLOCATIONS")).config.allow_atomic
-        ack = await (await bus.send_batch([ev.AllocationCommitted(claim=m) for m in gang("train", 2)], first={"Nats-Expected-Last-Sequence": "1"}))
+        commits = [ev.AllocationCommitted(claim=m) for m in gang("train", 2)]
+        ack = await (await bus.send_batch(commits, first={"Nats-Expected-Last-Sequence": "1"}))
         assert (ack.seq, ack.batch_size) == (3, 2)
-        assert [e for e, _ in await stored(bus)][0] == decision  # kept
+        assert [e for e, _ in await stored(bus)] == [decision, *commits]  # the earlier decision kept
 
 
 async def test_a_gang_whose_commit_the_bus_cuts_before_a_sigkill_is_stored_whole_or_not_at_all_and_completed_after_restart():
