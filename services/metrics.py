@@ -75,6 +75,8 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from dralloc.schemas import events as ev
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+
     from dralloc.allocator.engine import Engine
     from dralloc.bus import Bus
 
@@ -83,8 +85,12 @@ log = logging.getLogger("dralloc.metrics")
 _configured = False
 
 
-def setup() -> None:
-    """Install a meter provider with the exporter the OTEL_* variables name (once per process)."""
+def setup(resource: Resource | None = None) -> None:
+    """Install a meter provider with the exporter the OTEL_* variables name (once per process).
+
+    `resource`: the process's, as its traces have it (``service.name`` dralloc-<service>); without
+    it the points would say ``unknown_service`` and the allocator's lag could not be told from the
+    status writer's."""
     global _configured
     if _configured:
         return
@@ -109,7 +115,7 @@ def setup() -> None:
     else:
         log.warning("OTEL_METRICS_EXPORTER=%s is not supported (console, otlp or none); not exporting", name)
         return
-    metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)]))
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)], resource=resource))
 
 
 class AllocatorMetrics:

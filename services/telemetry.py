@@ -69,7 +69,7 @@ def setup(service_name: str) -> None:
     trace.set_tracer_provider(provider)
     from dralloc import metrics  # the same OTEL_* rules for metrics (dralloc.metrics)
 
-    metrics.setup()
+    metrics.setup(provider.resource)  # the metrics name the same service as the spans
 
 
 class PropagatingTracerProvider(trace.TracerProvider):
