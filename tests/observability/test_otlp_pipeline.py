@@ -57,7 +57,7 @@ def messaging_subject(span: Span) -> str | None:
     return span.attributes.get("messaging.destination.name")
 
 
-async def until(condition: Callable[[], bool], timeout: float) -> None:
+async def eventually(condition: Callable[[], bool], timeout: float) -> None:
     """Wait until `condition()` holds, at most `timeout` seconds (then the assertions say what is missing)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition() and asyncio.get_running_loop().time() < deadline:
@@ -110,8 +110,8 @@ async def test_claims_are_traced_and_measured_over_otlp(tmp_path: Path, monkeypa
                     and {"committed", "unsatisfiable"} <= claims
                 )
 
-            await until(written, 10)
-            await until(measured, 10)
+            await eventually(written, 10)
+            await eventually(measured, 10)
             slices = (await bus.js.stream_info("INVENTORY", subjects_filter="dra.inventory.>")).state.subjects or {}
         # The stack has stopped (SIGTERM): whatever the services still held was flushed at exit.
         spans, points = receiver.snapshot()
@@ -188,6 +188,6 @@ def check_allocator_metrics(points: list[Point]) -> None:
     cls = "gpu.nvidia.com"
     assert last("dralloc.devices.allocated", node="node-0", device_class=cls).value == 2  # probe + fits
     assert last("dralloc.devices.free", node="node-0", device_class=cls).value == 6
-    assert 0 <= last("dralloc.node.fragmentation", node="node-0", device_class=cls).value <= 1
+    assert last("dralloc.node.fragmentation", node="node-0", device_class=cls).value == 0.0  # one NVSwitch fabric: 6 free together
     assert last("dralloc.class.fragmentation", device_class=cls).value == 1.0  # every free GPU is on a node in use
     assert last("dralloc.consumer.lag", stream="CLAIMS", consumer="allocator").kind == "gauge"
