@@ -102,6 +102,7 @@ def setup(resource: Resource | None = None) -> None:
         return
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
     if name == "console":
         exporter = ConsoleMetricExporter()
@@ -115,7 +116,14 @@ def setup(resource: Resource | None = None) -> None:
     else:
         log.warning("OTEL_METRICS_EXPORTER=%s is not supported (console, otlp or none); not exporting", name)
         return
-    metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)], resource=resource))
+    # The SDK's default buckets (0, 5, 10, ... 10000) are for milliseconds: a duration in seconds
+    # would land all in the first one. (A view, not the histogram's advisory: that needs SDK 1.30.)
+    seconds = View(instrument_name="dralloc.allocation.duration", aggregation=ExplicitBucketHistogramAggregation(DURATION_BUCKETS_S))
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)], resource=resource, views=[seconds]))
+
+
+DURATION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Bucket boundaries of ``dralloc.allocation.duration`` (seconds): sub-millisecond decisions up to stalls."""
 
 
 class AllocatorMetrics:

@@ -49,6 +49,9 @@ class Point:
     """The value; for a histogram, the sum."""
     count: int
     """A histogram's count (1 for other points)."""
+    bounds: tuple[float, ...] = ()
+    """A histogram's explicit bucket boundaries, and its count per bucket (one more than bounds)."""
+    buckets: tuple[int, ...] = ()
 
 
 def _value(v: AnyValue) -> Any:
@@ -125,10 +128,10 @@ class OtlpReceiver:
                         kind = m.WhichOneof("data")
                         for p in getattr(m, kind).data_points:
                             if kind == "histogram":
-                                value, count = p.sum, p.count
+                                shape = (p.sum, p.count, tuple(p.explicit_bounds), tuple(p.bucket_counts))
                             else:
-                                value, count = getattr(p, p.WhichOneof("value")), 1
-                            points.append(Point(service, m.name, kind, _attributes(p.attributes), value, count))
+                                shape = (getattr(p, p.WhichOneof("value")), 1, (), ())
+                            points.append(Point(service, m.name, kind, _attributes(p.attributes), *shape))
             with self._lock:
                 self.points += points
             return ExportMetricsServiceResponse().SerializeToString()

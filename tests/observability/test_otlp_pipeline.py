@@ -185,6 +185,10 @@ def check_allocator_metrics(points: list[Point]) -> None:
     assert last("dralloc.claims", outcome="unsatisfiable").value == 1
     duration = last("dralloc.allocation.duration", outcome="committed")
     assert duration.kind == "histogram" and duration.count == 2 and 0 < duration.value < 5
+    # The buckets are for seconds: they tell a decision under 10 ms from one over 100 ms (the SDK's
+    # default boundaries, 0, 5, 10, ... 10000, are for milliseconds and would put both in one).
+    assert {0.01, 0.1} <= set(duration.bounds), duration.bounds
+    assert sum(duration.buckets[: duration.bounds.index(0.1) + 1]) == 2, (duration.bounds, duration.buckets)
     cls = "gpu.nvidia.com"
     assert last("dralloc.devices.allocated", node="node-0", device_class=cls).value == 2  # probe + fits
     assert last("dralloc.devices.free", node="node-0", device_class=cls).value == 6
