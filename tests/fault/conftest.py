@@ -13,8 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.fixture
-async def bus():
-    """A private nats-server with the streams, the project's DeviceClasses and one simulated H100 node."""
+def fleet() -> list[dict]:
+    """The simulated nodes `bus` publishes (a test module may override it)."""
+    return [{"profile": "h100-sxm", "count": 1, "prefix": "n"}]
+
+
+@pytest.fixture
+async def bus(fleet):
+    """A private nats-server with the streams, the project's DeviceClasses and the `fleet` (one H100 node)."""
     from pipeline import CLASSES
 
     from dralloc.bus import Bus, embedded_nats
@@ -27,7 +33,7 @@ async def bus():
         await connection.ensure_streams()
         for event in events_from_manifests(load_paths([str(CLASSES)]), print):
             await connection.publish(event)
-        for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "n"}]):
+        for _, slices in build_fleet(fleet):
             for s in slices:
                 await connection.publish(ev.ResourceSlicePublished(slice=s))
         yield connection

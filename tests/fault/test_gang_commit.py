@@ -20,15 +20,12 @@ import nats.js.errors
 import pytest
 from nats.js.api import DiscardPolicy
 from opentelemetry import trace
-from pipeline import CLASSES, Stack
+from pipeline import Stack
 
 from dralloc import telemetry
 from dralloc.allocator.engine.gang import allocate_gang
 from dralloc.allocator.service import Allocator, Fenced
 from dralloc.bus import STREAMS, Bus, embedded_nats
-from dralloc.discovery.fleet import build_fleet
-from dralloc.ingestor.sources import events_from_manifests
-from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
 
@@ -38,15 +35,8 @@ NAMESPACE = "ml"
 
 
 @pytest.fixture
-async def bus():
-    async with embedded_nats() as url, await Bus.connect(url, name="test") as connection:
-        await connection.ensure_streams()
-        for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-            await connection.publish(event)
-        for _, slices in build_fleet(FLEET):
-            for s in slices:
-                await connection.publish(ev.ResourceSlicePublished(slice=s))
-        yield connection
+def fleet() -> list[dict]:
+    return FLEET  # for the fault tests' `bus` (conftest.py)
 
 
 def claim(name: str, gpus: int, annotations: dict[str, str] | None = None) -> ResourceClaim:
