@@ -2,6 +2,12 @@
 
     dralloc run allocator
 
+What to decide lives in the book of decisions (`decisions.py`: pure, no bus): the commits, the
+failures written, the waiting claims, the gangs. This shell feeds it the streams' events, writes
+the decisions it returns behind the fence, pipelined, and tells it what became of each write (so
+it undoes what was not stored); it also owns the lease and terms, the consumers, the retry
+timing, the spans and the metrics.
+
 At start it rebuilds its state from the streams: the current inventory
 (INVENTORY, last value per subject), the ledger (ALLOCATIONS: the last
 decision per claim; committed claims are restored into the engine) and the
@@ -62,7 +68,6 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import nats.js.errors
 from nats.js.api import PubAck
 from opentelemetry import context as otel_context
@@ -71,11 +76,11 @@ from opentelemetry.context import Context
 from dralloc import telemetry
 from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.allocator import leader
+from dralloc.allocator.decisions import Adopt, Allocate, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.gang import allocate_gang, gang_of
 from dralloc.bus import MAX_BATCH, Bus
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
+from dralloc.schemas.resource import ResourceClaim
 
 log = logging.getLogger("dralloc.allocator")
 
@@ -103,18 +108,6 @@ class Config:
         return config
 
 
-def _failure(claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed:
-    meta = claim.metadata
-    return ev.AllocationFailed(
-        namespace=meta.namespace or "default",
-        name=meta.name,
-        uid=meta.uid or "",
-        generation=meta.generation or 1,
-        reason="unsatisfiable" if status == "unsatisfiable" else "error",
-        message=message or status,
-    )
-
-
 class Fenced(Exception):
     """A decision was not written: this allocator is no longer the leader, or its view of ALLOCATIONS is stale."""
 
@@ -126,13 +119,15 @@ WRONG_LAST_MSG_ID = 10070
 
 
 class Allocator:
-    """The allocator's state around the engine; every mutation holds `lock` (one decision at a time)."""
+    """The bus shell around the book of decisions (`decisions.py`); every mutation holds `lock` (one
+    decision at a time)."""
 
     def __init__(
         self, bus: Bus, engine: Engine | None = None, *, lease: leader.Lease | None = None, term: asyncio.Event | None = None
     ) -> None:
         self.bus = bus
-        self.engine = engine or Engine()
+        self.book = Decisions(engine, max_gang=MAX_BATCH // 2)
+        self.engine = self.book.engine
         self.lease = lease
         self.term = term or asyncio.Event()
         """Set when a write was fenced off: this term's state can no longer be trusted."""
@@ -144,19 +139,17 @@ class Allocator:
         """The message id of this term's last write sent (None before the first)."""
         self.tail: asyncio.Task[None] | None = None
         """The last write sent: done once it (and so every write before it) is stored."""
-        self.failures: dict[str, str] = {}
-        """Claim key -> message id of the failure this term wrote for it (an identical one is not written again)."""
-        self.committed: dict[str, ev.AllocationCommitted] = {}
-        self.waiting: dict[str, ResourceClaim] = {}
-        self.traces: dict[str, Context] = {}
-        """Each waiting claim's trace context, so a retry continues the claim's one trace."""
         self.lock = asyncio.Lock()
         self.room_changed = asyncio.Event()
         self.inventory_changed = False
-        self.gangs: dict[str, dict[str, ResourceClaim]] = {}
-        """Gang name -> the member claims here so far, not committed (see `_allocate_gang`)."""
-        self.gang_held: dict[str, set[str]] = {}
-        """Gang name -> keys of its committed members."""
+
+    @property
+    def committed(self) -> dict[str, ev.AllocationCommitted]:
+        return self.book.committed
+
+    @property
+    def waiting(self) -> dict[str, ResourceClaim]:
+        return self.book.waiting
 
     # -- start ----------------------------------------------------------------------
 
@@ -164,18 +157,15 @@ class Allocator:
         """State from the streams; returns the INVENTORY sequence to follow from."""
         inventory, inventory_seq = await self.bus.replay("INVENTORY")
         for event in inventory:
-            self._apply_inventory(event)
+            self.book.apply_inventory(event)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
         allocator_metrics().rebuilding(self.engine)
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
-            if isinstance(event, ev.AllocationCommitted):
-                self.engine.restore(event.claim)
-                self._record(event)
+            self.book.replayed(event)
         claims, _ = await self.bus.replay("CLAIMS")
         for event in claims:
-            if isinstance(event, ev.ClaimSubmitted) and not self._is_committed(event.claim):
-                self.waiting[event.claim.key] = event.claim
+            self.book.replayed(event)
         log.info(
             "allocator: rebuilt %d inventory objects, %d allocations, %d waiting claims",
             len(inventory), len(self.committed), len(self.waiting),
@@ -184,20 +174,9 @@ class Allocator:
 
     # -- inventory ------------------------------------------------------------------
 
-    def _apply_inventory(self, event: ev.Event) -> None:
-        match event:
-            case ev.ResourceSlicePublished(slice=obj) | ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj):
-                self.engine.apply(obj)
-            case ev.ResourceSliceRemoved(name=name):
-                self.engine.remove("ResourceSlice", name)
-            case ev.DeviceClassRemoved(name=name):
-                self.engine.remove("DeviceClass", name)
-            case ev.NodeRemoved(name=name):
-                self.engine.remove("Node", name)
-
     async def on_inventory(self, event: ev.Event) -> None:
         async with self.lock:
-            self._apply_inventory(event)
+            self.book.apply_inventory(event)
         self.inventory_changed = True
         self.room_changed.set()
 
@@ -220,7 +199,7 @@ class Allocator:
                 for key, claim in list(self.waiting.items()):
                     if stop.is_set():
                         return
-                    with telemetry.tracer().start_as_current_span("retry allocation", context=self.traces.get(key)):
+                    with telemetry.tracer().start_as_current_span("retry allocation", context=self.book.contexts.get(key)):
                         try:
                             await self._allocate(claim)
                         except Exception as exc:  # the bus is down: the next change retries again
@@ -240,15 +219,11 @@ class Allocator:
         async with self.lock:
             if isinstance(event, ev.ClaimSubmitted):
                 await self._decide(event.claim)
-            elif isinstance(event, ev.ClaimDeleted):
-                await self._release(event.key, event.uid)
+            elif isinstance(event, ev.ClaimDeleted) and (release := self.book.deleted(event.key, event.uid)) is not None:
+                await self._release(release)
             # Whatever was decided, or not (a redelivery), stands once every write so far is stored.
             tail = self.tail
         return tail if tail is not None and not tail.done() else None
-
-    def _is_committed(self, claim: ResourceClaim) -> bool:
-        done = self.committed.get(claim.key)
-        return done is not None and done.claim.metadata.uid == claim.metadata.uid
 
     async def _allocate(self, claim: ResourceClaim) -> None:
         """Decide on a claim; returns once the decision is stored."""
@@ -257,154 +232,79 @@ class Allocator:
             await self.tail
 
     async def _decide(self, claim: ResourceClaim) -> None:
-        """Decide on a claim and send the decision (`self.tail` completes once it is stored)."""
-        key = claim.key
+        """Write what the book decides for a claim (`self.tail` completes once it is stored)."""
         began = time.perf_counter()
-        if self._is_committed(claim):
-            # Seen before (a redelivery): the ledger only holds decisions stored in ALLOCATIONS, so
-            # there is nothing to write again.
-            self._stop_waiting(key)
-            return
-        if key in self.committed:
-            # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
-            await self._release(key, self.committed[key].claim.metadata.uid or "")
-        if claim.status is not None and claim.status.allocation is not None:
-            await self._adopt(claim)
-            return
-        gang = gang_of(claim)
-        if gang is not None and gang[1] > 1:
-            await self._allocate_gang(claim, *gang)
-            return
-        with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": key}) as span:
-            (outcome,) = self.engine.allocate([claim])
+        context = otel_context.get_current()
+        step = self.book.submitted(claim, context)
+        while isinstance(step, ev.AllocationReleased):  # it replaced a committed claim of its name
+            await self._release(step)
+            step = self.book.submitted(claim, context)
+        match step:
+            case ev.AllocationFailed():
+                await self._send_failure(step)
+            case Adopt(commit=event, problems=problems):
+                for problem in problems:
+                    log.warning("allocator: adopting %s: %s", event.key, problem)
+                try:
+                    await self._write(event)
+                except BaseException:
+                    self.book.commit_not_written(event.key)
+                    raise
+                self.book.commit_written(event)
+            case Allocate():
+                await self._allocate_one(claim, context, began)
+            case GangComplete():
+                await self._allocate_gang(step)
+
+    async def _allocate_one(self, claim: ResourceClaim, context: Context, began: float) -> None:
+        with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": claim.key}) as span:
+            outcome, event = self.book.allocate(claim, context)
             span.set_attribute("dralloc.outcome", outcome.status)
             if outcome.node:
                 span.set_attribute("dralloc.node", outcome.node)
-        if outcome.status != "allocated":
-            self.waiting[key] = claim
-            self.traces[key] = otel_context.get_current()
-            await self._fail(claim, outcome.status, outcome.message, began)
+        if event is None:
+            await self._send_failure(self.book.failure(claim, outcome.status, outcome.message), began)
             return
-        decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
-        event = ev.AllocationCommitted(claim=decided, node=outcome.node)
         try:
             stored = await self._send(event, began)
         except BaseException:
-            self.engine.release(key)  # not sent: the redelivery decides again
+            self.book.commit_not_written(event.key)  # not sent: the redelivery decides again
             raise
-        self._record(event)
-        self._stop_waiting(key)
+        self.book.commit_written(event)
         stored.add_done_callback(lambda done: self._undo_unless_stored(done, event))
 
     def _undo_unless_stored(self, write: asyncio.Task[None], event: ev.AllocationCommitted) -> None:
-        """A commit that was not stored is forgotten (the term is over; its redelivery decides again)."""
-        if (write.cancelled() or write.exception() is not None) and self.committed.get(event.key) is event:
-            self._forget(event.key)
-            self.engine.release(event.key)
+        if write.cancelled() or write.exception() is not None:
+            self.book.commit_refused(event)
 
-    def _record(self, event: ev.AllocationCommitted) -> None:
-        self.committed[event.key] = event
-        gang = gang_of(event.claim)
-        if gang is not None and gang[1] > 1:
-            self.gang_held.setdefault(gang[0], set()).add(event.key)
-
-    def _forget(self, key: str) -> None:
-        gang = gang_of(self.committed.pop(key).claim)
-        if gang is not None and (held := self.gang_held.get(gang[0])) is not None:
-            held.discard(key)
-            if not held:
-                del self.gang_held[gang[0]]
-
-    async def _fail(self, claim: ResourceClaim, status: str, message: str, began: float | None = None) -> None:
-        """Send the claim's failure, unless this term already wrote the same one (a retry that still does not fit)."""
-        failure = _failure(claim, status, message)
-        if self.failures.get(failure.key) != failure.msg_id:
+    async def _send_failure(self, failure: ev.AllocationFailed | None, began: float | None = None) -> None:
+        """Send a failure the book asks for (None: this term already wrote the same one)."""
+        if failure is not None:
             await self._send(failure, began)
-            self.failures[failure.key] = failure.msg_id
+            self.book.failure_sent(failure)
 
-    async def _allocate_gang(self, claim: ResourceClaim, name: str, size: int, domain: str | None) -> None:
-        """A gang member (annotations `dralloc.dev/gang`, `-size`, `-domain`) waits, with no decision
-        written, until all `size` members are here (committed ones count); then the engine places the
-        others inside one domain, that of the committed ones if any (engine/gang.py), and the decisions
-        are written as one atomic batch (see the module docstring). A gang that cannot be completed
-        where its committed members are is given back and decided again whole, in the same batch."""
-        if size > MAX_BATCH // 2:  # one batch may give back size - 1 members and commit all size
-            await self._fail(claim, "error", f"gang {name}: {size} claims; at most {MAX_BATCH // 2} are committed all or none")
-            return
-        members = self.gangs.setdefault(name, {})
-        members[claim.key] = claim
-        self.waiting[claim.key] = claim
-        self.traces.setdefault(claim.key, otel_context.get_current())
-        held = [self.committed[key].claim for key in self.gang_held.get(name, ())]
-        if len(members) + len(held) < size:
-            return
+    async def _allocate_gang(self, complete: GangComplete) -> None:
+        """A gang's members are all here: its decisions are written as one atomic batch (see the module docstring)."""
         began = time.perf_counter()
-        with telemetry.tracer().start_as_current_span("allocate gang", attributes={"dralloc.gang": name, "dralloc.gang.size": size}):
-            claims = sorted([*members.values(), *held], key=lambda c: c.key)
-            outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
-            given_back: list[ResourceClaim] = []
-            if held and any(o.status != "allocated" for o in outcomes):
-                # No room for the rest where the committed members are. A partial gang never keeps
-                # devices: they are given back (in the batch below) and the gang is decided whole.
-                given_back = held
-                for member in held:
-                    self.engine.release(member.key)
-                    members[member.key] = msgspec.structs.replace(member, status=None)
-                claims = sorted(members.values(), key=lambda c: c.key)
-                outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
-        placed = all(o.status == "allocated" for o in outcomes)
-        if not placed and not given_back:
-            for member, outcome in zip(claims, outcomes):  # all wait, none holds devices
-                await self._fail(member, outcome.status, outcome.message)
+        attributes = {"dralloc.gang": complete.name, "dralloc.gang.size": complete.size}
+        with telemetry.tracer().start_as_current_span("allocate gang", attributes=attributes):
+            plan = self.book.decide_gang(complete)
+        for member, outcome in plan.unplaced:  # all wait, none holds devices
+            await self._send_failure(self.book.failure(member, outcome.status, outcome.message))
+        if not plan.batch:
             return
-        batch: list[ev.AllocationEvent] = [
-            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "")
-            for m in given_back
-        ]
-        for member, outcome in zip(claims, outcomes):
-            if not placed:
-                batch.append(_failure(member, outcome.status, outcome.message))
-            elif member.key in members:
-                decided = msgspec.structs.replace(member, status=ResourceClaimStatus(allocation=outcome.allocation))
-                batch.append(ev.AllocationCommitted(claim=decided, node=outcome.node))
+        traces = [self.book.contexts.get(event.key) for event in plan.batch]
         try:
-            await (await self._send_batch(batch, began, [self.traces.get(event.key) for event in batch]))
+            await (await self._send_batch(plan.batch, began, traces))
         except BaseException:
-            # None stored (or, if the answer was lost, the term is over and the next one reads the
-            # stream): the engine and the gang go back to what the stream holds.
-            for key in members:
-                self.engine.release(key)
-            for member in given_back:
-                del members[member.key]
-                self.engine.restore(self.committed[member.key].claim)
+            self.book.batch_refused(plan)
             raise
-        for member in given_back:
-            self._forget(member.key)
-            self.waiting[member.key] = members[member.key]
-        for event in batch:
-            if isinstance(event, ev.AllocationCommitted):
-                self._record(event)
-                self._stop_waiting(event.key)
-            elif isinstance(event, ev.AllocationFailed):
-                self.failures[event.key] = event.msg_id
-        if placed:
-            del self.gangs[name]
+        self.book.batch_stored(plan)
 
-    async def _adopt(self, claim: ResourceClaim) -> None:
-        """A claim that arrives allocated (by Kubernetes, or by an earlier run written back to it):
-        its devices are in use as they are; it is recorded as committed, never decided again."""
-        key = claim.key
-        for problem in self.engine.restore(claim):
-            log.warning("allocator: adopting %s: %s", key, problem)
-        record = self.engine.ledger.claims.get(key)
-        event = ev.AllocationCommitted(claim=claim, node=record.node if record is not None else None)
-        try:
-            await self._write(event)
-        except BaseException:
-            self.engine.release(key)
-            raise
-        self._record(event)
-        self._stop_waiting(key)
+    async def _release(self, release: ev.AllocationReleased) -> None:
+        await self._write(release)
+        self.book.release_stored(release.key)
+        self.room_changed.set()  # freed devices may fit a waiting claim
 
     async def _write(self, event: ev.AllocationEvent) -> None:
         """Publish a decision behind the fence and wait until it is stored; raises `Fenced` when refused."""
@@ -469,26 +369,6 @@ class Allocator:
         for event in events:
             decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
             allocator_metrics().decided(event, time.perf_counter() - began if decision and began else None)
-
-    def _stop_waiting(self, key: str) -> None:
-        self.waiting.pop(key, None)
-        self.traces.pop(key, None)
-        self.failures.pop(key, None)
-
-    async def _release(self, key: str, uid: str) -> None:
-        waiting = self.waiting.get(key)
-        if waiting is not None and (not uid or waiting.metadata.uid == uid):
-            self._stop_waiting(key)
-            for members in self.gangs.values():
-                members.pop(key, None)
-        done = self.committed.get(key)
-        if done is None or (uid and done.claim.metadata.uid != uid):
-            return
-        namespace, name = key.split("/", 1)
-        await self._write(ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or ""))
-        self.engine.release(key)
-        self._forget(key)
-        self.room_changed.set()  # freed devices may fit a waiting claim
 
 
 async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine | None = None) -> None:

@@ -1,0 +1,311 @@
+"""The allocator's book of decisions, around the engine: pure and synchronous (no bus, no asyncio).
+
+It holds what the allocator has decided and what it still has to: the commits (which the engine's
+ledger holds devices for), the failures this term wrote (so a retry that still does not fit writes
+nothing again), the claims waiting for room, and the gangs gathering their members. It takes the
+streams' events and returns the decisions to write; the service (`service.py`) writes them behind
+the fence and tells it what became of each write, so it can undo what was not stored:
+
+    step = book.submitted(claim, context)   # None | AllocationReleased | AllocationFailed
+                                            # | Adopt | Allocate | GangComplete
+    outcome, commit = book.allocate(claim, context)      # for Allocate (inside the "allocate" span)
+    plan = book.decide_gang(complete)                    # for GangComplete
+    book.commit_written(commit) / book.commit_not_written(key) / book.commit_refused(commit)
+    book.failure(claim, status, message) -> AllocationFailed | None; book.failure_sent(failure)
+    book.deleted(key, uid) -> AllocationReleased | None; book.release_stored(key)
+    book.batch_stored(plan) / book.batch_refused(plan)
+
+`context` is the caller's, opaque here (the service's trace context): it is kept with a waiting
+claim and dropped when the claim stops waiting, so a retry continues the claim's one trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from dralloc.allocator.engine import Engine, Outcome
+from dralloc.allocator.engine.gang import allocate_gang, gang_of
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """A claim that arrives allocated: the engine already holds its devices as they are; write `commit`."""
+
+    commit: ev.AllocationCommitted
+    problems: list[str]
+    """What the engine found wrong with the allocation it adopted (for the log)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocate:
+    """A claim of its own, for `Decisions.allocate`."""
+
+    claim: ResourceClaim
+
+
+@dataclass(frozen=True, slots=True)
+class GangComplete:
+    """Every member of a gang is here (committed ones count), for `Decisions.decide_gang`."""
+
+    name: str
+    size: int
+    domain: str | None
+
+
+@dataclass(slots=True)
+class GangPlan:
+    """A gang's decisions. `unplaced`: nothing to batch, each member fails on its own (none holds
+    devices). Otherwise `batch` is written as one atomic batch, all stored or none."""
+
+    name: str
+    members: dict[str, ResourceClaim]
+    given_back: list[ResourceClaim] = field(default_factory=list)
+    """Committed members whose devices the batch gives back (the gang is decided again whole)."""
+    batch: list[ev.AllocationEvent] = field(default_factory=list)
+    placed: bool = False
+    unplaced: list[tuple[ResourceClaim, Outcome]] = field(default_factory=list)
+
+
+def failure_event(claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed:
+    meta = claim.metadata
+    return ev.AllocationFailed(
+        namespace=meta.namespace or "default",
+        name=meta.name,
+        uid=meta.uid or "",
+        generation=meta.generation or 1,
+        reason="unsatisfiable" if status == "unsatisfiable" else "error",
+        message=message or status,
+    )
+
+
+class Decisions:
+    """The allocator's state around the engine (see the module docstring)."""
+
+    def __init__(self, engine: Engine | None = None, *, max_gang: int) -> None:
+        self.engine = engine or Engine()
+        self.max_gang = max_gang
+        """The largest gang committed all or none (one batch may give back size - 1 members and commit all size)."""
+        self.committed: dict[str, ev.AllocationCommitted] = {}
+        """Claim key -> its commit: stored, or sent (and forgotten again if it is refused)."""
+        self.failures: dict[str, str] = {}
+        """Claim key -> message id of the failure this term wrote for it (an identical one is not written again)."""
+        self.waiting: dict[str, ResourceClaim] = {}
+        self.contexts: dict[str, Any] = {}
+        """Each waiting claim's context (the caller's; see the module docstring)."""
+        self.gangs: dict[str, dict[str, ResourceClaim]] = {}
+        """Gang name -> the member claims here so far, not committed (see `decide_gang`)."""
+        self.gang_held: dict[str, set[str]] = {}
+        """Gang name -> keys of its committed members."""
+
+    # -- the streams at start ---------------------------------------------------------
+
+    def apply_inventory(self, event: ev.Event) -> None:
+        match event:
+            case ev.ResourceSlicePublished(slice=obj) | ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj):
+                self.engine.apply(obj)
+            case ev.ResourceSliceRemoved(name=name):
+                self.engine.remove("ResourceSlice", name)
+            case ev.DeviceClassRemoved(name=name):
+                self.engine.remove("DeviceClass", name)
+            case ev.NodeRemoved(name=name):
+                self.engine.remove("Node", name)
+
+    def replayed(self, event: ev.Event) -> None:
+        """An event of ALLOCATIONS (a commit is restored into the engine) or, after all of those, of
+        CLAIMS (a claim not committed waits)."""
+        if isinstance(event, ev.AllocationCommitted):
+            self.engine.restore(event.claim)
+            self._record(event)
+        elif isinstance(event, ev.ClaimSubmitted) and not self.is_committed(event.claim):
+            self.waiting[event.claim.key] = event.claim
+
+    # -- claim events -------------------------------------------------------------------
+
+    def submitted(
+        self, claim: ResourceClaim, context: Any = None
+    ) -> None | ev.AllocationReleased | ev.AllocationFailed | Adopt | Allocate | GangComplete:
+        """What a submitted claim asks for:
+        - None: nothing to write (a redelivery of a commit; a gang member waiting for the others);
+        - AllocationReleased: the claim replaced a committed one of its name (deleted and re-created):
+          write the release, `release_stored`, then submit the claim again;
+        - AllocationFailed: write it, then `failure_sent` (a gang too large to commit all or none);
+        - Adopt, Allocate, GangComplete: see each."""
+        key = claim.key
+        if self.is_committed(claim):
+            # Seen before (a redelivery): the book only holds decisions stored in ALLOCATIONS (or
+            # on their way, and forgotten if refused), so there is nothing to write again.
+            self._stop_waiting(key)
+            return None
+        if key in self.committed:
+            # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
+            return self.deleted(key, self.committed[key].claim.metadata.uid or "")
+        if claim.status is not None and claim.status.allocation is not None:
+            return self._adopt(claim)
+        gang = gang_of(claim)
+        if gang is not None and gang[1] > 1:
+            return self._collect(claim, *gang, context)
+        return Allocate(claim)
+
+    def allocate(self, claim: ResourceClaim, context: Any = None) -> tuple[Outcome, ev.AllocationCommitted | None]:
+        """Ask the engine; returns its outcome and, when allocated, the commit to write (the engine
+        holds the devices until `commit_not_written` or `commit_refused`). A claim that does not fit
+        waits: write `failure(...)`."""
+        (outcome,) = self.engine.allocate([claim])
+        if outcome.status != "allocated":
+            self.waiting[claim.key] = claim
+            self.contexts[claim.key] = context
+            return outcome, None
+        decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
+        return outcome, ev.AllocationCommitted(claim=decided, node=outcome.node)
+
+    def deleted(self, key: str, uid: str) -> ev.AllocationReleased | None:
+        """A claim deleted (`uid` empty: whichever object has that name): it stops waiting; returns
+        the release to write if it is committed (then `release_stored`)."""
+        waiting = self.waiting.get(key)
+        if waiting is not None and (not uid or waiting.metadata.uid == uid):
+            self._stop_waiting(key)
+            for members in self.gangs.values():
+                members.pop(key, None)
+        done = self.committed.get(key)
+        if done is None or (uid and done.claim.metadata.uid != uid):
+            return None
+        namespace, name = key.split("/", 1)
+        return ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or "")
+
+    def failure(self, claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed | None:
+        """The claim's failure to write, or None when this term already wrote the same one (a retry
+        that still does not fit)."""
+        failure = failure_event(claim, status, message)
+        return failure if self.failures.get(failure.key) != failure.msg_id else None
+
+    # -- what became of the writes ---------------------------------------------------------
+
+    def commit_written(self, event: ev.AllocationCommitted) -> None:
+        """A commit was sent (or, adopted, stored): the claim is decided."""
+        self._record(event)
+        self._stop_waiting(event.key)
+
+    def commit_not_written(self, key: str) -> None:
+        """A commit was never sent: the engine gives its devices back (the redelivery decides again)."""
+        self.engine.release(key)
+
+    def commit_refused(self, event: ev.AllocationCommitted) -> None:
+        """A commit sent was not stored: it is forgotten (the term is over; its redelivery decides again)."""
+        if self.committed.get(event.key) is event:
+            self._forget(event.key)
+            self.engine.release(event.key)
+
+    def failure_sent(self, event: ev.AllocationFailed) -> None:
+        self.failures[event.key] = event.msg_id
+
+    def release_stored(self, key: str) -> None:
+        self.engine.release(key)
+        self._forget(key)
+
+    # -- gangs ------------------------------------------------------------------------------
+
+    def _collect(self, claim: ResourceClaim, name: str, size: int, domain: str | None, context: Any) -> ev.AllocationFailed | GangComplete | None:
+        """A gang member (annotations `dralloc.dev/gang`, `-size`, `-domain`) waits, with no decision
+        written, until all `size` members are here (committed ones count)."""
+        if size > self.max_gang:
+            return self.failure(claim, "error", f"gang {name}: {size} claims; at most {self.max_gang} are committed all or none")
+        members = self.gangs.setdefault(name, {})
+        members[claim.key] = claim
+        self.waiting[claim.key] = claim
+        self.contexts.setdefault(claim.key, context)
+        if len(members) + len(self.gang_held.get(name, ())) < size:
+            return None
+        return GangComplete(name, size, domain)
+
+    def decide_gang(self, complete: GangComplete) -> GangPlan:
+        """The engine places the members not committed inside one domain, that of the committed ones
+        if any (engine/gang.py). A gang that cannot be completed where its committed members are is
+        given back and decided again whole, in the same batch."""
+        name, domain = complete.name, complete.domain
+        members = self.gangs[name]
+        held = [self.committed[key].claim for key in self.gang_held.get(name, ())]
+        claims = sorted([*members.values(), *held], key=lambda c: c.key)
+        outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
+        plan = GangPlan(name, members)
+        if held and any(o.status != "allocated" for o in outcomes):
+            # No room for the rest where the committed members are. A partial gang never keeps
+            # devices: they are given back (in the batch) and the gang is decided whole.
+            plan.given_back = held
+            for member in held:
+                self.engine.release(member.key)
+                members[member.key] = msgspec.structs.replace(member, status=None)
+            claims = sorted(members.values(), key=lambda c: c.key)
+            outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
+        plan.placed = all(o.status == "allocated" for o in outcomes)
+        if not plan.placed and not plan.given_back:
+            plan.unplaced = list(zip(claims, outcomes))  # all wait, none holds devices
+            return plan
+        plan.batch = [
+            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "")
+            for m in plan.given_back
+        ]
+        for member, outcome in zip(claims, outcomes):
+            if not plan.placed:
+                plan.batch.append(failure_event(member, outcome.status, outcome.message))
+            elif member.key in members:
+                decided = msgspec.structs.replace(member, status=ResourceClaimStatus(allocation=outcome.allocation))
+                plan.batch.append(ev.AllocationCommitted(claim=decided, node=outcome.node))
+        return plan
+
+    def batch_stored(self, plan: GangPlan) -> None:
+        for member in plan.given_back:
+            self._forget(member.key)
+            self.waiting[member.key] = plan.members[member.key]
+        for event in plan.batch:
+            if isinstance(event, ev.AllocationCommitted):
+                self._record(event)
+                self._stop_waiting(event.key)
+            elif isinstance(event, ev.AllocationFailed):
+                self.failures[event.key] = event.msg_id
+        if plan.placed:
+            del self.gangs[plan.name]
+
+    def batch_refused(self, plan: GangPlan) -> None:
+        """None of the batch was stored (or, if the answer was lost, the term is over and the next one
+        reads the stream): the engine and the gang go back to what the stream holds."""
+        for key in plan.members:
+            self.engine.release(key)
+        for member in plan.given_back:
+            del plan.members[member.key]
+            self.engine.restore(self.committed[member.key].claim)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def is_committed(self, claim: ResourceClaim) -> bool:
+        done = self.committed.get(claim.key)
+        return done is not None and done.claim.metadata.uid == claim.metadata.uid
+
+    def _adopt(self, claim: ResourceClaim) -> Adopt:
+        """A claim that arrives allocated (by Kubernetes, or by an earlier run written back to it):
+        its devices are in use as they are; it is recorded as committed, never decided again."""
+        problems = self.engine.restore(claim)
+        record = self.engine.ledger.claims.get(claim.key)
+        return Adopt(ev.AllocationCommitted(claim=claim, node=record.node if record is not None else None), problems)
+
+    def _record(self, event: ev.AllocationCommitted) -> None:
+        self.committed[event.key] = event
+        gang = gang_of(event.claim)
+        if gang is not None and gang[1] > 1:
+            self.gang_held.setdefault(gang[0], set()).add(event.key)
+
+    def _forget(self, key: str) -> None:
+        gang = gang_of(self.committed.pop(key).claim)
+        if gang is not None and (held := self.gang_held.get(gang[0])) is not None:
+            held.discard(key)
+            if not held:
+                del self.gang_held[gang[0]]
+
+    def _stop_waiting(self, key: str) -> None:
+        self.waiting.pop(key, None)
+        self.contexts.pop(key, None)
+        self.failures.pop(key, None)
