@@ -64,6 +64,7 @@ class GangPlan:
 
     name: str
     members: dict[str, ResourceClaim]
+    """The gang's members not committed: the book's own collection, which the outcome updates."""
     given_back: list[ResourceClaim] = field(default_factory=list)
     """Committed members whose devices the batch gives back (the gang is decided again whole)."""
     batch: list[ev.AllocationEvent] = field(default_factory=list)
