@@ -22,7 +22,6 @@ from the objects and answer the first claim).
 
 from __future__ import annotations
 
-import gc
 import random
 import resource
 import sys
@@ -30,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.schemas.resource import (
     CELDeviceSelector,
     Device,
@@ -184,11 +184,7 @@ def measure(name: str, *, scoring: bool = True) -> dict:
     engine = Engine(scoring=scoring)
     for obj in workload.objects:
         engine.apply(obj)
-    # A long-lived allocator moves its loaded inventory out of the cyclic GC's
-    # reach (what the service does after loading); otherwise full collections
-    # over the inventory's objects show up as 100 ms latency spikes.
-    gc.collect()
-    gc.freeze()
+    freeze_long_lived()  # as the allocator does once its engine is loaded
     latencies: list[float] = []
     statuses = {"allocated": 0, "unsatisfiable": 0, "error": 0}
     devices_taken = 0

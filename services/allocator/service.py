@@ -78,6 +78,7 @@ from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.allocator import leader
 from dralloc.allocator.decisions import Adopt, Allocate, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.bus import MAX_BATCH, Bus
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -402,7 +403,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             inventory_seq = await allocator.rebuild()
         finally:
             gc.enable()
-        _freeze_long_lived()
+        freeze_long_lived()
         tasks.create_task(
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
         )
@@ -414,20 +415,6 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
                 "CLAIMS", allocator.take_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
             )
         )
-
-
-def _freeze_long_lived() -> None:
-    """Move what is alive now (the inventory, the ledger) out of the cyclic collector's sight: its
-    full collections walked the whole fleet again and again (on 9,904 GPUs, ~10% of the allocator's
-    time and pauses of tens of ms). Garbage first, so none of it is frozen. Young collections get
-    rarer too: most of a decision's objects are freed by reference counting before one comes."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
-
-
-YOUNG_COLLECTION_EVERY = 20_000
-"""Allocations between young collections (CPython's default: 700)."""
 
 
 async def _end_term_on(stop: asyncio.Event, term: asyncio.Event) -> None:

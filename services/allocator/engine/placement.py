@@ -190,13 +190,11 @@ class Placement:
         known = self.inv.node_known
         top = len(free_ge)
         for k in range(1, top):
-            if not viable & free_ge[k]:
+            at_least = viable & free_ge[k]
+            if not at_least:
                 break
-            bucket = viable & free_ge[k] & ~(free_ge[k + 1] if k + 1 < top else 0)
-            while bucket:  # the first node usually fits
-                low = bucket & -bucket
-                bucket ^= low
-                r = low.bit_length() - 1
+            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
+            for r in iter_bits(bucket):  # lazily: the first node usually fits
                 if names[r] in known:
                     yield r
         if with_none:
@@ -208,17 +206,21 @@ class Placement:
 
     def _any_free(self, node: str, alt: Alt) -> bool:
         mask, _ = self.inv.node_mask(node)
-        return bool(self.verdicts.get(alt, mask).matched & mask & ~self.ledger.used_bits)
+        matched = self.verdicts.get(alt, mask).matched & mask
+        return matched != matched & self.ledger.used_bits
 
     def _locality_order(self, plans: list[ClaimPlan], demand: Demand, viable: int) -> Iterator[str]:
         names = self.inv.node_names
+        node_topology = self.topology.node
+        key = _demand_key(demand)
         scanned: list[tuple[int, int, str]] = []
         unfit: list[str] = []
         order = self._fit_order(viable, self._kind(demand))
         for rank in order:
             name = names[rank]
-            level = self.node_level(name, demand)
-            if level is not None and level <= self._static_level(name, demand):
+            topo = node_topology(name)
+            level = self._level(topo, name, demand, True)
+            if level is not None and level <= self._static_level(name, demand, topo, key):
                 yield name  # the best its hardware can do, on the fullest such node (the engine learns it)
                 break
             if self.learn is not None:  # scored here, perhaps never tried: remember what it matches
@@ -240,10 +242,12 @@ class Placement:
     def node_level(self, node: str, demand: Demand, *, free_only: bool = True) -> int | None:
         """The tightest level at which one group of `node` has enough free devices for every
         request of the demand (NODE if only the node as a whole has), None if the node has not."""
-        topo = self.topology.node(node)
+        return self._level(self.topology.node(node), node, demand, free_only)
+
+    def _level(self, topo: NodeTopology | None, node: str, demand: Demand, free_only: bool) -> int | None:
         if topo is None or not topo.groups:
             return None
-        if sum(count for _, count in demand) >= 2:
+        if len(demand) > 1 or (demand and demand[0][1] >= 2):
             level = self._masked_level(topo, node, demand, free_only)
             if level is not _PER_DEVICE:
                 return level  # type: ignore[return-value]
@@ -259,7 +263,8 @@ class Placement:
         one by one (`_counts`)."""
         mask, _ = self.inv.node_mask(node)
         lo = topo.lo
-        free = topo.span & ~(self.ledger.used_bits >> lo) if free_only else topo.span
+        # device bitsets span the fleet: cut them down to the node (`& mask`) before anything else
+        free = topo.span & ~((self.ledger.used_bits & mask) >> lo) if free_only else topo.span
         items: list[tuple[int, int]] = []
         for alt, count in demand:
             bits = ((self.verdicts.get(alt, mask).matched & mask) >> lo) & free
@@ -275,7 +280,10 @@ class Placement:
             for gid, _, group in topo.masks[pos]:
                 if pos == NVLINK and gid not in named:
                     continue  # devices "alone" on no NVLink domain
-                if all((bits & group).bit_count() >= count for bits, count in items):
+                for bits, count in items:
+                    if (bits & group).bit_count() < count:
+                        break
+                else:
                     return pos
         return NODE
 
@@ -293,14 +301,12 @@ class Placement:
             topo.having[attributes] = bits
         return bits
 
-    def _static_level(self, node: str, demand: Demand) -> int:
-        """The best level the node's hardware could give the demand if it were free (cached)."""
-        topo = self.topology.node(node)
-        key = (
-            node,
-            topo.stamp if topo else None,
-            tuple((alt.verdict_key, count) for alt, count in demand),
-        )
+    def _static_level(self, node: str, demand: Demand, topo: NodeTopology | None = None, demand_key: tuple | None = None) -> int:
+        """The best level the node's hardware could give the demand if it were free (cached).
+        `topo`, `demand_key`: the node's topology and `_demand_key(demand)`, when the caller has them."""
+        if topo is None:
+            topo = self.topology.node(node)
+        key = (node, topo.stamp if topo else None, demand_key if demand_key is not None else _demand_key(demand))
         if key not in self._static:
             if len(self._static) > 100_000:
                 self._static.clear()
@@ -317,7 +323,8 @@ class Placement:
         out = []
         for alt, count in demand:
             verdict = self.verdicts.get(alt, mask)
-            bits = (verdict.matched & mask & ~used) >> lo
+            matched = verdict.matched & mask
+            bits = (matched ^ (matched & used)) >> lo
             needs = alt.constraint_attributes
             per_level: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
             total = 0
@@ -618,6 +625,10 @@ def _demand(plans: list[ClaimPlan]) -> Demand:
             if not alt.all_mode and not alt.admin:
                 out.append((alt, alt.count))
     return out
+
+
+def _demand_key(demand: Demand) -> tuple:
+    return tuple((alt.verdict_key, count) for alt, count in demand)
 
 
 def demand_of(plans: list[ClaimPlan]) -> Demand:

@@ -99,6 +99,10 @@ class Verdicts:
         else:
             self._recent.move_to_end(alt.verdict_key)
         full = self._entry(alt.verdict_key)
+        if mask & full.evaluated == mask:
+            # the usual case, and the cheap test: bitsets span the fleet, and `~evaluated`
+            # would make a new fleet-sized int on every call
+            return full
         todo = mask & self.inv.live & ~full.evaluated
         if todo:
             try:

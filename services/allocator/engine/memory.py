@@ -1,0 +1,22 @@
+"""Garbage-collector policy for a process that keeps a loaded engine for long (the allocator).
+
+The inventory and the ledger are millions of long-lived objects; CPython's cyclic collector
+walks them again on every full collection (on 9,904 GPUs, ~10% of the allocator's time and
+pauses of tens of ms), and a decision's own objects are freed by reference counting long
+before a young collection would find them.
+"""
+
+from __future__ import annotations
+
+import gc
+
+YOUNG_COLLECTION_EVERY = 20_000
+"""Allocations between young collections (CPython's default: 700)."""
+
+
+def freeze_long_lived() -> None:
+    """Move what is alive now (the loaded engine) out of the cyclic collector's sight, garbage
+    first so none of it is frozen, and make young collections rarer."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
