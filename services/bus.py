@@ -16,8 +16,11 @@ Connecting
 
     - ``INVENTORY``   ``dra.inventory.>``, ``dra.deviceclasses.>`` and
       ``dra.nodes.>``, one message per subject (the current slice / class / node);
-    - ``CLAIMS``      ``dra.claims.>``;
-    - ``ALLOCATIONS`` ``dra.allocations.>`` (committed, failed, released);
+    - ``CLAIMS``      ``dra.claims.>``, the latest event per claim; a
+      ClaimDeleted carries ``Nats-TTL`` and expires after
+      ``DRALLOC_TOMBSTONE_TTL`` seconds (default a day), so it holds the live
+      claims and the recently deleted ones, not every claim ever seen;
+    - ``ALLOCATIONS`` ``dra.allocations.>`` (committed, failed, released), every decision;
     - ``DEADLETTER``  ``dra.deadletter.<stream>.<consumer>``: messages that can
       never be processed, with headers ``Dralloc-Reason``,
       ``Dralloc-Subject`` (the original subject) and ``Dralloc-Sequence``.
@@ -125,9 +128,21 @@ STREAMS: dict[str, StreamConfig] = {
         storage=StorageType.FILE,
         duplicate_window=DUPLICATE_WINDOW_S,
     ),
+    # CLAIMS keeps the latest event per claim (all its readers want only that: the allocator's
+    # rebuild and consumer, which skips a superseded message, the ingestor's seeding), and a
+    # ClaimDeleted expires after `TOMBSTONE_TTL_S`: storage and a standby's rebuild grow with the
+    # live claims (and those deleted within the TTL), not with every claim name ever seen.
     "CLAIMS": StreamConfig(
-        name="CLAIMS", subjects=["dra.claims.>"], storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S
+        name="CLAIMS",
+        subjects=["dra.claims.>"],
+        max_msgs_per_subject=1,
+        allow_msg_ttl=True,
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_S,
     ),
+    # ALLOCATIONS keeps every decision: the fault checks and the chaos bench read it whole to find a
+    # claim decided twice. (The server would allow one per subject here: the fence is on the last
+    # sequence, and a batch writing a claim twice is stored whole, the later superseding.)
     "ALLOCATIONS": StreamConfig(
         name="ALLOCATIONS",
         subjects=["dra.allocations.>"],
@@ -143,6 +158,15 @@ STREAMS: dict[str, StreamConfig] = {
         duplicate_window=DUPLICATE_WINDOW_S,
     ),
 }
+
+TOMBSTONE_TTL_S = 24 * 3600.0
+"""How long a ClaimDeleted stays in CLAIMS (``Nats-TTL``), unless
+``DRALLOC_TOMBSTONE_TTL`` (seconds) says otherwise: long enough that every consumer has seen it.
+A claim whose delete expired unseen (the allocator down longer) is released at the next rebuild."""
+
+TOMBSTONES = (events.ClaimDeleted,)
+"""Events published with ``Nats-TTL``. (Not AllocationReleased: ALLOCATIONS keeps every decision,
+so an expired release would bring back the commit before it.)"""
 
 MAX_BATCH = 1000
 """Messages in one atomic batch, at most (JetStream refuses a larger one: error 10199)."""
@@ -186,6 +210,18 @@ class BusError(Exception):
 
 class PublishRefused(BusError):
     """This event can never be published (too large for the server): retrying will not help."""
+
+
+def _tombstone_ttl() -> float:
+    """`TOMBSTONE_TTL_S`, or ``DRALLOC_TOMBSTONE_TTL`` (seconds, at least 1)."""
+    raw = os.environ.get("DRALLOC_TOMBSTONE_TTL", "")
+    try:
+        ttl = float(raw) if raw else TOMBSTONE_TTL_S
+    except ValueError:
+        raise BusError(f"DRALLOC_TOMBSTONE_TTL={raw!r}: not a number of seconds") from None
+    if not ttl >= 1:
+        raise BusError(f"DRALLOC_TOMBSTONE_TTL={raw!r}: at least 1 second")
+    return ttl
 
 
 # --- the embedded server -----------------------------------------------------------
@@ -258,7 +294,7 @@ async def _wait_for_port(proc: asyncio.subprocess.Process, logfile: Path, timeou
 class Bus:
     """A connection to NATS with JetStream, speaking dralloc events."""
 
-    def __init__(self, nc: nats.NATS, name: str) -> None:
+    def __init__(self, nc: nats.NATS, name: str, *, tombstone_ttl: float | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.name = name
@@ -266,13 +302,16 @@ class Bus:
         self._reply_tokens = itertools.count()
         self._replies: dict[str, asyncio.Future[PubAck]] = {}
         """`send`'s acks still to come, by the token ending their reply subject."""
+        self.tombstone_ttl = tombstone_ttl if tombstone_ttl is not None else _tombstone_ttl()
+        """Seconds a tombstone this bus publishes stays stored (`TOMBSTONE_TTL_S`)."""
 
     @classmethod
     async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
         url = url or os.environ.get("NATS_URL") or DEFAULT_URL
         try:
             security = natsauth.connect_options(url)  # credentials and TLS from NATS_* variables
-        except natsauth.AuthConfigError as exc:
+            ttl = _tombstone_ttl()
+        except (natsauth.AuthConfigError, BusError) as exc:
             raise BusError(f"cannot connect to NATS at {url}: {exc}") from None
         nc = nats.NATS()
 
@@ -312,7 +351,7 @@ class Bus:
                 await nc.close()
             reason = str(exc) or f"no answer within {timeout:g}s" + (f" (last error: {last_error})" if last_error else "")
             raise BusError(f"cannot connect to NATS at {url}: {reason} (is a nats-server with JetStream running there? `dralloc demo` starts its own)") from None
-        return cls(nc, name)
+        return cls(nc, name, tombstone_ttl=ttl)
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -461,7 +500,10 @@ class Bus:
                     f"{type(event).__name__} on {subject} is {len(data)} bytes, over the server's "
                     f"message limit of {self.nc.max_payload} bytes"
                 )
-            return subject, data, telemetry.inject({**(headers or {}), "Nats-Msg-Id": msg_id})
+            marks = {**(headers or {}), "Nats-Msg-Id": msg_id}
+            if isinstance(event, TOMBSTONES):  # the subject empties once every consumer has seen it
+                marks["Nats-TTL"] = f"{max(1, round(self.tombstone_ttl))}s"
+            return subject, data, telemetry.inject(marks)
 
     async def consume(
         self,

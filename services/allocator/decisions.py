@@ -125,6 +125,21 @@ class Decisions:
         elif isinstance(event, ev.ClaimSubmitted) and not self.is_committed(event.claim):
             self.waiting[event.claim.key] = event.claim
 
+    def gone(self, decided: dict[str, ev.AllocationEvent], present: set[str]) -> list[ev.AllocationReleased]:
+        """After the rebuild: the releases to write for claims whose last decision (`decided`, the
+        replayed ALLOCATIONS by claim key) stands though CLAIMS holds nothing of them any more
+        (`present`: the keys CLAIMS has an event for). CLAIMS keeps each claim's latest event and a
+        delete expires (`bus.TOMBSTONE_TTL_S`): a claim with nothing there was deleted, and its
+        delete expired unseen. A commit's devices are freed (`release_stored` once written); a
+        failure is superseded too, so its claim's subject empties in turn."""
+        releases = []
+        for key, event in decided.items():
+            if key in present or not isinstance(event, ev.AllocationCommitted | ev.AllocationFailed):
+                continue
+            namespace, name = key.split("/", 1)
+            releases.append(ev.AllocationReleased(namespace=namespace, name=name, uid=event.uid))
+        return releases
+
     # -- claim events -------------------------------------------------------------------
 
     def submitted(
@@ -206,7 +221,8 @@ class Decisions:
 
     def release_stored(self, key: str) -> None:
         self.engine.release(key)
-        self._forget(key)
+        if key in self.committed:  # (a release may supersede a failure: nothing held)
+            self._forget(key)
 
     # -- gangs ------------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ timing, the spans and the metrics.
 At start it rebuilds its state from the streams: the current inventory
 (INVENTORY, last value per subject), the ledger (ALLOCATIONS: the last
 decision per claim; committed claims are restored into the engine) and the
-claims still waiting (CLAIMS minus decided and deleted ones). Then it
+claims still waiting (CLAIMS minus decided and deleted ones). A decision whose
+claim CLAIMS no longer holds at all (deleted, and the delete expired before an
+allocator saw it) is released then (`Decisions.gone`). Then it
 follows INVENTORY with an ephemeral consumer and CLAIMS with the durable
 consumer ``allocator``.
 
@@ -161,17 +163,57 @@ class Allocator:
             self.book.apply_inventory(event)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
         allocator_metrics().rebuilding(self.engine)
+        decided: dict[str, ev.AllocationEvent] = {}
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
             self.book.replayed(event)
+            if isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased):
+                decided[event.key] = event
         claims, _ = await self.bus.replay("CLAIMS")
+        present = set()
         for event in claims:
             self.book.replayed(event)
+            if isinstance(event, ev.ClaimSubmitted):
+                present.add(event.claim.key)
+            elif isinstance(event, ev.ClaimDeleted):
+                present.add(event.key)
+        released = await self._release_gone(self.book.gone(decided, present))
         log.info(
-            "allocator: rebuilt %d inventory objects, %d allocations, %d waiting claims",
-            len(inventory), len(self.committed), len(self.waiting),
+            "allocator: rebuilt %d inventory objects, %d allocations, %d waiting claims; released %d deleted long ago",
+            len(inventory), len(self.committed), len(self.waiting), released,
         )  # fmt: skip
         return inventory_seq
+
+    async def _release_gone(self, releases: list[ev.AllocationReleased]) -> int:
+        """Write the releases of claims deleted while no allocator saw it (`Decisions.gone`); returns how many.
+
+        Each is checked first, so that no live claim's devices are ever taken from it:
+        - CLAIMS holds nothing on the claim's subject now (the snapshot skips what came after it: a
+          claim updated meanwhile looked absent there, its newer event replacing the one it held);
+        - the decision is older than the tombstone TTL (its delete came after it, and has expired);
+        - CLAIMS was created before the decision (not recreated empty since, e.g. its storage lost).
+        """
+        if not releases:
+            return 0
+        claims_created = (await self.bus.js.stream_info("CLAIMS")).created
+        written = 0
+        for release in releases:
+            try:
+                await self.bus.js.get_last_msg("CLAIMS", ev.ClaimDeleted(namespace=release.namespace, name=release.name).subject)
+                continue
+            except nats.js.errors.NotFoundError:
+                pass
+            decided = (await self.bus.js.get_last_msg("ALLOCATIONS", release.subject)).time
+            if decided is None or time.time() - decided.timestamp() < self.bus.tombstone_ttl:
+                log.warning("allocator: %s is decided but not in CLAIMS, and decided recently: kept", release.key)
+                continue
+            if claims_created is not None and decided < claims_created:
+                log.warning("allocator: %s is decided but not in CLAIMS, created since: kept", release.key)
+                continue
+            log.info("allocator: %s was deleted while no allocator saw it (its delete expired): releasing it", release.key)
+            await self._release(release)
+            written += 1
+        return written
 
     # -- inventory ------------------------------------------------------------------
 

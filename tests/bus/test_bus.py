@@ -58,7 +58,7 @@ async def test_publish_is_deduplicated_by_content_identity(bus: Bus):
     assert (first.seq, first.duplicate) == (1, None)
     assert (again.seq, again.duplicate) == (1, True)
     assert (other.seq, other.duplicate) == (2, None)
-    assert (await bus.js.stream_info("CLAIMS")).state.messages == 2
+    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1  # CLAIMS keeps the latest per claim
 
 
 async def test_publish_carries_msg_id_and_trace_context(bus: Bus):
