@@ -686,7 +686,14 @@ class Bus:
         try:
             pending = (await sub.consumer_info()).num_pending
             while pending > 0:
-                for msg in await sub.fetch(min(pending, 512), timeout=5.0):
+                try:
+                    messages = await sub.fetch(min(pending, 512), timeout=FETCH_WAIT_S)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    # Messages counted may be gone before they are delivered (a ClaimDeleted
+                    # expired, an event superseded): ask the server what is left.
+                    pending = (await sub.consumer_info()).num_pending
+                    continue
+                for msg in messages:
                     pending = msg.metadata.num_pending
                     if msg.metadata.sequence.stream > last_seq:
                         continue  # published after the snapshot: the caller's live consumer sees it

@@ -60,6 +60,30 @@ async def test_a_rebuild_reads_the_live_claims_and_the_unexpired_deletes_only(bu
     assert len(events) == 100
 
 
+async def test_a_replay_ends_when_the_deletes_it_counted_expire_before_it_reads_them(bus: Bus, monkeypatch):
+    bus.tombstone_ttl = 1.0
+    await send_all(bus, [submitted("live"), *(deleted(f"d{i}") for i in range(600))])
+    subscribe = bus.js.pull_subscribe
+
+    async def subscribe_slowly(*args, **kwargs):
+        sub = await subscribe(*args, **kwargs)
+        fetch, calls = sub.fetch, 0
+
+        async def fetch_slowly(*a, **k):
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the first batch read (512 of 601), the rest expires meanwhile
+                await until_stored(bus, 1)
+            return await fetch(*a, **k)
+
+        sub.fetch = fetch_slowly
+        return sub
+
+    monkeypatch.setattr(bus.js, "pull_subscribe", subscribe_slowly)
+    events, _ = await bus.replay("CLAIMS")
+    assert len(events) == 512 and isinstance(events[0], ev.ClaimSubmitted)
+
+
 async def test_only_a_delete_carries_a_ttl(bus: Bus):
     await bus.publish(submitted("a"))
     await bus.publish(deleted("b"))
