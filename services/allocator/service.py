@@ -191,11 +191,16 @@ class Allocator:
         - CLAIMS holds nothing on the claim's subject now (the snapshot skips what came after it: a
           claim updated meanwhile looked absent there, its newer event replacing the one it held);
         - the decision is older than the tombstone TTL (its delete came after it, and has expired);
-        - CLAIMS was created before the decision (not recreated empty since, e.g. its storage lost).
+        - CLAIMS was created before the decision (not recreated empty since, e.g. its storage lost),
+          and holds something (not purged: every claim deleted at once is not told from that).
         """
         if not releases:
             return 0
-        claims_created = (await self.bus.js.stream_info("CLAIMS")).created
+        claims = await self.bus.js.stream_info("CLAIMS")
+        if claims.state.messages == 0:
+            log.warning("allocator: CLAIMS is empty (purged?): %d decisions without a claim kept", len(releases))
+            return 0
+        claims_created = claims.created
         written = 0
         for release in releases:
             try:

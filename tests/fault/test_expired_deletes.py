@@ -92,9 +92,14 @@ async def test_the_rebuild_keeps_a_decision_it_cannot_prove_deleted(bus: Bus):
     await asyncio.sleep(1.2)  # both decisions older than the TTL
     assert await successor._release_gone(successor.book.gone(dict(successor.committed), present={"bench/y"})) == 0
 
-    # CLAIMS recreated empty since the decisions (its storage lost): nothing is proven deleted.
+    # CLAIMS purged, or recreated since the decisions (its storage lost): nothing is proven deleted.
+    await bus.js.purge_stream("CLAIMS")
+    purged = Allocator(bus)
+    await purged.rebuild()
+    assert await decisions(bus) == before and set(purged.committed) == {"bench/x", "bench/y"}
     await bus.js.delete_stream("CLAIMS")
     await bus.ensure_streams()
+    await bus.publish(claim_event("new"))  # (not empty: the creation time is what keeps x and y)
     again = Allocator(bus)
     await again.rebuild()
     assert await decisions(bus) == before and set(again.committed) == {"bench/x", "bench/y"}
