@@ -122,3 +122,39 @@ async def test_the_allocator_never_decides_a_claim_deleted_before_it_saw_it(bus:
         await consumer
     # Only the delete of x was left in CLAIMS: no commit and release for it, just y's commit.
     assert [(type(e), e.key) for e in await decisions(bus)] == [(ev.AllocationCommitted, "bench/y")]
+
+
+async def test_the_rebuild_releases_under_the_allocators_own_nats_user(monkeypatch, tmp_path):
+    """infra/nats/auth.conf lets the allocator's user make the rebuild's checks (no permission
+    violation, which would stall every rebuild until it timed out)."""
+    from pathlib import Path
+
+    from pipeline import NatsServer
+
+    auth = Path(__file__).resolve().parents[2] / "infra" / "nats" / "auth.conf"
+    (tmp_path / "auth.conf").write_text(auth.read_text())
+    passwords = {f"DRALLOC_{s.upper()}_NATS_PASSWORD": f"secret-{s}" for s in ("discovery", "ingestor", "allocator", "statuswriter", "admin")}
+    server = NatsServer(tmp_path, "include ./auth.conf\n", passwords)
+    await server.start()
+    try:
+        monkeypatch.setenv("DRALLOC_TOMBSTONE_TTL", "1")
+        monkeypatch.setenv("NATS_USER", "admin")
+        monkeypatch.setenv("NATS_PASSWORD", "secret-admin")
+        async with await Bus.connect(server.url, name="admin") as admin:
+            await admin.ensure_streams()
+            x = claim_event("x")
+            await admin.publish(x)
+            await admin.publish(ev.AllocationCommitted(claim=x.claim, node="n-0"))  # as an earlier allocator wrote it
+            await admin.publish(claim_event("y"))  # (a live claim: CLAIMS is not empty)
+            await admin.publish(deleted(x))
+            await until_gone(admin, x)
+            monkeypatch.setenv("NATS_USER", "allocator")
+            monkeypatch.setenv("NATS_PASSWORD", "secret-allocator")
+            async with await Bus.connect(server.url, name="allocator") as bus:
+                allocator = Allocator(bus)
+                async with asyncio.timeout(10):
+                    await allocator.rebuild()
+            assert [type(e) for e in await decisions(admin)] == [ev.AllocationCommitted, ev.AllocationReleased]
+            assert not allocator.committed
+    finally:
+        await server.stop()
