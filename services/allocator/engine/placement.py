@@ -173,7 +173,7 @@ class Placement:
             parts = [viable & ~inside, *(viable & bits[d] for d in touched)]
         if whole:
             for part in parts:
-                yield from self._buckets(part & ~whole, free_ge, with_none=False)
+                yield from self._buckets(part ^ (part & whole), free_ge, with_none=False)
             for part in parts:
                 yield from self._buckets(part & whole, free_ge, with_none=False)
             rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
@@ -194,7 +194,10 @@ class Placement:
             if not at_least:
                 break
             bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
-            for r in iter_bits(bucket):  # lazily: the first node usually fits
+            while bucket:  # lowest rank first, lazily: the first node usually fits
+                low = bucket & -bucket
+                bucket ^= low
+                r = low.bit_length() - 1
                 if names[r] in known:
                     yield r
         if with_none:
