@@ -111,7 +111,7 @@ class Placement:
                     yield names[rank]
             return
         demand = _demand(plans)
-        if sum(count for _, count in demand) < 2:
+        if not demand or (len(demand) == 1 and demand[0][1] < 2):
             # one device of the class, any: it gains nothing from NVLink, so nodes without it
             # first and NVLink capacity stays for the claims that need several devices close
             # together. (Not for a claim with its own selectors: those often exclude the
@@ -137,7 +137,8 @@ class Placement:
         """The kind of device the unit's first request takes (from a device it is known to match)."""
         if not demand:
             return None
-        matched = self.verdicts.get(demand[0][0], 0).matched
+        known = self.verdicts.known(demand[0][0])
+        matched = known.matched if known is not None else 0
         rec = self.inv.devices[matched.bit_length() - 1] if matched else None
         return kind_of(rec) if rec is not None else None
 
@@ -366,7 +367,7 @@ class Placement:
         # slot needs, and on the node's structure: nodes of one profile in the same state (the
         # usual case in a fleet) reuse it. Candidates come in Kubernetes' order, so the list
         # index stands for the tie-break.
-        memo_key = (topo.shape, *((s.alt.count, tuple(groups.get(r.id) for r in s.cands), tuple(r.multi for r in s.cands)) for s in demanding))
+        memo_key = (topo.shape, *((s.alt.count, tuple([groups.get(r.id) for r in s.cands]), tuple([r.multi for r in s.cands])) for s in demanding))
         orders = self._slot_orders.get(memo_key)
         if orders is None:
             orders = self._slot_order(demanding, topo)

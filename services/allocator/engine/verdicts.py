@@ -116,6 +116,10 @@ class Verdicts:
                 self._envs.clear()
         return full
 
+    def known(self, alt: Alt) -> Verdict | None:
+        """What is known of `alt`'s verdict so far, evaluating nothing (None: nothing yet)."""
+        return self._cache.get(alt.verdict_key)
+
     def _ensure(self, spec: _Spec, todo: int) -> None:
         full = self._entry(spec.key)
         todo &= ~full.evaluated
