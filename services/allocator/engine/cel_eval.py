@@ -15,6 +15,7 @@ cel-go treats errors as values.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from . import cel_runtime as rt
@@ -440,17 +441,7 @@ class Interpreter:
         kind = node.kind
         scopes = [{**scope, node.var: k, node.var2: v} for k, v in pairs]
         if kind in ("all", "exists"):
-            decisive = kind == "exists"
-            error: EvalError | None = None
-            for inner in scopes:
-                v = _truth(self._absorb(node.pred, inner))
-                if v is decisive:
-                    return decisive
-                if isinstance(v, EvalError) and error is None:
-                    error = v
-            if error is not None:
-                raise error
-            return not decisive
+            return self._quantify(node.pred, scopes, kind == "exists")
         if kind == "existsOne":
             count = 0
             for inner in scopes:
@@ -481,6 +472,20 @@ class Interpreter:
                 out[k] = v
         return out
 
+    def _quantify(self, pred: Node, scopes: Iterable[dict[str, Any]], decisive: bool) -> bool:
+        """``all`` (decisive False) or ``exists`` (decisive True) with cel-go's error absorption:
+        a decisive element wins over errors on others; otherwise the first error is raised."""
+        error: EvalError | None = None
+        for inner in scopes:
+            v = _truth(self._absorb(pred, inner))
+            if v is decisive:
+                return decisive
+            if isinstance(v, EvalError) and error is None:
+                error = v
+        if error is not None:
+            raise error
+        return not decisive
+
     def _comprehension(self, node: Comp, scope: dict[str, Any]) -> Any:
         rng = self.ev(node.range, scope)
         if node.var2 is not None:
@@ -493,17 +498,7 @@ class Interpreter:
             raise EvalError(f"expression of type '{type_name(rng)}' cannot be the range of a comprehension")
         kind = node.kind
         if kind in ("all", "exists"):
-            decisive = kind == "exists"
-            error: EvalError | None = None
-            for item in items:
-                v = _truth(self._absorb(node.pred, {**scope, node.var: item}))
-                if v is decisive:
-                    return decisive
-                if isinstance(v, EvalError) and error is None:
-                    error = v
-            if error is not None:
-                raise error
-            return not decisive
+            return self._quantify(node.pred, ({**scope, node.var: item} for item in items), kind == "exists")
         if kind == "exists_one":
             count = 0
             for item in items:
