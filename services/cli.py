@@ -8,7 +8,8 @@ import their implementation lazily so that `dralloc --help` stays fast.
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 import typer
 
@@ -167,23 +168,9 @@ def submit(
     rest is published. Exit 2 when some input was bad; with --wait, 1 when a
     claim was not allocated in time; 1 when the bus cannot be reached; else 0.
     """
-    import asyncio
+    from dralloc.ingestor.submit import submit_paths
 
-    from dralloc.bus import BusError
-    from dralloc.ingestor.submit import render, submit_paths
-
-    if output not in ("table", "json"):
-        fail(f"--output must be table or json, not {output!r}")
-    problems: list[str] = []
-    try:
-        submission = asyncio.run(submit_paths(paths, nats_url, problems.append, wait=wait, gang=gang))
-    except BusError as exc:
-        fail(str(exc), 1)
-    for problem in problems:
-        print(f"dralloc: {problem}", file=sys.stderr)
-    render(submission, output)
-    if problems:
-        raise typer.Exit(2)
+    submission = _publish_files(lambda report: submit_paths(paths, nats_url, report, wait=wait, gang=gang), output)
     if submission.decisions is not None and any(d.state != "allocated" for d in submission.decisions):
         raise typer.Exit(1)
 
@@ -195,16 +182,24 @@ def delete(
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
 ) -> None:
     """Delete the objects in the files from the bus: claims are released, classes and slices withdrawn."""
+    from dralloc.ingestor.submit import delete_paths
+
+    _publish_files(lambda report: delete_paths(paths, nats_url, report), output)
+
+
+def _publish_files(run: Callable[[Callable[[str], None]], Awaitable[Any]], output: str) -> Any:
+    """Run a submit or delete (`run(report)`), print its problems and its table or JSON; exit 1
+    when the bus cannot be reached, 2 when some input was bad. Returns the submission."""
     import asyncio
 
     from dralloc.bus import BusError
-    from dralloc.ingestor.submit import delete_paths, render
+    from dralloc.ingestor.submit import render
 
     if output not in ("table", "json"):
         fail(f"--output must be table or json, not {output!r}")
     problems: list[str] = []
     try:
-        submission = asyncio.run(delete_paths(paths, nats_url, problems.append))
+        submission = asyncio.run(run(problems.append))
     except BusError as exc:
         fail(str(exc), 1)
     for problem in problems:
@@ -212,6 +207,7 @@ def delete(
     render(submission, output)
     if problems:
         raise typer.Exit(2)
+    return submission
 
 
 get_app = typer.Typer(help="Show state kept on the bus.", no_args_is_help=True)
