@@ -32,6 +32,7 @@ from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine, Outcome
+    from dralloc.allocator.engine.ledger import Record
 
 GANG = "dralloc.dev/gang"
 GANG_SIZE = "dralloc.dev/gang-size"
@@ -88,16 +89,7 @@ def allocate_gang(
     held = {c.key: engine.ledger.claims[c.key] for c in claims if c.key in engine.ledger.claims}
     pending = [c for c in claims if c.key not in held]
     if not pending:
-        return [
-            Outcome(
-                claim=c.key,
-                status="allocated",
-                node=held[c.key].node,
-                allocation=held[c.key].allocation,
-                message="already allocated",
-            )
-            for c in claims
-        ]
+        return [_already(c.key, held[c.key]) for c in claims]
     fixed = {of.get(r.node or "") for r in held.values()}
     candidates = [d for d in domains if not held or d in fixed]
     need = sum(_demand(c) for c in pending)
@@ -137,14 +129,7 @@ def allocate_gang(
             for c in claims:
                 o = by_key.get(c.key)
                 if o is None:
-                    record = held[c.key]
-                    o = Outcome(
-                        claim=c.key,
-                        status="allocated",
-                        node=record.node,
-                        allocation=record.allocation,
-                        message="already allocated",
-                    )
+                    o = _already(c.key, held[c.key])
                 else:
                     o.message = message
                 out.append(o)
@@ -166,15 +151,11 @@ def allocate_gang(
     else:
         why = f"{len(candidates)} tried; {first_failure}"
     message = f"gang {gang}: cannot place all {len(pending)} pending claims inside one {kind} ({why}); none holds devices"
-    return [
-        Outcome(
-            claim=c.key,
-            status="allocated",
-            node=held[c.key].node,
-            allocation=held[c.key].allocation,
-            message="already allocated",
-        )
-        if c.key in held
-        else Outcome(claim=c.key, status="unsatisfiable", message=message)
-        for c in claims
-    ]
+    return [_already(c.key, held[c.key]) if c.key in held else Outcome(claim=c.key, status="unsatisfiable", message=message) for c in claims]
+
+
+def _already(key: str, record: Record) -> Outcome:
+    """The outcome of a member the ledger already holds (committed earlier)."""
+    from dralloc.allocator.engine.engine import Outcome
+
+    return Outcome(claim=key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
