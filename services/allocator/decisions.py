@@ -102,6 +102,10 @@ class Decisions:
         """Gang name -> the member claims here so far, not committed (see `decide_gang`)."""
         self.gang_held: dict[str, set[str]] = {}
         """Gang name -> keys of its committed members."""
+        self.replayed_decisions: dict[str, ev.AllocationEvent] = {}
+        """Claim key -> its last decision replayed from ALLOCATIONS (for `gone`)."""
+        self.replayed_claims: set[str] = set()
+        """Keys of the claims CLAIMS held an event for when replayed (for `gone`)."""
 
     # -- the streams at start ---------------------------------------------------------
 
@@ -119,19 +123,31 @@ class Decisions:
     def replayed(self, event: ev.Event) -> None:
         """An event of ALLOCATIONS (a commit is restored into the engine) or, after all of those, of
         CLAIMS (a claim not committed waits)."""
+        if isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased):
+            self.replayed_decisions[event.key] = event
+        elif isinstance(event, ev.ClaimSubmitted):
+            self.replayed_claims.add(event.claim.key)
+        elif isinstance(event, ev.ClaimDeleted):
+            self.replayed_claims.add(event.key)
         if isinstance(event, ev.AllocationCommitted):
             self.engine.restore(event.claim)
             self._record(event)
         elif isinstance(event, ev.ClaimSubmitted) and not self.is_committed(event.claim):
             self.waiting[event.claim.key] = event.claim
 
-    def gone(self, decided: dict[str, ev.AllocationEvent], present: set[str]) -> list[ev.AllocationReleased]:
+    def gone(
+        self, decided: dict[str, ev.AllocationEvent] | None = None, present: set[str] | None = None
+    ) -> list[ev.AllocationReleased]:
         """After the rebuild: the releases to write for claims whose last decision (`decided`, the
         replayed ALLOCATIONS by claim key) stands though CLAIMS holds nothing of them any more
-        (`present`: the keys CLAIMS has an event for). CLAIMS keeps each claim's latest event and a
+        (`present`: the keys CLAIMS has an event for); without them, what `replayed` saw (then forgotten). CLAIMS keeps each claim's latest event and a
         delete expires (`bus.TOMBSTONE_TTL_S`): a claim with nothing there was deleted, and its
         delete expired unseen. A commit's devices are freed (`release_stored` once written); a
         failure is superseded too, so its claim's subject empties in turn."""
+        if decided is None and present is None:  # the rebuild's own call: what it replayed is not needed after
+            decided, present = self.replayed_decisions, self.replayed_claims
+            self.replayed_decisions, self.replayed_claims = {}, set()
+        assert decided is not None and present is not None
         releases = []
         for key, event in decided.items():
             if key in present or not isinstance(event, ev.AllocationCommitted | ev.AllocationFailed):

@@ -163,21 +163,13 @@ class Allocator:
             self.book.apply_inventory(event)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
         allocator_metrics().rebuilding(self.engine)
-        decided: dict[str, ev.AllocationEvent] = {}
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
             self.book.replayed(event)
-            if isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased):
-                decided[event.key] = event
         claims, _ = await self.bus.replay("CLAIMS")
-        present = set()
         for event in claims:
             self.book.replayed(event)
-            if isinstance(event, ev.ClaimSubmitted):
-                present.add(event.claim.key)
-            elif isinstance(event, ev.ClaimDeleted):
-                present.add(event.key)
-        released = await self._release_gone(self.book.gone(decided, present))
+        released = await self._release_gone(self.book.gone())
         log.info(
             "allocator: rebuilt %d inventory objects, %d allocations, %d waiting claims; released %d deleted long ago",
             len(inventory), len(self.committed), len(self.waiting), released,
