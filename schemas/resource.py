@@ -1,4 +1,4 @@
-"""The `resource.k8s.io/v1` object model (Kubernetes 1.34-1.36) as msgspec Structs.
+"""The `resource.k8s.io/v1` object model (Kubernetes 1.34-1.37) as msgspec Structs.
 
 Field names are the API's camelCase on the wire (``rename="camel"``), empty
 fields are omitted when encoding, so a manifest decoded here encodes back to
@@ -127,12 +127,17 @@ class DeviceClass(_Obj, kw_only=True):
 
 
 class DeviceAttribute(_Obj, kw_only=True):
-    """Exactly one of the four is set."""
+    """Exactly one of the eight is set: a scalar (`int`, `bool`, `string`, `version`)
+    or a non-empty list (`ints`, `bools`, `strings`, `versions`; KEP-5491)."""
 
     int: _Int | None = None
     bool: _Bool | None = None
     string: str | None = None
     version: str | None = None
+    ints: list[_Int] | None = None
+    bools: list[_Bool] | None = None
+    strings: list[str] | None = None
+    versions: list[str] | None = None
 
 
 class CapacityRequestPolicyRange(_Obj, kw_only=True):
@@ -349,7 +354,7 @@ class ResourceClaimTemplate(_Obj, kw_only=True):
     spec: ResourceClaimTemplateSpec
 
 
-# --- core/v1 Pod: only the claim references -------------------------------------
+# --- core/v1 Pod: the claim references and the containers' resources -------------
 
 
 class PodResourceClaim(_Obj, kw_only=True):
@@ -358,9 +363,32 @@ class PodResourceClaim(_Obj, kw_only=True):
     resource_claim_template_name: str | None = None
 
 
+class ContainerResourceClaim(_Obj, kw_only=True):
+    """A container's use of a Pod claim entry (`resources.claims[]`)."""
+
+    name: str
+    request: str | None = None
+
+
+class ResourceRequirements(_Obj, kw_only=True):
+    """A container's `resources`: extended resources (`nvidia.com/gpu: 2`) may be backed by DRA (KEP-5004)."""
+
+    requests: dict[str, Quantity] = {}
+    limits: dict[str, Quantity] = {}
+    claims: list[ContainerResourceClaim] = []
+
+
+class Container(_Obj, kw_only=True):
+    name: str
+    resources: ResourceRequirements = msgspec.field(default_factory=ResourceRequirements)
+    restart_policy: str | None = None  # "Always" on an init container: a sidecar
+
+
 class PodSpec(_Obj, kw_only=True):
     resource_claims: list[PodResourceClaim] = []
     node_name: str | None = None
+    containers: list[Container] = []
+    init_containers: list[Container] = []
 
 
 class Pod(_Obj, kw_only=True):

@@ -14,9 +14,12 @@ import re
 from dataclasses import dataclass
 
 from dralloc.schemas.resource import (
+    DeviceAttribute,
     DeviceClass,
     DeviceSelector,
     DeviceToleration,
+    Node,
+    Pod,
     ResourceClaim,
     ResourceClaimSpec,
     ResourceClaimTemplate,
@@ -37,6 +40,9 @@ SLICE_DEVICES_WITH_COUNTERS_MAX = 64  # ResourceSliceMaxDevicesWithTaintsOrConsu
 ATTRIBUTES_AND_CAPACITY_MAX = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 SHARED_COUNTERS_MAX = 8  # ResourceSliceMaxCounterSets (1.35)
 COUNTERS_PER_SET_MAX = 32
+ATTRIBUTE_VALUES_MAX = 48  # ResourceSliceMaxAttributeValuesPerDevice: scalar and list entries together
+ATTRIBUTE_VALUE_MAX_BYTES = 64  # DeviceAttributeMaxValueLength: a string or version (each list entry too)
+_ATTRIBUTE_FIELDS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -78,17 +84,54 @@ def fully_qualified_name_error(value: str) -> str | None:
 
 
 def validate(obj: object) -> list[FieldError]:
-    """Validate any object the system reads; kinds without rules here are valid."""
+    """Validate any object the system reads: its names (`metadata_errors`), then its kind's rules."""
+    errors = metadata_errors(obj)
     match obj:
         case DeviceClass():
-            return _device_class(obj)
+            return errors + _device_class(obj)
         case ResourceClaim():
-            return _claim_spec(obj.spec, "spec")
+            return errors + _claim_spec(obj.spec, "spec")
         case ResourceClaimTemplate():
-            return _claim_spec(obj.spec.spec, "spec.spec")
+            return errors + _claim_spec(obj.spec.spec, "spec.spec")
         case ResourceSlice():
-            return _slice(obj)
-    return []
+            return errors + _slice(obj)
+    return errors
+
+
+_NAMESPACED = (ResourceClaim, ResourceClaimTemplate, Pod)
+_DNS_SUBDOMAIN_RULE = "a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+_DNS_LABEL_RULE = "a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+
+
+def name_error(name: str) -> str | None:
+    """Why `name` is not a valid object name (a DNS subdomain, as the API server requires of
+    claims, classes, slices and nodes), or None."""
+    return None if is_dns_subdomain(name) else f"{name!r} is not {_DNS_SUBDOMAIN_RULE}"
+
+
+def namespace_error(namespace: str) -> str | None:
+    """Why `namespace` is not a valid namespace (a DNS label), or None."""
+    return None if is_dns_label(namespace) else f"{namespace!r} is not {_DNS_LABEL_RULE}"
+
+
+def pool_name_error(pool: str) -> str | None:
+    """A pool name: DNS subdomains separated by '/', at most 253 characters in all."""
+    if len(pool) > 253 or not all(is_dns_subdomain(part) for part in pool.split("/")):
+        return f"{pool!r} is not a pool name: DNS subdomains separated by '/', at most 253 characters"
+    return None
+
+
+def metadata_errors(obj: object) -> list[FieldError]:
+    """The object's names as the API server checks them: `metadata.name` a DNS subdomain (every
+    kind read here), `metadata.namespace` a DNS label (namespaced kinds; empty means default).
+    A name is also a NATS subject token and a KV key, so this is what keeps both well formed."""
+    if not isinstance(obj, DeviceClass | ResourceClaim | ResourceClaimTemplate | ResourceSlice | Node | Pod):
+        return []
+    meta = obj.metadata
+    errors = [FieldError("metadata.name", problem)] if (problem := name_error(meta.name)) else []
+    if isinstance(obj, _NAMESPACED) and meta.namespace and (problem := namespace_error(meta.namespace)):
+        errors.append(FieldError("metadata.namespace", problem))
+    return errors
 
 
 def _selectors(selectors: list[DeviceSelector], path: str) -> list[FieldError]:
@@ -111,8 +154,7 @@ def _selectors(selectors: list[DeviceSelector], path: str) -> list[FieldError]:
 
 
 def _device_class(cls: DeviceClass) -> list[FieldError]:
-    errors = [] if is_dns_subdomain(cls.metadata.name) else [FieldError("metadata.name", "must be a DNS subdomain")]
-    errors += _selectors(cls.spec.selectors, "spec.selectors")
+    errors = _selectors(cls.spec.selectors, "spec.selectors")
     if len(cls.spec.config) > CONFIG_MAX:
         errors.append(FieldError("spec.config", f"must have at most {CONFIG_MAX} entries"))
     for i, config in enumerate(cls.spec.config):
@@ -215,6 +257,10 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
     errors = []
     if not is_dns_subdomain(spec.driver):
         errors.append(FieldError("spec.driver", f"{spec.driver!r} must be a DNS subdomain (e.g. gpu.nvidia.com)"))
+    if problem := pool_name_error(spec.pool.name):
+        errors.append(FieldError("spec.pool.name", problem))
+    if spec.node_name is not None and (problem := name_error(spec.node_name)):
+        errors.append(FieldError("spec.nodeName", problem))
     scopes = [spec.node_name is not None, spec.node_selector is not None, bool(spec.all_nodes), bool(spec.per_device_node_selection)]
     if sum(scopes) > 1 or (sum(scopes) == 0 and not spec.shared_counters):
         errors.append(FieldError("spec", "exactly one of nodeName, nodeSelector, allNodes and perDeviceNodeSelection must be set"))
@@ -242,11 +288,38 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
             problem = qualified_name_error(key)
             if problem:
                 errors.append(FieldError(f"{dpath}.attributes[{key}]", problem))
-            set_fields = [v for v in (attribute.int, attribute.bool, attribute.string, attribute.version) if v is not None]
-            if len(set_fields) != 1:
-                errors.append(FieldError(f"{dpath}.attributes[{key}]", "exactly one of int, bool, string and version must be set"))
+            errors += _attribute(attribute, f"{dpath}.attributes[{key}]")
+        values = sum(_attribute_values(a) for a in device.attributes.values())
+        if values > ATTRIBUTE_VALUES_MAX:
+            errors.append(FieldError(f"{dpath}.attributes", f"at most {ATTRIBUTE_VALUES_MAX} attribute values per device (list entries count one each), has {values}"))
         for key in device.capacity:
             problem = qualified_name_error(key)
             if problem:
                 errors.append(FieldError(f"{dpath}.capacity[{key}]", problem))
+    return errors
+
+
+def _attribute_values(attribute: DeviceAttribute) -> int:
+    """How many values an attribute holds (a list counts its entries)."""
+    lists = (attribute.ints, attribute.bools, attribute.strings, attribute.versions)
+    return sum(len(v) for v in lists if v is not None) + sum(v is not None for v in (attribute.int, attribute.bool, attribute.string, attribute.version))
+
+
+def _attribute(attribute: DeviceAttribute, path: str) -> list[FieldError]:
+    """One attribute: exactly one field set, lists non-empty, strings and versions at most
+    64 bytes (KEP-5491 for the list fields). A version that does not parse, or an int
+    outside int64, is the selectors' error at run time (the device's CEL view)."""
+    set_fields = [name for name in _ATTRIBUTE_FIELDS if getattr(attribute, name) is not None]
+    if len(set_fields) != 1:
+        return [FieldError(path, "exactly one of " + ", ".join(_ATTRIBUTE_FIELDS) + " must be set")]
+    name = set_fields[0]
+    value = getattr(attribute, name)
+    entries = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        return [FieldError(f"{path}.{name}", "must not be empty")]
+    errors = []
+    for i, entry in enumerate(entries):
+        where = f"{path}.{name}[{i}]" if isinstance(value, list) else f"{path}.{name}"
+        if name in ("string", "strings", "version", "versions") and len(entry.encode()) > ATTRIBUTE_VALUE_MAX_BYTES:
+            errors.append(FieldError(where, f"must be at most {ATTRIBUTE_VALUE_MAX_BYTES} bytes, is {len(entry.encode())}"))
     return errors

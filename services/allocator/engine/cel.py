@@ -64,7 +64,7 @@ from dralloc.schemas.quantity import parse_quantity
 from .semver import parse_semver
 
 if TYPE_CHECKING:
-    from dralloc.schemas.resource import Device
+    from dralloc.schemas.resource import Device, DeviceAttribute
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # resource.k8s.io CELSelectorExpressionMaxLength
 MAX_COST = 1_000_000  # resource.k8s.io CELSelectorExpressionMaxCost
@@ -164,6 +164,35 @@ _device_version = functools.lru_cache(maxsize=4096)(parse_semver)
 """A version attribute's parse: a fleet repeats a few versions on every device (always a string here)."""
 
 
+def _attribute_value(attr: "DeviceAttribute") -> Any:
+    """An attribute as CEL sees it: a scalar, or a list of them (KEP-5491: `ints`, `bools`,
+    `strings`, `versions`; each version a Semver). Raises ValueError for a value Kubernetes
+    cannot represent (no value set, an int outside int64, a version that does not parse)."""
+    if attr.int is not None:
+        return _int64(attr.int)
+    if attr.bool is not None:
+        return attr.bool
+    if attr.string is not None:
+        return attr.string
+    if attr.version is not None:
+        return rt.semver_value(_device_version(attr.version))
+    if attr.ints is not None:
+        return [_int64(v) for v in attr.ints]
+    if attr.bools is not None:
+        return list(attr.bools)
+    if attr.strings is not None:
+        return list(attr.strings)
+    if attr.versions is not None:
+        return [rt.semver_value(_device_version(v)) for v in attr.versions]
+    raise ValueError("has no value (set one of int, bool, string, version, ints, bools, strings, versions)")
+
+
+def _int64(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"integer {value} is out of the int64 range")
+    return value
+
+
 def device_env(driver: str, device: "Device") -> DeviceEnv:
     """The CEL view of a ResourceSlice device: driver, attributes and capacity by domain."""
     attributes: DefaultMap = DefaultMap()
@@ -171,23 +200,10 @@ def device_env(driver: str, device: "Device") -> DeviceEnv:
     error: str | None = None
     for name, attr in device.attributes.items():
         domain, ident = _split_name(name, driver)
-        if attr.int is not None:
-            value: Any = attr.int
-            if not -(2**63) <= value < 2**63:
-                error = error or f"device {device.name}: attribute {name}: integer {value} is out of the int64 range"
-                continue
-        elif attr.bool is not None:
-            value = attr.bool
-        elif attr.string is not None:
-            value = attr.string
-        elif attr.version is not None:
-            try:
-                value = rt.semver_value(_device_version(attr.version))
-            except ValueError as e:
-                error = error or f"device {device.name}: attribute {name}: {e}"
-                continue
-        else:
-            error = error or f"device {device.name}: attribute {name} has no value (set int, bool, string or version)"
+        try:
+            value = _attribute_value(attr)
+        except ValueError as e:
+            error = error or f"device {device.name}: attribute {name}: {e}"
             continue
         attributes.setdefault(domain, {})[ident] = value
     for name, cap in device.capacity.items():

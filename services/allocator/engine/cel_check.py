@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Union
 
-from .cel_runtime import LibraryError, compile_regex
+from .cel_runtime import INCLUDES_MAX, LibraryError, compile_regex
 from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
 Type = Union[str, tuple]
@@ -134,6 +134,8 @@ FUNCTIONS: dict[str, list[tuple[Type | None, tuple[Type, ...], Type]]] = {
     "sets.contains": [(None, (("list", "A"), ("list", "A")), _BOOL)],
     "sets.equivalent": [(None, (("list", "A"), ("list", "A")), _BOOL)],
     "sets.intersects": [(None, (("list", "A"), ("list", "A")), _BOOL)],
+    # KEP-5491 (list-type attributes): a member function on any value, of any argument ("*")
+    "includes": [("*", ("*",), _BOOL)],
 }
 NAMESPACES = {"sets", "optional"}
 TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
@@ -145,7 +147,9 @@ _LINEAR = {"contains", "startsWith", "endsWith", "indexOf", "lastIndexOf", "lowe
 
 
 def _bind(param: Type, arg: Type, binding: dict[str, Type]) -> bool:
-    """Match an argument type against a parameter (with type parameter "A")."""
+    """Match an argument type against a parameter (with type parameter "A"; "*" takes any type)."""
+    if param == "*":
+        return True
     if param == "A":
         prior = binding.get("A")
         if prior is None or prior == "dyn":
@@ -337,6 +341,8 @@ class Checker:
                 size = first.size * max(1, args[1].size)
         if name in ("indexOf", "lastIndexOf") and isinstance(first.type, tuple):
             cost += first.size
+        if name == "includes":  # linear in the list, at most 48 values (Kubernetes' estimate)
+            cost += INCLUDES_MAX
         return Info(result_type, cost, size)
 
     def _binary(self, op: str, l: Info, r: Info) -> Info:

@@ -461,6 +461,24 @@ def sets_intersects(a: Any, b: Any) -> bool:
     return any(cel_equal(x, y) for x in a for y in b)
 
 
+INCLUDES_MAX = 48  # resource.k8s.io ResourceSliceMaxAttributeValuesPerDevice
+
+
+def includes(target: Any, arg: Any) -> bool:
+    """Kubernetes' ``<target>.includes(<arg>)`` (KEP-5491): membership in a list attribute,
+    equality for a scalar one. A value of another type is not included (false, not an
+    error, as cel-go's Equal answers); a list longer than 48 entries is an error once
+    the first 48 did not match, the bound Kubernetes puts on its cost."""
+    if isinstance(target, list):
+        for i, item in enumerate(target):
+            if i >= INCLUDES_MAX:
+                raise LibraryError(f"'includes' function cannot be applied to lists longer than {INCLUDES_MAX} values")
+            if cel_equal(item, arg):
+                return True
+        return False
+    return cel_equal(target, arg)
+
+
 # Functions registered with the fast evaluator (it has size/contains/startsWith/endsWith/matches
 # and the conversions natively). A member call x.f(a) reaches these as f(x, a).
 FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -499,4 +517,5 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sets.contains": sets_contains,
     "sets.equivalent": sets_equivalent,
     "sets.intersects": sets_intersects,
+    "includes": includes,
 }

@@ -29,7 +29,10 @@ from dralloc.schemas.resource import (
 )
 
 AttrValue = tuple[str, Any]
-"""A typed attribute value: ("string", "x"), ("int", 3), ("bool", True), ("version", "1.2.3")."""
+"""A typed attribute value: ("string", "x"), ("int", 3), ("bool", True), ("version", "1.2.3"),
+or a list attribute (KEP-5491) as ("strings", ("a", "b")), ("ints", (1, 2)), ("bools", ...), ("versions", ...)."""
+
+_KINDS = ("string", "int", "bool", "version", "strings", "ints", "bools", "versions")
 
 CounterKey = tuple[str, str, str, str]
 """(driver, pool, counter set, counter): counters belong to one driver's pool."""
@@ -89,6 +92,25 @@ class DeviceRec:
             self._attrs[qualified] = hit
         return hit
 
+    def values(self, qualified: str) -> tuple[AttrValue, ...] | None:
+        """The attribute as the set matchAttribute and distinctAttribute compare (KEP-5491):
+        a scalar is a one-element set, a list its distinct entries in list order, each typed
+        (("int", 1) never equals ("string", "1")); None when the device lacks the attribute.
+        A tuple, not a set: candidate order tries values in a deterministic order."""
+        key = (qualified,)  # cached beside `attribute`, under a key no attribute name can be
+        hit = self._attrs.get(key, _MISSING)
+        if hit is _MISSING:
+            attr = self.attribute(qualified)
+            if attr is None:
+                hit = None
+            elif attr[0].endswith("s"):
+                kind = attr[0][:-1]
+                hit = tuple(dict.fromkeys((kind, v) for v in attr[1]))
+            else:
+                hit = (attr,)
+            self._attrs[key] = hit
+        return hit
+
 
 def _lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
     attrs = rec.spec.attributes
@@ -99,10 +121,10 @@ def _lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
             attr = attrs.get(ident)
     if attr is None:
         return None
-    for kind in ("string", "int", "bool", "version"):
+    for kind in _KINDS:
         value = getattr(attr, kind)
         if value is not None:
-            return (kind, value)
+            return (kind, tuple(value)) if isinstance(value, list) else (kind, value)
     return None
 
 

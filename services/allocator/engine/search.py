@@ -10,7 +10,12 @@ distinctAttribute constraint holds over every device it covers.
 
 - matchAttribute is solved by enumerating the value first (candidates are
   restricted to devices with that value), which turns the constraint into a
-  filter instead of a source of backtracking.
+  filter instead of a source of backtracking. With list attributes (KEP-5491)
+  a device's attribute is a set (a scalar a one-element set) and the devices
+  must share one value: a device is kept for value v when its set contains v,
+  so trying every value is trying every possible common element.
+- distinctAttribute needs pairwise-disjoint sets: the values taken are
+  counted per element, a device fits when none of its elements is counted.
 - Devices of one request are chosen as combinations in candidate order,
   never as permutations; a device serves one request at most once (a shared
   device may serve several requests and claims).
@@ -69,7 +74,8 @@ class Search:
         for slot in self.slots:
             for cid, constraint in slot.distinct:
                 _, need, values = wanted.setdefault(cid, (constraint, 0, set()))
-                values.update(rec.attribute(constraint.attribute) for rec in slot.cands)
+                # disjoint non-empty sets: N devices need N distinct elements at least
+                values.update(v for rec in slot.cands for v in rec.values(constraint.attribute) or ())
                 wanted[cid] = (constraint, need + (len(slot.cands) if slot.alt.all_mode else slot.alt.count), values)
         if any(len(values) < need for _, need, values in wanted.values()):
             return False
@@ -120,33 +126,30 @@ class Search:
             return self._slot(0)
         constraint, covered = self.matches[k]
         attr = constraint.attribute
-        forced = None
+        forced: set | None = None  # an All request takes every candidate: the common value is among their shared elements
         for i in covered:
             if self.slots[i].alt.all_mode:
-                values = {rec.attribute(attr) for rec in cands[i]}
-                if len(values) != 1 or None in values:
+                for rec in cands[i]:
+                    values = rec.values(attr)
+                    if values is None:
+                        return False
+                    forced = set(values) if forced is None else forced & set(values)
+                if not forced:
                     return False
-                value = values.pop()
-                if forced is not None and forced != value:
-                    return False
-                forced = value
-        if forced is not None:
-            order = [forced]
-        else:
-            seen: dict[object, None] = {}
-            rank = self.rank
-            merged = sorted((rec for i in covered for rec in cands[i]), key=(lambda r: (rank.get(r.id, len(rank)), r.order)) if rank else (lambda r: r.order))
-            for rec in merged:
-                v = rec.attribute(attr)
-                if v is not None:
+        seen: dict[object, None] = {}
+        rank = self.rank
+        merged = sorted((rec for i in covered for rec in cands[i]), key=(lambda r: (rank.get(r.id, len(rank)), r.order)) if rank else (lambda r: r.order))
+        for rec in merged:
+            for v in rec.values(attr) or ():
+                if forced is None or v in forced:
                     seen.setdefault(v, None)
-            order = list(seen)
+        order = list(seen)
         saved = list(cands)
         for value in order:
             self._tick()
             ok = True
             for i in covered:
-                kept = [rec for rec in saved[i] if rec.attribute(attr) == value]
+                kept = [rec for rec in saved[i] if value in rec.values(attr)]  # type: ignore[operator]
                 slot = self.slots[i]
                 if not slot.alt.all_mode and not _enough(kept, slot.alt.count):
                     ok = False
@@ -227,7 +230,8 @@ class Search:
                 if used.get(key, 0) + self.counters.get(key, 0) + amount > pool.counters.get(key, 0):
                     return False
         for cid, constraint in slot.distinct:
-            if rec.attribute(constraint.attribute) in self.distinct.get(cid, ()):
+            seen = self.distinct.get(cid)
+            if seen and any(v in seen for v in rec.values(constraint.attribute) or ()):
                 return False
         return True
 
@@ -249,8 +253,8 @@ class Search:
             self.busy.setdefault(rid, []).append(slot.claim)
         for cid, constraint in slot.distinct:
             seen = self.distinct.setdefault(cid, {})
-            value = rec.attribute(constraint.attribute)
-            seen[value] = seen.get(value, 0) + 1
+            for value in rec.values(constraint.attribute) or ():
+                seen[value] = seen.get(value, 0) + 1
         slot.chosen.append(rec)
 
     def _undo(self, slot: Slot, rec: DeviceRec) -> None:
@@ -262,10 +266,10 @@ class Search:
             del self.holders[rid]
         for cid, constraint in slot.distinct:
             seen = self.distinct[cid]
-            value = rec.attribute(constraint.attribute)
-            seen[value] -= 1
-            if not seen[value]:
-                del seen[value]
+            for value in rec.values(constraint.attribute) or ():
+                seen[value] -= 1
+                if not seen[value]:
+                    del seen[value]
         if not rec.multi:
             busy = self.busy[rid]
             busy.pop()
