@@ -40,6 +40,8 @@ from urllib.parse import unquote
 import msgspec
 
 from dralloc.schemas.resource import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
+from dralloc.schemas.limits import json_problem
+from dralloc.schemas.validation import is_dns_subdomain, metadata_errors, name_error, namespace_error, pool_name_error
 
 SCHEMA_VERSION = 1
 """Bumped on any incompatible change to an event; additions of optional fields do not bump it."""
@@ -313,7 +315,12 @@ def encode(event: Event) -> bytes:
 
 
 def decode(data: bytes) -> Event:
-    """Decode one message; raises `EventDecodeError` with a reason a person can read."""
+    """Decode one message; raises `EventDecodeError` with a reason a person can read.
+
+    Refused before decoding: nesting deeper than `limits.MAX_DEPTH`, an integer outside int64
+    (`limits.json_problem`). Refused after: names the API server would refuse (`identity_problem`)."""
+    if (problem := json_problem(data)) is not None:
+        raise EventDecodeError(f"not a dralloc event: {problem}")
     try:
         event = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -322,4 +329,29 @@ def decode(data: bytes) -> Event:
         raise EventDecodeError(
             f"{type(event).__name__} has schemaVersion {event.schema_version}; this build reads {SCHEMA_VERSION}"
         )
+    if (problem := identity_problem(event)) is not None:
+        raise EventDecodeError(f"{type(event).__name__}: {problem}")
     return event
+
+
+def identity_problem(event: Event) -> str | None:
+    """Why the names an event is about (what its subject and KV key are built from) are not
+    names the API server would accept, or None. Checked by every consumer (`decode`) and by
+    the ingestor before it publishes: with namespaces DNS labels and names DNS subdomains, a
+    claim key ``namespace/name`` and a subject are each one object's (no ``/`` in either part)."""
+    match event:
+        case ClaimSubmitted(claim=obj) | AllocationCommitted(claim=obj) | DeviceClassPublished(device_class=obj) | NodePublished(node=obj):
+            errors = metadata_errors(obj)
+            return "; ".join(str(e) for e in errors) if errors else None
+        case ResourceSlicePublished(slice=obj):
+            errors = metadata_errors(obj)
+            problem = pool_name_error(obj.spec.pool.name) or (None if is_dns_subdomain(obj.spec.driver) else f"driver {obj.spec.driver!r} is not a DNS subdomain")
+            return "; ".join([*(str(e) for e in errors), *([problem] if problem else [])]) or None
+        case ClaimDeleted(namespace=ns, name=name) | AllocationFailed(namespace=ns, name=name) | AllocationReleased(namespace=ns, name=name):
+            problem = namespace_error(ns) or name_error(name)
+            return f"claim {ns}/{name}: {problem}" if problem else None
+        case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
+            return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
+        case DeviceClassRemoved(name=name) | NodeRemoved(name=name):
+            return name_error(name)
+    return None

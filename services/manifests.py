@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from dralloc.schemas.limits import tree_problem
 from dralloc.schemas.resource import KINDS, Object
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -108,6 +109,8 @@ def decode_object(doc: Any, source: Source) -> Loaded | Skipped | ManifestError:
         if known_kind:
             return ManifestError(source, f"apiVersion {api_version!r} is not supported for {kind}; use resource.k8s.io/v1", what)
         return Skipped(source, api_version, kind, str(name))
+    if (problem := tree_problem(doc)) is not None:
+        return ManifestError(source, problem, what)  # before msgspec recurses through it
     try:
         obj = msgspec.convert(doc, cls)
     except msgspec.ValidationError as exc:

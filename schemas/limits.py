@@ -1,0 +1,102 @@
+"""Structural limits on untrusted input: nesting depth and integer size, checked before decoding.
+
+msgspec, PyYAML's constructors and `json` recurse once per nesting level and raise
+`RecursionError` (not a decode error) at about a thousand levels, wherever in the
+document the nesting sits: in a field dralloc ignores, or inside a claim's opaque
+driver parameters, which dralloc carries without reading. And msgspec decodes a
+400-digit JSON integer into a Python int without complaint. So every path that
+decodes bytes nobody vouches for (bus events, KV values, Kubernetes responses,
+manifest files) asks here first and refuses with a reason:
+
+- `json_problem(data)`: raw JSON bytes, before any decoder sees them. Cheap: the
+  usual message has fewer brackets than the depth limit and no run of 19 digits,
+  and is passed after two C-speed scans.
+- `tree_problem(doc)`: an already parsed document (YAML's builtins), iteratively.
+
+Both return None when the input is within limits, or one line naming the problem.
+Kubernetes stores every integer field as int64, so a larger integer is refused
+(the API server would refuse it too); depth is limited to `MAX_DEPTH`, far beyond
+what any resource.k8s.io object needs (about 12 levels, inside an event envelope)
+and far below the recursion limit.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MAX_DEPTH = 100
+"""Deepest nesting of arrays and objects accepted (a Kubernetes object needs about 12)."""
+
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+"""Kubernetes' int64: every integer field of the API (generation, counts, attribute values)."""
+
+MAX_NODES = 2_000_000
+"""Most values in one parsed document: YAML aliases can make a small file a huge tree."""
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_LONG_DIGITS = re.compile(rb"\d{19}")
+# An integer token of 19 digits or more: not part of a fraction or an exponent.
+_BIG_INT = re.compile(rb"(?<![\d.eE+-])-?\d{19,}(?![\d.eE])")
+
+
+def json_problem(data: bytes | str) -> str | None:
+    """Why raw JSON must not be decoded (too deep, an integer outside int64), or None.
+
+    Malformed JSON that is within limits is passed: the decoder names that problem better."""
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
+    long_digits = _LONG_DIGITS.search(raw) is not None
+    if not deep and not long_digits:
+        return None  # the usual message: fewer brackets than the limit, no long number anywhere
+    structure = _STRING.sub(b'""', raw)  # brackets and digits inside strings are text
+    if deep and (depth := _depth(structure.translate(None, _NOT_BRACKETS))) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep (at least {depth})"
+    if long_digits:
+        for match in _BIG_INT.finditer(structure):
+            if not INT_MIN <= int(match.group()) <= INT_MAX:
+                digits = len(match.group().lstrip(b"-"))
+                return f"an integer of {digits} digits, outside the 64-bit range every integer field has"
+    return None
+
+
+def _depth(brackets: bytes) -> int:
+    """Nesting depth of a string of brackets alone, up to MAX_DEPTH + 1 (enough to refuse).
+
+    Each round removes the innermost pairs, in C; a malformed string stops early and
+    is judged by the rounds so far (the decoder reports the malformation)."""
+    rounds = 0
+    while brackets and rounds <= MAX_DEPTH:
+        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if len(shorter) == len(brackets):
+            break  # unbalanced: not deeper than counted
+        brackets, rounds = shorter, rounds + 1
+    return rounds
+
+
+def tree_problem(doc: Any, where: str = "") -> str | None:
+    """Why a parsed document (dicts, lists, scalars) must not be used, or None: nesting deeper
+    than MAX_DEPTH, an integer outside int64, more than MAX_NODES values. Iterative, so a
+    deep document cannot exhaust the stack here. `where` prefixes the path in the message."""
+    stack: list[tuple[Any, int, str]] = [(doc, 0, where)]
+    seen = 0
+    while stack:
+        value, depth, path = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            return f"more than {MAX_NODES:,} values (YAML aliases expanding?)"
+        if isinstance(value, dict | list):
+            if depth >= MAX_DEPTH:
+                return f"{_short(path) or 'the document'}: nested more than {MAX_DEPTH} levels deep"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                stack.append((item, depth + 1, f"{path}.{key}" if path else str(key)))
+        elif isinstance(value, int) and not isinstance(value, bool) and not INT_MIN <= value <= INT_MAX:
+            return f"{_short(path) or 'the document'}: an integer of {len(str(abs(value)))} digits, outside the 64-bit range"
+    return None
+
+
+def _short(path: str, limit: int = 80) -> str:
+    """A path for a message: a deep one is cut after its first `limit` characters."""
+    return path if len(path) <= limit else f"{path[:limit]}..."
