@@ -177,6 +177,13 @@ class ClaimSubmitted(_Event, tag=True, frozen=True):
     """A ResourceClaim to allocate. Its ``metadata.uid`` is its identity (the ingestor sets one when missing)."""
 
     claim: ResourceClaim
+    cluster: bool = False
+    """The claim as a Kubernetes cluster holds it now, status included (the Kubernetes source): its
+    status is the truth the allocator follows (an allocation there is adopted, and one that
+    replaces or removes dralloc's releases dralloc's). Each change of the object is news (see `msg_id`)."""
+    needs_pod: bool = False
+    """Allocated only together with the other claims of a Pod that uses it (`PodSubmitted`); alone
+    it waits (Kubernetes' delayed allocation). False: allocated on its own as soon as it fits."""
 
     @property
     def subject(self) -> str:
@@ -185,6 +192,9 @@ class ClaimSubmitted(_Event, tag=True, frozen=True):
     @property
     def msg_id(self) -> str:
         uid, key, generation = _claim_id(self.claim)
+        if self.cluster and self.claim.metadata.resource_version:
+            # Status changes (an allocation written or cleared by anyone) keep the generation.
+            return f"claim:{uid or key}:{generation}:{self.claim.metadata.resource_version}"
         return f"claim:{uid or key}:{generation}"
 
 
@@ -204,6 +214,51 @@ class ClaimDeleted(_Event, tag=True, frozen=True):
     @property
     def msg_id(self) -> str:
         return f"claim-deleted:{self.uid or self.key}"
+
+
+class PodSubmitted(_Event, tag=True, frozen=True):
+    """A Pod waiting for dralloc (its scheduling gate): the claims it uses, allocated as one unit,
+    all or none, on one node. ``claims`` are claim names in the Pod's namespace (direct
+    ``resourceClaimName``s, the claims made from its templates, its extended-resource claim).
+    Stream CLAIMS, subject ``dra.claims.<namespace>.<pod>.pod`` (a claim subject has one token less)."""
+
+    namespace: str
+    name: str
+    uid: str
+    claims: list[str]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("claims", self.namespace, self.name, "pod")
+
+    @property
+    def msg_id(self) -> str:
+        return f"pod:{self.uid or self.key}:{_digest(*self.claims)}"
+
+
+class PodDeleted(_Event, tag=True, frozen=True):
+    """The Pod is gone, or no longer waits for dralloc (its gate lifted): its unit is forgotten.
+    Its claims are released by their own deletion (or kept, when shared)."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("claims", self.namespace, self.name, "pod")
+
+    @property
+    def msg_id(self) -> str:
+        return f"pod-deleted:{self.uid or self.key}"
 
 
 # --- allocation decisions (written only by the allocator) ------------------------
@@ -246,6 +301,8 @@ class AllocationFailed(_Event, tag=True, frozen=True):
     generation: int
     reason: Literal["unsatisfiable", "error"]
     message: str
+    pod: str = ""
+    """The Pod (in the claim's namespace) whose unit this claim failed with, if any (its Events)."""
 
     @property
     def key(self) -> str:
@@ -284,7 +341,7 @@ class AllocationReleased(_Event, tag=True, frozen=True):
 InventoryEvent = (
     ResourceSlicePublished | ResourceSliceRemoved | DeviceClassPublished | DeviceClassRemoved | NodePublished | NodeRemoved
 )
-ClaimEvent = ClaimSubmitted | ClaimDeleted
+ClaimEvent = ClaimSubmitted | ClaimDeleted | PodSubmitted | PodDeleted
 AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased
 Event = InventoryEvent | ClaimEvent | AllocationEvent
 
@@ -297,6 +354,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeRemoved,
     ClaimSubmitted,
     ClaimDeleted,
+    PodSubmitted,
+    PodDeleted,
     AllocationCommitted,
     AllocationFailed,
     AllocationReleased,
@@ -350,6 +409,12 @@ def identity_problem(event: Event) -> str | None:
         case ClaimDeleted(namespace=ns, name=name) | AllocationFailed(namespace=ns, name=name) | AllocationReleased(namespace=ns, name=name):
             problem = namespace_error(ns) or name_error(name)
             return f"claim {ns}/{name}: {problem}" if problem else None
+        case PodSubmitted(namespace=ns, name=name, claims=claims):
+            problem = namespace_error(ns) or name_error(name) or next(filter(None, map(name_error, claims)), None)
+            return f"Pod {ns}/{name}: {problem}" if problem else None
+        case PodDeleted(namespace=ns, name=name):
+            problem = namespace_error(ns) or name_error(name)
+            return f"Pod {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name):

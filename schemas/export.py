@@ -54,6 +54,12 @@ CHANNELS: dict[str, tuple[str, list[str], list[type], str]] = {
         [ev.ClaimSubmitted, ev.ClaimDeleted],
         "Stream CLAIMS: claims to allocate and their deletions.",
     ),
+    "pods": (
+        "dra.claims.{namespace}.{name}.pod",
+        ["namespace", "name"],
+        [ev.PodSubmitted, ev.PodDeleted],
+        "Stream CLAIMS: Pods waiting for dralloc (scheduling gate dralloc.dev/allocate): their claims, allocated as one unit.",
+    ),
     "allocations": (
         "dra.allocations.{namespace}.{name}",
         ["namespace", "name"],
@@ -71,6 +77,8 @@ OPERATIONS: dict[str, tuple[str, str, list[type] | None, str]] = {
     "allocatorReceivesInventory": ("receive", "inventorySlices", None, "The allocator replays and follows the inventory."),
     "allocatorReceivesClasses": ("receive", "deviceClasses", None, "The allocator replays and follows the DeviceClasses."),
     "allocatorReceivesNodes": ("receive", "nodes", None, "The allocator replays and follows the nodes."),
+    "ingestorPublishesPods": ("send", "pods", None, "The Kubernetes ingestor publishes each gated Pod's claims, and its deletion."),
+    "allocatorReceivesPods": ("receive", "pods", None, "Durable consumer `allocator` (the CLAIMS stream): a Pod's claims allocated together."),
     "allocatorReceivesClaims": ("receive", "claims", None, "Durable consumer `allocator`; acked after the decision is stored."),
     "allocatorPublishesDecisions": ("send", "allocations", None, "Committed, failed (with the reason) and released allocations."),
     "statusWriterReceivesDecisions": ("receive", "allocations", None, "Durable consumer `statuswriter-<sink>`: local store or Kubernetes status."),
