@@ -49,8 +49,8 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, Resour
 
 from dralloc.bus import Bus
 from dralloc.ingestor.sources import Report, SourceEvent
-from dralloc.ingestor.templates import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
+from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import DeviceClass, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
 

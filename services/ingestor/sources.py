@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
-from dralloc.ingestor.templates import expand_pod
 from dralloc.lint import selector_problems
 from dralloc.manifests import Manifests, expand_paths, load_paths
+from dralloc.pods import pod_claims
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import (
     DeviceClass,
@@ -108,10 +108,10 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
         elif isinstance(obj, ResourceClaim):
             claims.append(ev.ClaimSubmitted(claim=with_identity(obj)))
         elif isinstance(obj, Pod):
-            expanded, errors = expand_pod(obj, templates, invalid=invalid_templates)
-            for error in errors:
+            resolved = pod_claims(obj, templates, invalid=invalid_templates, offline=False)
+            for error in resolved.errors:
                 report(f"{item.source}: Pod/{obj.metadata.name}: {error}")
-            claims += [ev.ClaimSubmitted(claim=with_identity(claim)) for claim in expanded]
+            claims += [ev.ClaimSubmitted(claim=with_identity(claim)) for claim in resolved.made]
     return inventory + claims
 
 

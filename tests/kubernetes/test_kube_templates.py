@@ -13,7 +13,7 @@ from kube_emulator import ApiServer
 
 from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
 from dralloc.ingestor.sources import SourceEvent
-from dralloc.ingestor.templates import POD_CLAIM_NAME_ANNOTATION
+from dralloc.pods import POD_CLAIM_NAME_ANNOTATION
 from dralloc.kube import KubeSettings, user_agent
 from dralloc.schemas import events as ev
 
