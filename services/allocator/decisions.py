@@ -29,7 +29,7 @@ import msgspec
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.gang import allocate_gang, gang_of
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
+from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,23 @@ class GangComplete:
     domain: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class AllocatePod:
+    """A Pod's unit is complete (every claim it uses is here), for `Decisions.decide_pod`."""
+
+    pod: str
+
+
+@dataclass(slots=True)
+class PodPlan:
+    """A Pod's decisions: `batch` (its claims' commits, all or none, written as one atomic batch)
+    or `failures` (every claim not yet allocated fails with the unit's reason; none holds devices)."""
+
+    pod: str
+    batch: list[ev.AllocationCommitted] = field(default_factory=list)
+    failures: list[ev.AllocationFailed] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class GangPlan:
     """A gang's decisions. `unplaced`: nothing to batch, each member fails on its own (none holds
@@ -72,7 +89,7 @@ class GangPlan:
     unplaced: list[tuple[ResourceClaim, Outcome]] = field(default_factory=list)
 
 
-def failure_event(claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed:
+def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = "") -> ev.AllocationFailed:
     meta = claim.metadata
     return ev.AllocationFailed(
         namespace=meta.namespace or "default",
@@ -81,6 +98,7 @@ def failure_event(claim: ResourceClaim, status: str, message: str) -> ev.Allocat
         generation=meta.generation or 1,
         reason="unsatisfiable" if status == "unsatisfiable" else "error",
         message=message or status,
+        pod=pod,
     )
 
 
@@ -106,6 +124,17 @@ class Decisions:
         """Claim key -> its last decision replayed from ALLOCATIONS (for `gone`)."""
         self.replayed_claims: set[str] = set()
         """Keys of the claims CLAIMS held an event for when replayed (for `gone`)."""
+        self.unused: dict[str, ResourceClaim] = {}
+        """Claims allocated only with a Pod that uses them (`needs_pod`), waiting for one."""
+        self.pods: dict[str, ev.PodSubmitted] = {}
+        """Pods waiting for dralloc (pod key -> its unit), until allocated, deleted or ungated."""
+        self.pods_waiting: set[str] = set()
+        """Pods whose unit is complete but did not fit: tried again when room changes."""
+        self.reserved: dict[str, list[ResourceClaimConsumerReference]] = {}
+        """Claim key -> the Pod a commit reserves it for (`status.reservedFor`), from its unit."""
+        self.seen: set[str] = set()
+        """Keys of committed claims whose allocation the cluster has shown (`ClaimSubmitted.cluster`):
+        one the cluster no longer shows after that was deallocated there."""
 
     # -- the streams at start ---------------------------------------------------------
 
@@ -133,7 +162,15 @@ class Decisions:
             self.engine.restore(event.claim)
             self._record(event)
         elif isinstance(event, ev.ClaimSubmitted) and not self.is_committed(event.claim):
-            self.waiting[event.claim.key] = event.claim
+            if event.needs_pod:
+                self.unused[event.claim.key] = event.claim
+            else:
+                self.waiting[event.claim.key] = event.claim
+        elif isinstance(event, ev.ClaimSubmitted) and event.cluster and _allocation(event.claim) is not None:
+            self.seen.add(event.claim.key)
+        elif isinstance(event, ev.PodSubmitted):
+            self.pods[event.key] = event
+            self.pods_waiting.add(event.key)  # decided (or found decided) after the rebuild
 
     def gone(
         self, decided: dict[str, ev.AllocationEvent] | None = None, present: set[str] | None = None
@@ -159,16 +196,20 @@ class Decisions:
     # -- claim events -------------------------------------------------------------------
 
     def submitted(
-        self, claim: ResourceClaim, context: Any = None
-    ) -> None | ev.AllocationReleased | ev.AllocationFailed | Adopt | Allocate | GangComplete:
-        """What a submitted claim asks for:
-        - None: nothing to write (a redelivery of a commit; a gang member waiting for the others);
-        - AllocationReleased: the claim replaced a committed one of its name (deleted and re-created):
-          write the release, `release_stored`, then submit the claim again;
+        self, claim: ResourceClaim, context: Any = None, *, cluster: bool = False, needs_pod: bool = False
+    ) -> None | ev.AllocationReleased | ev.AllocationFailed | Adopt | Allocate | GangComplete | AllocatePod:
+        """What a submitted claim asks for (`cluster`, `needs_pod`: the event's flags):
+        - None: nothing to write (a redelivery of a commit; a gang member waiting for the others;
+          a claim waiting for a Pod);
+        - AllocationReleased: the claim replaced a committed one of its name (deleted and re-created),
+          or the cluster holds another allocation for it, or none any more: write the release,
+          `release_stored`, then submit the claim again (the cluster's allocation is then adopted);
         - AllocationFailed: write it, then `failure_sent` (a gang too large to commit all or none);
-        - Adopt, Allocate, GangComplete: see each."""
+        - Adopt, Allocate, GangComplete, AllocatePod: see each."""
         key = claim.key
         if self.is_committed(claim):
+            if cluster and (release := self._cluster_truth(claim)) is not None:
+                return release
             # Seen before (a redelivery): the book only holds decisions stored in ALLOCATIONS (or
             # on their way, and forgotten if refused), so there is nothing to write again.
             self._stop_waiting(key)
@@ -177,7 +218,14 @@ class Decisions:
             # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
             return self.deleted(key, self.committed[key].claim.metadata.uid or "")
         if claim.status is not None and claim.status.allocation is not None:
+            self.unused.pop(key, None)
+            if cluster:
+                self.seen.add(key)
             return self._adopt(claim)
+        if needs_pod:
+            # Kubernetes allocates a claim for a Pod that uses it (delayed allocation): alone it waits.
+            self.unused[key] = claim
+            return self._pod_using(key)
         gang = gang_of(claim)
         if gang is not None and gang[1] > 1:
             return self._collect(claim, *gang, context)
@@ -192,12 +240,14 @@ class Decisions:
             self.waiting[claim.key] = claim
             self.contexts[claim.key] = context
             return outcome, None
-        decided = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome.allocation))
-        return outcome, ev.AllocationCommitted(claim=decided, node=outcome.node)
+        return outcome, ev.AllocationCommitted(claim=self._decided(claim, outcome), node=outcome.node)
 
     def deleted(self, key: str, uid: str) -> ev.AllocationReleased | None:
         """A claim deleted (`uid` empty: whichever object has that name): it stops waiting; returns
         the release to write if it is committed (then `release_stored`)."""
+        unused = self.unused.get(key)
+        if unused is not None and (not uid or unused.metadata.uid == uid):
+            del self.unused[key]
         waiting = self.waiting.get(key)
         if waiting is not None and (not uid or waiting.metadata.uid == uid):
             self._stop_waiting(key)
@@ -286,8 +336,7 @@ class Decisions:
             if not plan.placed:
                 plan.batch.append(failure_event(member, outcome.status, outcome.message))
             elif member.key in members:
-                decided = msgspec.structs.replace(member, status=ResourceClaimStatus(allocation=outcome.allocation))
-                plan.batch.append(ev.AllocationCommitted(claim=decided, node=outcome.node))
+                plan.batch.append(ev.AllocationCommitted(claim=self._decided(member, outcome), node=outcome.node))
         return plan
 
     def batch_stored(self, plan: GangPlan) -> None:
@@ -312,6 +361,120 @@ class Decisions:
             del plan.members[member.key]
             self.engine.restore(self.committed[member.key].claim)
 
+    # -- Pods ---------------------------------------------------------------------------------
+
+    def pod_submitted(self, pod: ev.PodSubmitted) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
+        """A Pod waiting for dralloc: its unit (the claims it uses) is decided once every claim is here."""
+        self.pods[pod.key] = pod
+        return self._pod_step(pod.key)
+
+    def pod_deleted(self, key: str, uid: str) -> None:
+        """The Pod is gone or no longer gated: its unit is forgotten (its claims are released by
+        their own deletion; a shared claim stays allocated, as in Kubernetes)."""
+        pod = self.pods.get(key)
+        if pod is not None and (not uid or pod.uid == uid):
+            del self.pods[key]
+            self.pods_waiting.discard(key)
+
+    def _pod_using(self, claim_key: str) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
+        """A claim waiting for a Pod arrived: the first Pod waiting for it whose unit it completes."""
+        namespace, name = claim_key.split("/", 1)
+        for key, pod in list(self.pods.items()):
+            if pod.namespace == namespace and name in pod.claims:
+                step = self._pod_step(key)
+                if step is not None:
+                    return step
+        return None
+
+    def _pod_step(self, key: str) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
+        """AllocatePod once every claim of the Pod is here (committed or waiting for a Pod); None
+        while one is missing, or when all are committed already (nothing left to decide). A Pod
+        whose one claim still to allocate is a gang member joins its gang (a gang of Pods)."""
+        pod = self.pods[key]
+        pending = []
+        for name in pod.claims:
+            claim_key = f"{pod.namespace}/{name}"
+            if claim_key in self.committed:
+                continue
+            claim = self.unused.get(claim_key)
+            if claim is None:
+                return None  # not here yet: the claim's own event completes the unit
+            pending.append(claim)
+        if not pending:
+            self.pod_deleted(key, "")  # every claim allocated: nothing left to decide for it
+            return None
+        for claim in pending:
+            self.reserved[claim.key] = [ResourceClaimConsumerReference(resource="pods", name=pod.name, uid=pod.uid)]
+        gang = gang_of(pending[0])
+        if len(pending) == 1 and gang is not None and gang[1] > 1:
+            del self.unused[pending[0].key]
+            self.pod_deleted(key, "")
+            return self._collect(pending[0], *gang, None)
+        return AllocatePod(key)
+
+    def decide_pod(self, step: AllocatePod) -> PodPlan:
+        """The engine places the Pod's claims not allocated yet together, on one node: the node of
+        its claims already allocated (a shared claim), if any. Allocated: `batch` (the engine holds
+        the devices until `pod_stored` or `pod_refused`); not: each claim's failure, the Pod waits."""
+        pod = self.pods[step.pod]
+        keys = [f"{pod.namespace}/{name}" for name in pod.claims]
+        pending = [self.unused[k] for k in keys if k not in self.committed]
+        plan = PodPlan(step.pod)
+        nodes = {self.engine.ledger.claims[k].node for k in keys if k in self.committed and k in self.engine.ledger.claims}
+        nodes.discard(None)
+        if len(nodes) > 1:
+            message = f"Pod {pod.key}: its claims are already allocated on different nodes ({', '.join(sorted(nodes))}); it can never run"
+            outcomes = [Outcome(claim=c.key, status="error", message=message) for c in pending]
+        else:
+            outcomes = self.engine.allocate(pending, node=next(iter(nodes), None), together=True)
+        if all(o.status == "allocated" for o in outcomes):
+            plan.batch = [ev.AllocationCommitted(claim=self._decided(c, o), node=o.node) for c, o in zip(pending, outcomes)]
+            return plan
+        for claim, outcome in zip(pending, outcomes):  # (the engine commits a unit whole or not at all)
+            message = outcome.message if outcome.message.startswith(f"Pod {pod.key}") else f"Pod {pod.key}: {outcome.message}"
+            failure = failure_event(claim, outcome.status, message, pod.name)
+            if self.failures.get(failure.key) != failure.msg_id:
+                plan.failures.append(failure)
+        self.pods_waiting.add(step.pod)
+        return plan
+
+    def pod_stored(self, plan: PodPlan) -> None:
+        for event in plan.batch:
+            self.unused.pop(event.key, None)
+            self._record(event)
+            self._stop_waiting(event.key)
+        self.pod_deleted(plan.pod, "")
+
+    def pod_refused(self, plan: PodPlan) -> None:
+        """None of the batch was stored: the engine gives the devices back (the Pod is tried again)."""
+        for event in plan.batch:
+            self.engine.release(event.key)
+        self.pods_waiting.add(plan.pod)
+
+    def _cluster_truth(self, claim: ResourceClaim) -> ev.AllocationReleased | None:
+        """A committed claim as the cluster holds it now: a release of dralloc's decision when the
+        cluster holds another allocation (a status write lost to kube-scheduler) or none any more
+        after it had shown one (deallocated by the resourceclaim controller); None when it agrees
+        (or dralloc's write has not landed yet)."""
+        key = claim.key
+        have = _allocation(claim)
+        ours = self.committed[key].allocation
+        if have is not None:
+            if ours is not None and _same(have, ours):
+                self.seen.add(key)
+                return None
+            self.seen.discard(key)
+            return self.deleted(key, claim.metadata.uid or "")
+        if key in self.seen:
+            self.seen.discard(key)
+            return self.deleted(key, claim.metadata.uid or "")
+        return None
+
+    def _decided(self, claim: ResourceClaim, outcome: Outcome) -> ResourceClaim:
+        """The claim as committed: its allocation, and the Pod its unit reserves it for."""
+        status = ResourceClaimStatus(allocation=outcome.allocation, reserved_for=self.reserved.pop(claim.key, []))
+        return msgspec.structs.replace(claim, status=status)
+
     # -- bookkeeping -------------------------------------------------------------------------
 
     def is_committed(self, claim: ResourceClaim) -> bool:
@@ -332,6 +495,7 @@ class Decisions:
             self.gang_held.setdefault(gang[0], set()).add(event.key)
 
     def _forget(self, key: str) -> None:
+        self.seen.discard(key)
         gang = gang_of(self.committed.pop(key).claim)
         if gang is not None and (held := self.gang_held.get(gang[0])) is not None:
             held.discard(key)
@@ -342,3 +506,12 @@ class Decisions:
         self.waiting.pop(key, None)
         self.contexts.pop(key, None)
         self.failures.pop(key, None)
+
+
+def _allocation(claim: ResourceClaim) -> AllocationResult | None:
+    return claim.status.allocation if claim.status is not None else None
+
+
+def _same(a: AllocationResult, b: AllocationResult) -> bool:
+    """The same devices, config and node selector (when it was written is not what was written)."""
+    return msgspec.structs.replace(a, allocation_timestamp=None) == msgspec.structs.replace(b, allocation_timestamp=None)

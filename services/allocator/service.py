@@ -78,7 +78,7 @@ from opentelemetry.context import Context
 from dralloc import telemetry
 from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.allocator import leader
-from dralloc.allocator.decisions import Adopt, Allocate, Decisions, GangComplete
+from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.bus import MAX_BATCH, Bus
@@ -244,6 +244,20 @@ class Allocator:
                             await self._allocate(claim)
                         except Exception as exc:  # the bus is down: the next change retries again
                             log.warning("allocator: retrying %s failed: %s", key, exc)
+                for key in sorted(self.book.pods_waiting):
+                    if stop.is_set():
+                        return
+                    self.book.pods_waiting.discard(key)
+                    if key not in self.book.pods:
+                        continue
+                    with telemetry.tracer().start_as_current_span("retry allocation", attributes={"dralloc.pod": key}):
+                        try:
+                            await self._decide_step(self.book.pod_submitted(self.book.pods[key]))
+                            if self.tail is not None:
+                                await self.tail
+                        except Exception as exc:  # the bus is down: the next change retries again
+                            self.book.pods_waiting.add(key)
+                            log.warning("allocator: retrying Pod %s failed: %s", key, exc)
 
     # -- claims ---------------------------------------------------------------------
 
@@ -258,9 +272,13 @@ class Allocator:
         (the consumer acks the claim then, and takes the next one meanwhile)."""
         async with self.lock:
             if isinstance(event, ev.ClaimSubmitted):
-                await self._decide(event.claim)
+                await self._decide(event.claim, cluster=event.cluster, needs_pod=event.needs_pod)
             elif isinstance(event, ev.ClaimDeleted) and (release := self.book.deleted(event.key, event.uid)) is not None:
                 await self._release(release)
+            elif isinstance(event, ev.PodSubmitted):
+                await self._decide_step(self.book.pod_submitted(event))
+            elif isinstance(event, ev.PodDeleted):
+                self.book.pod_deleted(event.key, event.uid)
             # Whatever was decided, or not (a redelivery), stands once every write so far is stored.
             tail = self.tail
         return tail if tail is not None and not tail.done() else None
@@ -271,14 +289,19 @@ class Allocator:
         if self.tail is not None:
             await self.tail
 
-    async def _decide(self, claim: ResourceClaim) -> None:
+    async def _decide(self, claim: ResourceClaim, *, cluster: bool = False, needs_pod: bool = False) -> None:
         """Write what the book decides for a claim (`self.tail` completes once it is stored)."""
         began = time.perf_counter()
         context = otel_context.get_current()
-        step = self.book.submitted(claim, context)
-        while isinstance(step, ev.AllocationReleased):  # it replaced a committed claim of its name
+        step = self.book.submitted(claim, context, cluster=cluster, needs_pod=needs_pod)
+        while isinstance(step, ev.AllocationReleased):  # it replaced a committed claim, or the cluster holds another allocation
             await self._release(step)
-            step = self.book.submitted(claim, context)
+            step = self.book.submitted(claim, context, cluster=cluster, needs_pod=needs_pod)
+        await self._decide_step(step, context, began)
+
+    async def _decide_step(self, step: Any, context: Context | None = None, began: float | None = None) -> None:
+        """Write one step the book returned (see `Decisions.submitted`)."""
+        began = began or time.perf_counter()
         match step:
             case ev.AllocationFailed():
                 await self._send_failure(step)
@@ -291,10 +314,29 @@ class Allocator:
                     self.book.commit_not_written(event.key)
                     raise
                 self.book.commit_written(event)
-            case Allocate():
-                await self._allocate_one(claim, context, began)
+            case Allocate(claim=alone):
+                await self._allocate_one(alone, context or otel_context.get_current(), began)
             case GangComplete():
                 await self._allocate_gang(step)
+            case AllocatePod():
+                await self._allocate_pod(step, began)
+
+    async def _allocate_pod(self, step: AllocatePod, began: float) -> None:
+        """A Pod's claims are all here: allocated together on one node, their commits written as one
+        atomic batch (all or none); or each claim's failure, and the Pod waits for room."""
+        with telemetry.tracer().start_as_current_span("allocate pod", attributes={"dralloc.pod": step.pod}) as span:
+            plan = self.book.decide_pod(step)
+            span.set_attribute("dralloc.outcome", "allocated" if plan.batch else "waiting")
+        for failure in plan.failures:
+            await self._send_failure(failure, began)
+        if not plan.batch:
+            return
+        try:
+            await (await self._send_batch(list(plan.batch), began))
+        except BaseException:
+            self.book.pod_refused(plan)
+            raise
+        self.book.pod_stored(plan)
 
     async def _allocate_one(self, claim: ResourceClaim, context: Context, began: float) -> None:
         with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": claim.key}) as span:
