@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -109,7 +110,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
-from dralloc import natsauth, telemetry
+from dralloc import natsauth, streamcheck, telemetry
 from dralloc.schemas import events
 from dralloc.schemas.events import Event, EventDecodeError
 
@@ -168,6 +169,10 @@ TOMBSTONES = (events.ClaimDeleted,)
 """Events published with ``Nats-TTL``. (Not AllocationReleased: ALLOCATIONS keeps every decision,
 so an expired release would bring back the commit before it.)"""
 
+RESUBMITTABLE = (events.ClaimSubmitted, events.ClaimDeleted)
+"""Events whose identity (uid, generation) repeats when a claim is submitted, deleted and submitted
+again: a duplicate ack for one is checked against what its subject holds (`Bus.publish`)."""
+
 MAX_BATCH = 1000
 """Messages in one atomic batch, at most (JetStream refuses a larger one: error 10199)."""
 
@@ -212,6 +217,27 @@ class PublishRefused(BusError):
     """This event can never be published (too large for the server): retrying will not help."""
 
 
+def replicas_from_env() -> int:
+    """Replicas of every stream and KV bucket: ``DRALLOC_REPLICAS`` (1 to 5; 3 on a 3-server
+    cluster, as infra/ sets), default 1 (a single server)."""
+    raw = os.environ.get("DRALLOC_REPLICAS", "")
+    try:
+        replicas = int(raw) if raw else 1
+    except ValueError:
+        raise BusError(f"DRALLOC_REPLICAS={raw!r}: not a whole number") from None
+    if not 1 <= replicas <= 5:
+        raise BusError(f"DRALLOC_REPLICAS={raw!r}: JetStream keeps 1 to 5 replicas")
+    return replicas
+
+
+def _refuse_weakened(name: str, actual: StreamConfig, wanted: StreamConfig) -> None:
+    if problems := streamcheck.weakened(actual, wanted):
+        raise BusError(
+            f"stream {name} has been weakened: {'; '.join(problems)}. dralloc refuses to run on it (decisions or "
+            "claims could be lost); restore its configuration (nats stream edit) or recreate it"
+        )
+
+
 def _tombstone_ttl() -> float:
     """`TOMBSTONE_TTL_S`, or ``DRALLOC_TOMBSTONE_TTL`` (seconds, at least 1)."""
     raw = os.environ.get("DRALLOC_TOMBSTONE_TTL", "")
@@ -222,6 +248,44 @@ def _tombstone_ttl() -> float:
     if not ttl >= 1:
         raise BusError(f"DRALLOC_TOMBSTONE_TTL={raw!r}: at least 1 second")
     return ttl
+
+
+def header_bytes(headers: dict[str, str] | None) -> int:
+    """The bytes `headers` take on the wire (``NATS/1.0`` line, one ``key: value`` line each, blank
+    line), which count toward the server's max payload with the body."""
+    if not headers:
+        return 0
+    return len("NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(str(v).encode()) + 4 for k, v in headers.items())
+
+
+DEAD_LETTER_HEADROOM = 512
+"""Bytes kept free under the server's max payload when a dead letter is cut (the client and the
+server add a little framing of their own)."""
+
+
+def dead_letter_message(
+    stream: str, consumer: str, seq: int, subject: str, data: bytes, reason: str, max_payload: int
+) -> tuple[str, dict[str, str], bytes]:
+    """The dead letter of message `seq` of `stream`: (its original subject as shown, headers, body).
+
+    It always fits under `max_payload`, headers included (a message over it makes the server close
+    the connection, and the consumer would decide nothing more): the body is the original message
+    when it fits, else its first bytes, with ``Dralloc-Truncated: <original size>``; the original
+    stays in `stream` at ``Dralloc-Sequence`` for as long as the stream keeps it."""
+    reason = " ".join(reason.split())[:1000]  # a header value is one line
+    shown = subject if len(subject) <= 512 else f"{subject[:509]}..."
+    headers = {
+        "Nats-Msg-Id": f"deadletter:{stream}:{consumer}:{seq}",  # several watchers: one letter
+        "Dralloc-Reason": reason,
+        "Dralloc-Subject": shown,
+        "Dralloc-Sequence": str(seq),
+        "Dralloc-Stream": stream,
+    }
+    room = max_payload - header_bytes(headers) - len("Dralloc-Truncated: 18446744073709551615\r\n") - DEAD_LETTER_HEADROOM
+    if len(data) > room:
+        headers["Dralloc-Truncated"] = str(len(data))
+        data = data[: max(room, 0)]
+    return shown, headers, data
 
 
 # --- the embedded server -----------------------------------------------------------
@@ -304,16 +368,27 @@ class Bus:
         """`send`'s acks still to come, by the token ending their reply subject."""
         self.tombstone_ttl = tombstone_ttl if tombstone_ttl is not None else _tombstone_ttl()
         """Seconds a tombstone this bus publishes stays stored (`TOMBSTONE_TTL_S`)."""
+        self.closed = asyncio.Event()
+        """Set when the connection is closed for good (the client gave up, or the server closed it on a
+        protocol error): nothing more will be delivered on it (`run_service` exits non-zero)."""
+        self.pulses: dict[str, float] = {}
+        """Per running consumer, when its loop last went round (monotonic): a stuck consumer stops
+        beating (`dralloc.probes`)."""
 
     @classmethod
     async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
         url = url or os.environ.get("NATS_URL") or DEFAULT_URL
+        shown = natsauth.redact(url)  # the URL may carry user:password@: never in a message or log
         try:
             security = natsauth.connect_options(url)  # credentials and TLS from NATS_* variables
             ttl = _tombstone_ttl()
         except (natsauth.AuthConfigError, BusError) as exc:
-            raise BusError(f"cannot connect to NATS at {url}: {exc}") from None
+            raise BusError(f"cannot connect to NATS at {shown}: {natsauth.redact(str(exc))}") from None
         nc = nats.NATS()
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
 
         failures = 0
         last_error: Exception | None = None
@@ -323,7 +398,7 @@ class Bus:
             nonlocal failures, last_error
             last_error = exc
             if nc.is_connected or nc.is_reconnecting:
-                log.warning("nats: %s", exc)
+                log.warning("nats: %s", natsauth.redact(str(exc)))
             elif isinstance(exc, ConnectionRefusedError) and (failures := failures + 1) >= INITIAL_REFUSALS:
                 raise exc  # nothing listens there: say so now rather than at the timeout
             elif isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
@@ -342,6 +417,7 @@ class Bus:
                     reconnect_time_wait=0.5,
                     drain_timeout=2,
                     error_cb=on_error,
+                    closed_cb=on_closed,
                     **security,
                 ),
                 timeout,
@@ -350,8 +426,13 @@ class Bus:
             with contextlib.suppress(Exception):
                 await nc.close()
             reason = str(exc) or f"no answer within {timeout:g}s" + (f" (last error: {last_error})" if last_error else "")
-            raise BusError(f"cannot connect to NATS at {url}: {reason} (is a nats-server with JetStream running there? `dralloc demo` starts its own)") from None
-        return cls(nc, name, tombstone_ttl=ttl)
+            raise BusError(
+                f"cannot connect to NATS at {shown}: {natsauth.redact(reason)} (is a nats-server with JetStream "
+                "running there? `dralloc demo` starts its own)"
+            ) from None
+        bus = cls(nc, name, tombstone_ttl=ttl)
+        bus.closed = closed
+        return bus
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -366,16 +447,58 @@ class Bus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def stream_configs(self) -> list[StreamConfig]:
+        """`STREAMS` with the deployment's replicas (`replicas`)."""
+        replicas = replicas_from_env()
+        return [dataclasses.replace(config, num_replicas=replicas) for config in STREAMS.values()]
+
     async def ensure_streams(self) -> None:
-        """Create the streams, or bring an existing one's configuration up to date."""
-        for config in STREAMS.values():
+        """Create the missing streams and bring an existing one's configuration up to date (the bootstrap
+        identity's job: the allocator, or an operator; a credential without the right is refused by
+        the server). Raises `BusError` for a stream that has been weakened (`streamcheck.weakened`):
+        dralloc does not paper over that, an operator looks first. A stream already as wanted is not
+        updated, so this needs no update right then."""
+        for config in self.stream_configs():
             try:
-                await self.js.stream_info(config.name)
+                info = await self.js.stream_info(config.name)
             except nats.js.errors.NotFoundError:
                 with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another service
                     await self.js.add_stream(config)
                     continue
-            await self.js.update_stream(config)
+                info = await self.js.stream_info(config.name)
+            _refuse_weakened(config.name, info.config, config)
+            # never fewer replicas than the stream has (an operator may run more than dralloc asks)
+            config = dataclasses.replace(config, num_replicas=max(config.num_replicas or 1, info.config.num_replicas or 1))
+            if streamcheck.differs(info.config, config):
+                await self.js.update_stream(config)
+        await self._check_atomic()
+
+    async def check_streams(self, stop: asyncio.Event | None = None, *, wait: float = FETCH_WAIT_S) -> None:
+        """For a service that may not create or change streams: wait until each exists (the bootstrap
+        identity makes them), then refuse to run (`BusError`) on one that is weakened or not set up
+        as dralloc needs. Returns early if `stop` is set."""
+        for config in self.stream_configs():
+            told = False
+            while True:
+                try:
+                    info = await self.js.stream_info(config.name)
+                    break
+                except nats.js.errors.NotFoundError:
+                    if not told:
+                        log.warning("%s: stream %s does not exist yet; waiting for the allocator to create it", self.name, config.name)
+                        told = True
+                    if stop is not None and stop.is_set():
+                        return
+                    await asyncio.sleep(wait)
+            _refuse_weakened(config.name, info.config, config)
+            if missing := [f for f in streamcheck.differs(info.config, config) if f not in ("num_replicas",)]:
+                raise BusError(
+                    f"stream {config.name} is not set up as dralloc needs ({', '.join(missing)} differ); the allocator "
+                    "brings it up to date at its start (or run `dralloc get deadletters` as the admin user)"
+                )
+        await self._check_atomic()
+
+    async def _check_atomic(self) -> None:
         # A server before 2.12 ignores allow_atomic, and then the headers of a batch too: each message
         # would be stored on its own, so a gang's commit could be cut part way. Say so now instead.
         if not (await self.js.stream_info("ALLOCATIONS")).config.allow_atomic:
@@ -390,8 +513,27 @@ class Bus:
         `headers` are added to the message (e.g. ``Nats-Expected-Last-Sequence``, which makes the
         server refuse the write when the stream has moved on: the allocator's fence); `msg_id`
         replaces the event's own ``Nats-Msg-Id``."""
-        subject, data, headers = self._outgoing(event, headers, msg_id)
-        return await self.js.publish(subject, data, headers=headers)
+        subject, data, marks = self._outgoing(event, headers, msg_id)
+        ack = await self.js.publish(subject, data, headers=marks)
+        if ack.duplicate and msg_id is None and isinstance(event, RESUBMITTABLE):
+            ack = await self._resubmit(ack, subject, data, marks)
+        return ack
+
+    async def _resubmit(self, ack: PubAck, subject: str, data: bytes, headers: dict[str, str]) -> PubAck:
+        """A claim event JetStream called a duplicate: a retry of what the subject holds now stays one,
+        but if the subject has moved on (submit, delete, submit again within the duplicate window:
+        the same uid and generation, so the same ``Nats-Msg-Id``), it is news, stored under an id
+        that names what it follows (so a retry of it is deduplicated in turn)."""
+        base = headers["Nats-Msg-Id"]
+        try:
+            last = await self.js.get_last_msg(ack.stream, subject)
+        except nats.js.errors.NotFoundError:
+            last = None  # the subject is empty (its delete expired): nothing to be a retry of
+        held = (last.headers or {}).get("Nats-Msg-Id", "") if last is not None else ""
+        if held == base or held.startswith(f"{base}:after:"):
+            return ack  # a retry of the event the subject holds: a duplicate indeed
+        after = f"{last.seq}" if last is not None else f"empty-{uuid.uuid4().hex}"
+        return await self.js.publish(subject, data, headers={**headers, "Nats-Msg-Id": f"{base}:after:{after}"})
 
     async def send(
         self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0
@@ -495,15 +637,18 @@ class Bus:
             },
         ):
             data = events.encode(event)
-            if len(data) > self.nc.max_payload:
-                raise PublishRefused(
-                    f"{type(event).__name__} on {subject} is {len(data)} bytes, over the server's "
-                    f"message limit of {self.nc.max_payload} bytes"
-                )
             marks = {**(headers or {}), "Nats-Msg-Id": msg_id}
             if isinstance(event, TOMBSTONES):  # the subject empties once every consumer has seen it
                 marks["Nats-TTL"] = f"{max(1, round(self.tombstone_ttl))}s"
-            return subject, data, telemetry.inject(marks)
+            marks = telemetry.inject(marks)
+            # The server's limit is on body and headers together, and a message over it makes the
+            # server close the connection: refuse it here instead.
+            if (size := len(data) + header_bytes(marks)) > self.nc.max_payload:
+                raise PublishRefused(
+                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's "
+                    f"message limit of {self.nc.max_payload} bytes"
+                )
+            return subject, data, marks
 
     async def consume(
         self,
@@ -544,6 +689,7 @@ class Bus:
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
+                self.pulses[consumer_name] = time.monotonic()
                 try:
                     # A short long-poll, never cancelled: a cancelled fetch leaves a pull request on the
                     # server that strands messages until ack_wait, so a stop waits for it (<= 1 s).
@@ -567,6 +713,7 @@ class Bus:
                         if len(in_flight) >= MAX_IN_FLIGHT:
                             await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self.pulses.pop(consumer_name, None)
             if in_flight:  # every handled message is acked or handed back before the consumer ends
                 await asyncio.wait(in_flight)
             with contextlib.suppress(Exception):
@@ -577,10 +724,14 @@ class Bus:
 
     async def _process(self, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> asyncio.Task[None] | None:
         """Handle one message; returns the task that acks it once its effect is durable, if that is still to come."""
+        self.pulses[consumer] = time.monotonic()
         try:
             event = events.decode(msg.data)
         except EventDecodeError as exc:
             await self._dead_letter(msg, stream, consumer, str(exc))
+            return None
+        if (problem := streamcheck.misplaced(stream, msg.subject, event)) is not None:
+            await self._dead_letter(msg, stream, consumer, problem)  # forged or misfiled: never acted on
             return None
         span = telemetry.tracer().start_span(
             f"process {msg.subject}",
@@ -654,18 +805,9 @@ class Bus:
             log.error("%s: could not dead-letter an exhausted message of %s: %s", consumer, stream, exc)
 
     async def _publish_dead_letter(self, stream: str, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> None:
-        reason = " ".join(reason.split())[:1000]  # a header value is one line
-        log.error("%s: dead-lettered %s (stream %s seq %d): %s", consumer, subject, stream, seq, reason)
-        await self.js.publish(
-            f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}",
-            data,
-            headers={
-                "Nats-Msg-Id": f"deadletter:{stream}:{consumer}:{seq}",  # several watchers: one letter
-                "Dralloc-Reason": reason,
-                "Dralloc-Subject": subject,
-                "Dralloc-Sequence": str(seq),
-            },
-        )
+        subject_shown, headers, data = dead_letter_message(stream, consumer, seq, subject, data, reason, self.nc.max_payload)
+        log.error("%s: dead-lettered %s (stream %s seq %d): %s", consumer, subject_shown, stream, seq, headers["Dralloc-Reason"])
+        await self.js.publish(f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}", data, headers=headers)
 
     async def replay(self, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
         """The last decodable event per subject now in `stream`, in stream order, and the stream's last sequence."""
@@ -698,13 +840,26 @@ class Bus:
                     if msg.metadata.sequence.stream > last_seq:
                         continue  # published after the snapshot: the caller's live consumer sees it
                     try:
-                        found.append(events.decode(msg.data))
+                        event = events.decode(msg.data)
                     except EventDecodeError as exc:
-                        log.error("replay of %s: skipping %s: %s", stream, msg.subject, exc)
+                        await self._skip_in_replay(stream, msg, str(exc))
+                        continue
+                    if (problem := streamcheck.misplaced(stream, msg.subject, event)) is not None:
+                        await self._skip_in_replay(stream, msg, problem)  # never restored: forged or misfiled
+                        continue
+                    found.append(event)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return found, last_seq
+
+    async def _skip_in_replay(self, stream: str, msg: Msg, reason: str) -> None:
+        """Report a message a replay leaves out: logged, and dead-lettered (consumer ``replay``; one
+        letter per message, however many rebuilds skip it) where this credential may."""
+        try:
+            await self._publish_dead_letter(stream, "replay", msg.metadata.sequence.stream, msg.subject, msg.data, reason)
+        except Exception as exc:  # noqa: BLE001 - the replay goes on without the letter; the log line stays
+            log.error("replay of %s: skipped %s (%s); no dead letter: %s", stream, msg.subject, reason, exc)
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The most recent dead letters (at most `limit`), oldest first."""
@@ -734,20 +889,50 @@ class Bus:
         try:
             return await self.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history))
+            return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history, replicas=replicas_from_env()))
+
+
+STREAM_OWNER = "allocator"
+"""The service that creates and configures the streams (`Bus.ensure_streams`); the others only check
+them (`Bus.check_streams`): infra/nats/auth.conf gives no other service user the right."""
 
 
 async def run_service(name: str, serve: Callable[..., Awaitable[None]], config: object, url: str | None) -> None:
-    """`dralloc run <name>`: connect, ensure the streams, serve until SIGINT/SIGTERM."""
+    """`dralloc run <name>`: connect, ensure (or check) the streams, serve until SIGINT/SIGTERM.
+
+    Raises `BusError` (the process exits non-zero, and its supervisor restarts it) when the
+    connection is closed for good while serving: the server closed it on a protocol error, or the
+    client gave up; staying up would mean deciding nothing, forever. Serves the liveness and
+    readiness probes of `dralloc.probes` when ``DRALLOC_HEALTH_PORT`` is set."""
+    from dralloc import probes  # the probes read the bus; the bus does not need them otherwise
+
     telemetry.setup(name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     bus = await Bus.connect(url, name=name)
+    ready = asyncio.Event()
     try:
-        await bus.ensure_streams()
-        log.info("%s: serving (NATS %s)", name, bus.nc.connected_url.geturl() if bus.nc.connected_url else url)
-        await serve(bus, config, stop)
+        async with probes.serve_probes(bus, ready) as port:
+            if port is not None:
+                log.info("%s: probes on port %d (/livez, /readyz)", name, port)
+            if name == STREAM_OWNER:
+                await bus.ensure_streams()
+            else:
+                await bus.check_streams(stop)
+            where = bus.nc.connected_url.geturl() if bus.nc.connected_url else (url or "")
+            log.info("%s: serving (NATS %s)", name, natsauth.redact(where))
+            ready.set()
+            serving = asyncio.create_task(serve(bus, config, stop))
+            closed = asyncio.create_task(bus.closed.wait())
+            await asyncio.wait({serving, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not serving.done():
+                stop.set()  # the connection is gone for good: stop, then say so
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(serving, 10)
+                raise BusError(f"{name}: the NATS connection was closed for good ({natsauth.redact(str(bus.nc.last_error or 'closed'))}); exiting so that a fresh process reconnects")
+            closed.cancel()
+            await serving
     finally:
         await bus.close()

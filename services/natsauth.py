@@ -19,10 +19,20 @@ subscribe only its own subjects.
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact(text: str) -> str:
+    """`text` with the user information of every URL in it (``user:password@``, ``token@``)
+    replaced by ``***@``: what may be logged or shown of a NATS URL."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
 
 
 class AuthConfigError(ValueError):
