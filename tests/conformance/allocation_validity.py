@@ -12,6 +12,8 @@ they cover; NoSchedule / NoExecute taints are tolerated.
 
 from __future__ import annotations
 
+import itertools
+
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -68,7 +70,10 @@ def _attr(device: Any, driver: str, name: str) -> Any:
         return None
     for kind in ("string", "int", "bool", "version"):
         if getattr(a, kind) is not None:
-            return (kind, getattr(a, kind))
+            return frozenset([(kind, getattr(a, kind))])
+    for kind in ("strings", "ints", "bools", "versions"):  # list attributes (KEP-5491): a set of typed values
+        if getattr(a, kind) is not None:
+            return frozenset((kind[:-1], v) for v in getattr(a, kind))
     return None
 
 
@@ -182,10 +187,10 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
             values = [_attr(devices[d][1], d[0], attribute) for d in covered if d in devices]
             if any(v is None for v in values):
                 problems.append(f"{claim_key}: a device lacks constraint attribute {attribute}")
-            elif c.match_attribute and len(set(values)) > 1:
-                problems.append(f"{claim_key}: matchAttribute {attribute} broken: {values}")
-            elif c.distinct_attribute and len(set(values)) != len(values):
-                problems.append(f"{claim_key}: distinctAttribute {attribute} broken: {values}")
+            elif c.match_attribute and values and not frozenset.intersection(*values):
+                problems.append(f"{claim_key}: matchAttribute {attribute} broken (no value every device has): {values}")
+            elif c.distinct_attribute and any(a & b for a, b in itertools.combinations(values, 2)):
+                problems.append(f"{claim_key}: distinctAttribute {attribute} broken (sets not pairwise disjoint): {values}")
     return problems
 
 

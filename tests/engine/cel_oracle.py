@@ -193,6 +193,16 @@ def _ordered(items: Any) -> list:
     return values
 
 
+def _includes(target: Any, arg: Any) -> celtypes.BoolType:
+    """KEP-5491 ``includes``: a list attribute contains the value, a scalar equals it; a value
+    of another type is simply not included. Lists over 48 entries are an error."""
+    if isinstance(target, celtypes.ListType):
+        if len(target) > 48 and not any(_same(v, arg) for v in list(target)[:48]):
+            raise ValueError("includes: list longer than 48 values")
+        return _b(any(_same(v, arg) for v in target))
+    return _b(_same(target, arg))
+
+
 def _sets_contains(a: Any, b: Any) -> celtypes.BoolType:
     return _b(all(any(_same(x, y) for x in a) for y in b))
 
@@ -232,6 +242,7 @@ FUNCTIONS = {
     "replace": _strings(lambda s, a, b, *n: celtypes.StringType(str(s).replace(str(a), str(b), int(n[0]) if n else -1))),
     "split": _strings(_split),
     "join": _join,
+    "includes": _includes,
     "indexOf": _index_of,
     "lastIndexOf": _last_index_of,
     "substring": _strings(_substring),
@@ -317,6 +328,9 @@ class DomainMap(celtypes.MapType):
 
 
 def _attr(value: dict) -> Any:
+    for kind, scalar in (("ints", "int"), ("bools", "bool"), ("strings", "string"), ("versions", "version")):
+        if kind in value:  # a list attribute (KEP-5491): a list of the scalar values
+            return celtypes.ListType([_attr({scalar: v}) for v in value[kind]])
     if "int" in value:
         return celtypes.IntType(value["int"])
     if "bool" in value:
