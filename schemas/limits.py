@@ -35,8 +35,10 @@ MAX_NODES = 2_000_000
 """Most values in one parsed document: YAML aliases can make a small file a huge tree."""
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# Structure alone: `{}` become `[]` (a type mismatch is the decoder's to report, depth is the same).
+_BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]"), bytes(b for b in range(256) if b not in b"[]{}")
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19  # the shortest run of digits that can be outside int64
 # An integer token of 19 digits or more: not part of a fraction or an exponent.
 _BIG_INT = re.compile(rb"(?<![\d.eE+-])-?\d{19,}(?![\d.eE])")
 
@@ -45,13 +47,13 @@ def json_problem(data: bytes | str) -> str | None:
     """Why raw JSON must not be decoded (too deep, an integer outside int64), or None.
 
     Malformed JSON that is within limits is passed: the decoder names that problem better."""
-    raw = data.encode() if isinstance(data, str) else bytes(data)
+    raw = data.encode() if isinstance(data, str) else data
     deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
-    long_digits = _LONG_DIGITS.search(raw) is not None
+    long_digits = _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
     if not deep and not long_digits:
-        return None  # the usual message: fewer brackets than the limit, no long number anywhere
-    structure = _STRING.sub(b'""', raw)  # brackets and digits inside strings are text
-    if deep and (depth := _depth(structure.translate(None, _NOT_BRACKETS))) > MAX_DEPTH:
+        return None  # the usual claim: fewer brackets than the limit, no long number anywhere
+    structure = _without_strings(raw)  # brackets and digits inside strings are text
+    if deep and (depth := _depth(structure.translate(*_BRACKETS_ONLY))) > MAX_DEPTH:
         return f"nested more than {MAX_DEPTH} levels deep (at least {depth})"
     if long_digits:
         for match in _BIG_INT.finditer(structure):
@@ -61,16 +63,24 @@ def json_problem(data: bytes | str) -> str | None:
     return None
 
 
-def _depth(brackets: bytes) -> int:
-    """Nesting depth of a string of brackets alone, up to MAX_DEPTH + 1 (enough to refuse).
+def _without_strings(raw: bytes) -> bytes:
+    """The JSON text with every string's content removed (what a parser sees as structure)."""
+    if b'\\"' not in raw:  # no escaped quote: every other piece between quotes is a string (C speed)
+        return b'""'.join(raw.split(b'"')[0::2])
+    return _STRING.sub(b'""', raw)
 
-    Each round removes the innermost pairs, in C; a malformed string stops early and
-    is judged by the rounds so far (the decoder reports the malformation)."""
+
+def _depth(brackets: bytes) -> int:
+    """Nesting depth of a string of `[` and `]` alone, up to MAX_DEPTH + 1 (enough to refuse).
+
+    Each round removes the innermost pairs (one `replace`, in C). When no pair is left
+    but brackets are (malformed), the `[` left are levels a parser would still enter
+    before failing, so they count: the result never understates what a decoder recurses."""
     rounds = 0
     while brackets and rounds <= MAX_DEPTH:
-        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        shorter = brackets.replace(b"[]", b"")
         if len(shorter) == len(brackets):
-            break  # unbalanced: not deeper than counted
+            return rounds + brackets.count(b"[")
         brackets, rounds = shorter, rounds + 1
     return rounds
 
