@@ -324,9 +324,14 @@ def schemas_export(
 _OUTPUTS = ("json", "yaml", "table")
 
 
-def _offline(paths: list[str], node: str | None, together: bool, output: str | None, explain: bool):
+_PROFILE_HELP = "Add COUNT (default 1) simulated nodes of a hardware profile, named <profile>-<i> (repeatable; see `dralloc discover --list-profiles`)."
+_FLEET_HELP = "Add the simulated nodes of a fleet file (the demo's format)."
+
+
+def _offline(paths: list[str], node: str | None, together: bool, output: str | None, explain: bool, profiles: list[str] = (), fleet: str | None = None):  # type: ignore[assignment]
     """Shared by allocate and explain: read, allocate, or exit 2 with one clear message."""
     from dralloc.allocator.offline import InputError, run
+    from dralloc.simulated import SimulatedNodesError, simulated_objects
 
     if output is not None and output not in _OUTPUTS:
         fail(f"--output must be one of {', '.join(_OUTPUTS)}, not {output!r}")
@@ -345,15 +350,18 @@ def allocate(
     node: str = typer.Option(None, "--node", help="Only consider this node."),
     together: bool = typer.Option(False, "--together", help="All pending claims as one all-or-nothing unit on one node."),
     output: str = typer.Option(None, "-o", "--output", help="json, yaml or table (default: table on a terminal, else json)."),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME[:COUNT]", help=_PROFILE_HELP),
+    fleet: str = typer.Option(None, "--fleet", metavar="FILE", help=_FLEET_HELP),
 ) -> None:
-    """Allocate the pending ResourceClaims in the inputs (see CLI-CONTRACT.md). Exit 0: all allocated; 1: some not; 2: bad input."""
+    """Allocate the pending ResourceClaims, Pods and workloads in the inputs (see CLI-CONTRACT.md and the README).
+    Exit 0: all allocated; 1: some not; 2: bad input."""
     from rich.console import Console
 
     from dralloc.allocator.explain import render_allocate
     from dralloc.allocator.offline import exit_code
 
-    result, output = _offline(paths, node, together, output, explain=False)
-    render_allocate(result.outcomes, output, Console(soft_wrap=True))
+    result, output = _offline(paths, node, together, output, explain=False, profiles=profile, fleet=fleet)
+    render_allocate(result.outcomes, output, Console(soft_wrap=True), result.pods)
     raise typer.Exit(exit_code(result.outcomes))
 
 
@@ -364,6 +372,8 @@ def explain(
     node: str = typer.Option(None, "--node", help="Only consider this node."),
     together: bool = typer.Option(False, "--together", help="All pending claims as one all-or-nothing unit on one node."),
     output: str = typer.Option(None, "-o", "--output", help="table (default on a terminal), json or yaml."),
+    profile: list[str] = typer.Option([], "--profile", metavar="NAME[:COUNT]", help=_PROFILE_HELP),
+    fleet: str = typer.Option(None, "--fleet", metavar="FILE", help=_FLEET_HELP),
 ) -> None:
     """Why each claim got its devices, or why not: per request, how many devices each filter left
     (pool, class, selectors, node, in use, counters, capacity, taints, constraints) and which filter
@@ -380,7 +390,7 @@ def explain(
     from dralloc.allocator.explain import render_explain
     from dralloc.allocator.offline import exit_code
 
-    result, output = _offline(paths, node, together, output, explain=True)
+    result, output = _offline(paths, node, together, output, explain=True, profiles=profile, fleet=fleet)
     outcomes = result.outcomes
     if claim is not None:
         key = claim if "/" in claim else f"default/{claim}"
@@ -418,6 +428,39 @@ def lint(
         checked = len(manifests.objects)
         print(f"{checked} object(s) checked, {len(problems)} problem(s)")
     raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def migrate(
+    paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file, directory, or - for standard input (repeatable)."),
+    output: str = typer.Option("yaml", "-o", "--output", help="yaml (default), diff or json."),
+    in_place: bool = typer.Option(False, "--in-place", help="Rewrite the files; print nothing."),
+    usage: str = typer.Option(None, "--usage", help="CSV of DCGM peak memory (MiB) and utilisation (%) per container: right-size to MIG."),
+    keep_node_selectors: bool = typer.Option(False, "--keep-node-selectors", help="Keep the GPU Feature Discovery labels on the pod too."),
+) -> None:
+    """Rewrite nvidia.com/gpu, MIG and time-slicing requests as ResourceClaimTemplates (see MIGRATE-CONTRACT.md).
+    Exit 0: all migrated; 1: something left (stderr says what and why); 2: bad input."""
+    from dralloc.migrate.command import InputError, run
+
+    stdin_text = sys.stdin.read() if "-" in paths else None
+    try:
+        result = run(paths, output=output, in_place=in_place, usage_path=usage, keep_node_selectors=keep_node_selectors, stdin_text=stdin_text)
+    except InputError as exc:
+        fail(str(exc))
+    for path, text in result.writes.items():
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:
+            fail(f"{path}: cannot write: {exc.strerror or exc}")
+    sys.stdout.write(result.stdout)
+    for line in result.report.changes:
+        print(f"dralloc: right-size: {line}", file=sys.stderr)
+    for line in result.report.warnings:
+        print(f"dralloc: warning: {line}", file=sys.stderr)
+    for line in result.report.problems:
+        print(f"dralloc: not migrated: {line}", file=sys.stderr)
+    raise typer.Exit(result.exit_code)
 
 
 # --- benchmarks -----------------------------------------------------------------------
