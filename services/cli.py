@@ -336,8 +336,9 @@ def _offline(paths: list[str], node: str | None, together: bool, output: str | N
     if output is not None and output not in _OUTPUTS:
         fail(f"--output must be one of {', '.join(_OUTPUTS)}, not {output!r}")
     try:
-        result = run(paths, node=node, together=together, explain=explain)
-    except InputError as exc:
+        extra = simulated_objects(profiles, fleet)
+        result = run(paths, node=node, together=together, explain=explain, extra=extra)
+    except (InputError, SimulatedNodesError) as exc:
         fail(str(exc))
     for warning in result.warnings:
         print(f"dralloc: warning: {warning}", file=sys.stderr)

@@ -10,7 +10,7 @@ error is fatal.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ class Skipped:
     api_version: str
     kind: str
     name: str
+    doc: Any = field(default=None, compare=False, repr=False)
+    """The parsed document, for readers of more kinds (`dralloc.pods` expands workloads)."""
 
     def __str__(self) -> str:
         return f"{self.source}: skipped {self.api_version} {self.kind} {self.name!r}"
@@ -103,14 +105,14 @@ def decode_object(doc: Any, source: Source) -> Loaded | Skipped | ManifestError:
     what = f"{kind}/{name}" if kind else ""
     if not isinstance(api_version, str) or not isinstance(kind, str):
         return ManifestError(source, "missing apiVersion or kind", what)
+    if (problem := tree_problem(doc)) is not None:
+        return ManifestError(source, problem, what)  # every kind, before msgspec (or any reader) recurses through it
     cls = KINDS.get((api_version, kind))
     if cls is None:
         known_kind = any(k == kind for _, k in KINDS)
         if known_kind:
             return ManifestError(source, f"apiVersion {api_version!r} is not supported for {kind}; use resource.k8s.io/v1", what)
-        return Skipped(source, api_version, kind, str(name))
-    if (problem := tree_problem(doc)) is not None:
-        return ManifestError(source, problem, what)  # before msgspec recurses through it
+        return Skipped(source, api_version, kind, str(name), doc)
     try:
         obj = msgspec.convert(doc, cls)
     except msgspec.ValidationError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import yaml
@@ -22,24 +22,35 @@ CEL_ERROR_RULE = (
 )
 
 
-def document(outcomes: Sequence[Outcome]) -> dict:
-    """The `allocate -o json` document (CLI-CONTRACT.md)."""
-    return {"results": [o.contract() for o in outcomes]}
+def _entry(outcome: Outcome, pods: Mapping[str, str]) -> dict:
+    """One result: the contract entry, plus `"pod"` for a claim allocated for a Pod."""
+    entry = outcome.contract()
+    if outcome.claim in pods:
+        entry["pod"] = pods[outcome.claim]
+    return entry
 
 
-def render_allocate(outcomes: Sequence[Outcome], output: str, console: Console) -> None:
+def document(outcomes: Sequence[Outcome], pods: Mapping[str, str] | None = None) -> dict:
+    """The `allocate -o json` document (CLI-CONTRACT.md); `pods`: claim -> the Pod it was made or named for."""
+    return {"results": [_entry(o, pods or {}) for o in outcomes]}
+
+
+def render_allocate(outcomes: Sequence[Outcome], output: str, console: Console, pods: Mapping[str, str] | None = None) -> None:
     if output == "json":
-        console.file.write(json.dumps(document(outcomes), indent=2) + "\n")
+        console.file.write(json.dumps(document(outcomes, pods), indent=2) + "\n")
     elif output == "yaml":
-        console.file.write(yaml.safe_dump(document(outcomes), sort_keys=False))
+        console.file.write(yaml.safe_dump(document(outcomes, pods), sort_keys=False))
     else:
+        pods = pods or {}
+        with_pods = any(o.claim in pods for o in outcomes)
         table = Table(title="allocations")
-        for column in ("claim", "status", "node", "devices", "message"):
+        for column in ("claim", *(["pod"] if with_pods else []), "status", "node", "devices", "message"):
             table.add_column(column)
         for o in outcomes:
             devices = "\n".join(f"{r.request}: {r.driver}/{r.pool}/{r.device}" for r in o.allocation.devices.results) if o.allocation else ""
             style = {"allocated": "green", "unsatisfiable": "yellow", "error": "red"}[o.status]
-            table.add_row(o.claim, f"[{style}]{o.status}[/]", o.node or "", devices, o.message)
+            pod = [pods.get(o.claim, "")] if with_pods else []
+            table.add_row(o.claim, *pod, f"[{style}]{o.status}[/]", o.node or "", devices, o.message)
         console.print(table)
 
 

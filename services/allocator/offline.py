@@ -1,9 +1,11 @@
 """`dralloc allocate` / `dralloc explain`: the engine fed from manifest files.
 
-Reads the inputs (services.manifests), loads the engine in a deterministic
-order (nodes by name, classes, slices by driver/pool/name, existing
-allocations), allocates the pending claims in input order and returns the
-outcomes. I/O stays here; the engine is pure.
+Reads the inputs (services.manifests), expands Pods and workloads into the
+claims they stand for (dralloc.pods: `<pod>-<entry>`, `<pod>-extended-resources`),
+loads the engine in a deterministic order (nodes by name, classes, slices by
+driver/pool/name, existing allocations), then allocates in input order: a
+Pod's claims as one unit (all-or-nothing, one node), every other pending
+claim on its own (CLI-CONTRACT.md). I/O stays here; the engine is pure.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dralloc.allocator.engine import Engine, Outcome
-from dralloc.manifests import Manifests, load_paths
-from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
+from dralloc.manifests import Manifests, Source, expand_paths, load_paths
+from dralloc.pods import EXTENDED_RESOURCES_ENTRY, PodError, is_workload, offline_claim_name, pod_claims, workload_pods
+from dralloc.schemas.resource import DeviceClass, Node, Object, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from dralloc.schemas.validation import validate
+
+NO_NODE_HINT = "add --profile h100-sxm:4 or --fleet FILE (simulated nodes; `dralloc discover --list-profiles`)"
 
 
 class InputError(Exception):
@@ -27,6 +32,20 @@ class Run:
     engine: Engine
     outcomes: list[Outcome]
     warnings: list[str] = field(default_factory=list)
+    pods: dict[str, str] = field(default_factory=dict)
+    """claim `namespace/name` -> the Pod (`namespace/name`) it was allocated for."""
+    nodes: int = 0
+    """How many nodes were known (from Node objects, slices, --profile, --fleet)."""
+
+
+@dataclass(slots=True)
+class _Unit:
+    """What is allocated as one: a Pod's claims, or one claim no Pod uses."""
+
+    pod: Pod | None
+    claims: list[ResourceClaim]
+    referenced: list[str] = field(default_factory=list)  # claims the Pod names by resourceClaimName
+    errors: list[str] = field(default_factory=list)
 
 
 def load(paths: Sequence[str | Path]) -> Manifests:
@@ -41,14 +60,43 @@ def load(paths: Sequence[str | Path]) -> Manifests:
     return manifests
 
 
-def run(paths: Sequence[str | Path], *, node: str | None = None, together: bool = False, explain: bool = False) -> Run:
+def _in_order(paths: Sequence[str | Path], manifests: Manifests) -> tuple[list[tuple[Source, Object]], list[str]]:
+    """Every object in input order, workloads expanded into their Pods; other kinds are warnings."""
+    rank = {str(p): i for i, p in enumerate(expand_paths(paths))}
+    items: list[tuple[tuple[int, int, int], Source, Object]] = [
+        ((rank.get(item.source.path, 0), item.source.document, 0), item.source, item.obj) for item in manifests.objects
+    ]
+    warnings: list[str] = []
+    for skipped in manifests.skipped:
+        if not is_workload(skipped.doc):
+            warnings.append(str(skipped))
+            continue
+        try:
+            pods = workload_pods(skipped.doc)
+        except PodError as exc:
+            raise InputError(f"{skipped.source}: {skipped.kind}/{skipped.name}: {exc}") from None
+        key = (rank.get(skipped.source.path, 0), skipped.source.document)
+        items += [((*key, i), skipped.source, pod) for i, pod in enumerate(pods)]
+    items.sort(key=lambda item: item[0])
+    return [(source, obj) for _, source, obj in items], warnings
+
+
+def run(
+    paths: Sequence[str | Path],
+    *,
+    node: str | None = None,
+    together: bool = False,
+    explain: bool = False,
+    extra: Sequence[Node | ResourceSlice] = (),
+) -> Run:
+    """Allocate the inputs' pending claims and Pods; `extra`: simulated nodes and their slices (--profile, --fleet)."""
     manifests = load(paths)
-    warnings = [str(s) for s in manifests.skipped]
+    objects, warnings = _in_order(paths, manifests)
     engine = Engine()
-    objects = [(item.source, item.obj) for item in manifests.objects]
-    nodes = sorted((o for _, o in objects if isinstance(o, Node)), key=lambda n: n.metadata.name)
-    classes = [o for _, o in objects if isinstance(o, DeviceClass)]
-    slices = sorted((o for _, o in objects if isinstance(o, ResourceSlice)), key=lambda s: (s.spec.driver, s.spec.pool.name, s.metadata.name))
+    every = [obj for _, obj in objects] + list(extra)
+    nodes = sorted((o for o in every if isinstance(o, Node)), key=lambda n: n.metadata.name)
+    classes = [o for o in every if isinstance(o, DeviceClass)]
+    slices = sorted((o for o in every if isinstance(o, ResourceSlice)), key=lambda s: (s.spec.driver, s.spec.pool.name, s.metadata.name))
     # nodes are tried in name order, also those known only from a slice's or device's nodeName
     names = {n.metadata.name for n in nodes}
     for s in slices:
@@ -58,16 +106,120 @@ def run(paths: Sequence[str | Path], *, node: str | None = None, together: bool 
         for problem in validate(obj):
             warnings.append(f"{obj.kind}/{obj.metadata.name}: {problem}")
         warnings += engine.apply(obj)
-    pending: list[ResourceClaim] = []
+    templates: dict[tuple[str, str], ResourceClaimTemplate] = {}
+    invalid: set[tuple[str, str]] = set()
     for source, obj in objects:
-        if not isinstance(obj, ResourceClaim):
+        if isinstance(obj, ResourceClaimTemplate):
+            key = (obj.metadata.namespace or "default", obj.metadata.name)
+            if problems := validate(obj):
+                invalid.add(key)
+                warnings += [f"{source}: ResourceClaimTemplate/{obj.metadata.name}: {p}" for p in problems]
+            else:
+                templates[key] = obj
+    pending: dict[str, ResourceClaim] = {}
+    for source, obj in objects:
+        if isinstance(obj, ResourceClaim):
+            if obj.status is not None and obj.status.allocation is not None:
+                warnings += [f"{source}: {p}" for p in engine.restore(obj)]
+            else:
+                pending.setdefault(obj.key, obj)
+    units = _units(objects, pending, templates, invalid, classes)
+    result = Run(engine=engine, outcomes=[], warnings=warnings, nodes=len(names))
+    for unit in units:
+        if unit.pod is not None:
+            pod_key = f"{unit.pod.metadata.namespace or 'default'}/{unit.pod.metadata.name}"
+            result.pods.update({c.key: pod_key for c in unit.claims})
+    if together:
+        claims = [c for unit in units for c in unit.claims]
+        failed = [e for unit in units for e in unit.errors]
+        result.outcomes = _errors(claims, failed) if failed else engine.allocate(claims, node=node, together=True, explain=explain)
+    else:
+        for unit in units:
+            result.outcomes += _allocate_unit(engine, unit, node, explain)
+    if not names:
+        for outcome in result.outcomes:
+            if outcome.status == "unsatisfiable" and "no node is known" in outcome.message:
+                outcome.message = f"{outcome.message.rstrip('.')}; {NO_NODE_HINT}"
+    return result
+
+
+def _units(
+    objects: Sequence[tuple[Source, Object]],
+    pending: dict[str, ResourceClaim],
+    templates: dict[tuple[str, str], ResourceClaimTemplate],
+    invalid: set[tuple[str, str]],
+    classes: Sequence[DeviceClass],
+) -> list[_Unit]:
+    """Units in input order: each Pod with its claims (made and named), then claims no Pod names at their place."""
+    pod_units: list[tuple[Source, _Unit]] = []
+    named: set[str] = set()
+    for source, obj in objects:
+        if not isinstance(obj, Pod):
             continue
-        if obj.status is not None and obj.status.allocation is not None:
-            warnings += [f"{source}: {p}" for p in engine.restore(obj)]
-        else:
-            pending.append(obj)
-    outcomes = engine.allocate(pending, node=node, together=together, explain=explain)
-    return Run(engine=engine, outcomes=outcomes, warnings=warnings)
+        resolved = pod_claims(obj, templates, invalid=invalid, classes=classes)
+        unit = _Unit(pod=obj, claims=list(resolved.made), errors=[str(e) for e in resolved.errors])
+        for key in resolved.existing:
+            named.add(key)
+            if key in pending:
+                unit.claims.append(pending[key])
+            else:
+                unit.referenced.append(key)
+        if unit.errors and not unit.claims:
+            unit.claims = _placeholders(obj)
+        pod_units.append((source, unit))
+    units: list[_Unit] = []
+    taken: set[str] = set()
+    pods_at = {id(pod_unit.pod): pod_unit for _, pod_unit in pod_units}
+    for _, obj in objects:
+        if isinstance(obj, Pod):
+            unit = pods_at[id(obj)]
+            # a claim two Pods share is allocated with the first; the second finds it allocated
+            shared = [c for c in unit.claims if c.key in taken]
+            unit.referenced += [c.key for c in shared]
+            unit.claims = [c for c in unit.claims if c.key not in taken]
+            taken.update(c.key for c in unit.claims)
+            units.append(unit)
+        elif isinstance(obj, ResourceClaim) and obj.key in pending and obj.key not in named and obj.key not in taken:
+            taken.add(obj.key)
+            units.append(_Unit(pod=None, claims=[pending[obj.key]]))
+    return units
+
+
+def _placeholders(pod: Pod) -> list[ResourceClaim]:
+    """Claims that stand for a Pod whose entries could not be resolved, so that its error has a row."""
+    from dralloc.schemas.resource import ObjectMeta
+
+    namespace = pod.metadata.namespace or "default"
+    entries = [e.name for e in pod.spec.resource_claims] or [EXTENDED_RESOURCES_ENTRY]
+    return [ResourceClaim(metadata=ObjectMeta(name=offline_claim_name(pod, entry), namespace=namespace)) for entry in entries]
+
+
+def _errors(claims: Sequence[ResourceClaim], errors: Sequence[str]) -> list[Outcome]:
+    message = "; ".join(errors)
+    return [Outcome(claim=c.key, status="error", message=message) for c in claims]
+
+
+def _allocate_unit(engine: Engine, unit: _Unit, node: str | None, explain: bool) -> list[Outcome]:
+    if unit.pod is None:
+        return engine.allocate(unit.claims, node=node, explain=explain)
+    pod = f"Pod {unit.pod.metadata.namespace or 'default'}/{unit.pod.metadata.name}"
+    if unit.errors:
+        return _errors(unit.claims, [f"{pod}: {e}" for e in unit.errors])
+    fixed: set[str] = set()
+    for key in unit.referenced:
+        record = engine.ledger.claims.get(key)
+        if record is None:
+            return _errors(unit.claims, [f"{pod}: claim {key} (resourceClaimName) is neither in the inputs nor allocated"])
+        if record.node is not None:
+            fixed.add(record.node)
+    if not unit.claims:
+        return []
+    if len(fixed) > 1 or (fixed and node is not None and node not in fixed):
+        where = " and ".join(sorted(fixed | ({node} if node else set())))
+        message = f"{pod}: its claims are already allocated on different nodes ({where}); a Pod runs on one node"
+        return [Outcome(claim=c.key, status="unsatisfiable", message=message) for c in unit.claims]
+    target = next(iter(fixed)) if fixed else node
+    return engine.allocate(unit.claims, node=target, together=True, explain=explain)
 
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:
