@@ -169,7 +169,7 @@ TOMBSTONES = (events.ClaimDeleted,)
 """Events published with ``Nats-TTL``. (Not AllocationReleased: ALLOCATIONS keeps every decision,
 so an expired release would bring back the commit before it.)"""
 
-RESUBMITTABLE = (events.ClaimSubmitted, events.ClaimDeleted)
+RESUBMITTABLE = (events.ClaimSubmitted, events.ClaimDeleted, events.PodSubmitted, events.PodDeleted)
 """Events whose identity (uid, generation) repeats when a claim is submitted, deleted and submitted
 again: a duplicate ack for one is checked against what its subject holds (`Bus.publish`)."""
 

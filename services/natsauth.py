@@ -18,6 +18,7 @@ subscribe only its own subjects.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import ssl
@@ -79,3 +80,93 @@ def connect_options(url: str, env: Mapping[str, str] = os.environ) -> dict[str, 
         if env.get("NATS_TLS_HOSTNAME"):
             options["tls_hostname"] = env["NATS_TLS_HOSTNAME"]
     return options
+
+
+# --- per-node discovery users (infra/nats/auth.conf) -------------------------------------
+
+NODE_USERS_MARKER = "    # per-node discovery users: python -m dralloc.natsauth nodes NODE..."
+
+
+def node_password_variable(node: str) -> str:
+    """The server-side environment variable holding node `node`'s discovery password."""
+    return "DRALLOC_NODE_" + re.sub(r"[^A-Z0-9]", "_", node.upper()) + "_NATS_PASSWORD"
+
+
+def node_user(node: str) -> str:
+    """An auth.conf user block for node `node`'s discovery (user ``discovery-<node>``): it may publish
+    only that node's slices (their pool is the node's name) and its Node object, and read INVENTORY.
+    A leaked node credential can then misreport that one node, never another's devices."""
+    from dralloc.schemas import events  # the subjects are the events' own encoding
+
+    pool = events.subject("inventory", "DRIVER", node, "SLICE").split(".")[3]
+    own = events.subject("nodes", node)
+    allow = [
+        f"dra.inventory.*.{pool}.*",
+        own,
+        "dra.deadletter.INVENTORY.>",
+        "$JS.API.INFO",
+        *(f"$JS.API.STREAM.INFO.{s}" for s in ("INVENTORY", "CLAIMS", "ALLOCATIONS", "DEADLETTER")),
+        "$JS.API.CONSUMER.CREATE.INVENTORY.*",
+        "$JS.API.CONSUMER.CREATE.INVENTORY.*.>",
+        "$JS.API.CONSUMER.INFO.INVENTORY.*",
+        "$JS.API.CONSUMER.MSG.NEXT.INVENTORY.*",
+        "$JS.ACK.INVENTORY.>",
+    ]
+    lines = [
+        "    {",
+        f"      # node {node}: its own slices and Node object only",
+        f"      user: {json.dumps('discovery-' + node)}, password: ${node_password_variable(node)}",
+        "      permissions: {",
+        "        publish: { allow: [" + ", ".join(json.dumps(s) for s in allow) + "] }",
+        '        subscribe: { allow: ["_INBOX.>"] }',
+        "      }",
+        "    }",
+    ]
+    return "\n".join(lines)
+
+
+def with_node_users(auth_conf: str, nodes: list[str]) -> str:
+    """`auth_conf` (infra/nats/auth.conf's text) with a `node_user` per node at its marker.
+    Raises ValueError for an empty or repeated node name, or two whose password variables collide."""
+    if NODE_USERS_MARKER not in auth_conf:
+        raise ValueError("no per-node marker in the auth.conf given (is it infra/nats/auth.conf?)")
+    seen: dict[str, str] = {}
+    for node in nodes:
+        if not node or any(c.isspace() or c in "\"'\\$" for c in node):
+            raise ValueError(f"node name {node!r}: not a Kubernetes node name")
+        variable = node_password_variable(node)
+        if variable in seen:
+            raise ValueError(f"nodes {seen[variable]!r} and {node!r} would share the password variable {variable}")
+        seen[variable] = node
+    return auth_conf.replace(NODE_USERS_MARKER, "\n".join([*(node_user(n) for n in nodes), NODE_USERS_MARKER]))
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m dralloc.natsauth nodes NODE... [--auth infra/nats/auth.conf]``: print auth.conf with
+    per-node discovery users."""
+    import sys
+
+    args = list(argv)
+    path = Path(__file__).resolve().parents[1] / "infra" / "nats" / "auth.conf"
+    if "--auth" in args:
+        i = args.index("--auth")
+        if i + 1 >= len(args):
+            print("--auth needs a file", file=sys.stderr)
+            return 2
+        path = Path(args[i + 1])
+        del args[i : i + 2]
+    if not args or args[0] != "nodes" or len(args) < 2:
+        print("usage: python -m dralloc.natsauth nodes NODE... [--auth AUTH_CONF]", file=sys.stderr)
+        return 2
+    try:
+        print(with_node_users(path.read_text(), args[1:]), end="")
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

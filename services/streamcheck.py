@@ -12,23 +12,16 @@ running claims again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from dralloc.schemas import events as ev
 
 STREAM_EVENTS: dict[str, tuple[type, ...]] = {
-    "INVENTORY": (
-        ev.ResourceSlicePublished,
-        ev.ResourceSliceRemoved,
-        ev.DeviceClassPublished,
-        ev.DeviceClassRemoved,
-        ev.NodePublished,
-        ev.NodeRemoved,
-    ),
-    "CLAIMS": (ev.ClaimSubmitted, ev.ClaimDeleted),
-    "ALLOCATIONS": (ev.AllocationCommitted, ev.AllocationFailed, ev.AllocationReleased),
+    "INVENTORY": get_args(ev.InventoryEvent),
+    "CLAIMS": get_args(ev.ClaimEvent),
+    "ALLOCATIONS": get_args(ev.AllocationEvent),
 }
 """The event types each stream may hold; anything else read from it is ignored and dead-lettered."""
 
