@@ -267,19 +267,20 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
             continue
         name = c.body.get("name")
         peak = usage.peak(namespace, workload, name)
+        who = f"{what}: {dotted(c.path)} ({name})"
         if peak is None:
             continue  # nothing is right-sized without data
         if ask.count != 1:
-            report.changes.append(f"{what}: container {name!r}: kept {ask.count} whole GPUs (right-sizing moves one-GPU containers only)")
+            report.changes.append(f"{who}: kept {ask.count} whole GPUs (right-sizing moves one-GPU containers only)")
             continue
         answer = fit(peak)
         if isinstance(answer, str):
-            report.changes.append(f"{what}: container {name!r}: kept a whole GPU: {answer}")
+            report.changes.append(f"{who}: kept a whole GPU: {answer}")
             continue
         ask.resource = GpuResource(resources.GPU, "mig")
         ask.fit = answer
         report.changes.append(
-            f"{what}: container {name!r}: 1 GPU -> MIG {answer.describe()}: peak {peak.memory_mib:g} MiB / "
+            f"{who}: 1 GPU -> MIG {answer.describe()}: peak {peak.memory_mib:g} MiB / "
             f"{peak.utilization:g}% fits {answer.need_mib} MiB / {answer.need_percent:g}% with {MARGIN:.0%} headroom"
         )
 
@@ -303,7 +304,7 @@ def _requests(asking: list[_Container]) -> list[tuple[str, _Ask]]:
     for c in apps:
         for i, ask in enumerate(c.asks):
             own(c, ask, i == 0)
-    app_asks = [a for _, a in requests]
+    app_asks = [a for c in apps if not c.init for a in c.asks]  # app containers, not sidecars
     for c in asking:
         if c.init and not c.sidecar:
             for i, ask in enumerate(c.asks):
