@@ -272,7 +272,7 @@ class Selector:
         try:
             result = Interpreter().run(self.ast, device.value)
         except EvalError as e:
-            raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name})") from None
+            raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name}){_hint(e)}") from None
         except RecursionError:
             raise CelRuntimeError(f"{self.expression}: evaluation nested too deeply") from None
         if result is True or result is False:
@@ -283,6 +283,16 @@ class Selector:
 
     def __repr__(self) -> str:
         return f"Selector({self.expression!r})"
+
+
+_MISSING_KEY_HINT = ("; not every device has every attribute or capacity: test for it with has() "
+                     '(has(device.attributes["dra.example.com"].model) && ...) or use optional chaining '
+                     '(device.attributes["dra.example.com"].?model.orValue("") == ...)')
+
+
+def _hint(error: EvalError) -> str:
+    """What to do about a runtime error, where something is known (Kubernetes' own hint for a missing key)."""
+    return _MISSING_KEY_HINT if str(error).startswith("no such key") else ""
 
 
 LiteralTest = tuple[str | None, str, str | bool]

@@ -162,7 +162,9 @@ class Engine:
             rec = self.inventory.by_key.get(dkey)
             if result.admin_access:
                 entries.append(Entry(device=dkey, kind="admin"))
-            elif result.share_id is not None or (rec is not None and rec.multi):
+            elif result.share_id is not None:
+                # a result without a shareID holds the device exclusively, even a device that
+                # allows multiple allocations (Kubernetes: AllocatedDevices, not shared IDs)
                 consumed: dict[str, int] = {}
                 try:
                     for name, value in result.consumed_capacity.items():
@@ -378,7 +380,7 @@ class Engine:
             if alt.all_mode:
                 if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
                     continue  # not part of "all": it cannot serve the capacity request (as in Kubernetes)
-                if not alt.admin and not rec.multi and (used >> rec.id) & 1:
+                if not alt.admin and (used >> rec.id) & 1:
                     problem = problem or f"device {rec.label} is in use"
                 elif not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
                     problem = problem or f"device {rec.label} has no counter room left"
@@ -388,8 +390,8 @@ class Engine:
                     consumed[rec.id] = use
                 out.append(rec)
                 continue
-            if not alt.admin and not rec.multi and (used >> rec.id) & 1:
-                continue
+            if not alt.admin and (used >> rec.id) & 1:
+                continue  # held exclusively (a shared device too, by a result without a shareID)
             counts["in use"] += 1
             # admin access watches a device: it needs no counter room and no capacity
             if not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
@@ -530,13 +532,15 @@ class Engine:
                     binding_conditions=list(rec.spec.binding_conditions),
                     binding_failure_conditions=list(rec.spec.binding_failure_conditions),
                 )
-                if rec.multi and not alt.admin:
+                if rec.multi:
+                    # every allocation of a multi-allocatable device has a shareID, under admin
+                    # access too (as Kubernetes writes it); admin access still consumes nothing
                     n = shares[rec.id] = shares.get(rec.id, 0) + 1
                     share = str(uuid.uuid5(uuid.NAMESPACE_URL, f"dralloc:{plan.key}:{plan.claim.metadata.uid or ''}:{rec.label}:{n}"))
                     used = slot.consumed[rec.id]
                     result.share_id = share
                     result.consumed_capacity = {rec.capacity[fq].name: format_quantity(v) for fq, v in used.items()}
-                    entries.append(Entry(device=rec.key, kind="share", share=share, consumed=dict(used)))
+                    entries.append(Entry(device=rec.key, kind="admin") if alt.admin else Entry(device=rec.key, kind="share", share=share, consumed=dict(used)))
                 else:
                     entries.append(Entry(device=rec.key, kind="admin" if alt.admin else "exclusive"))
                 results.append(result)
@@ -612,24 +616,33 @@ def _room(used: dict[str, int], use: dict[str, int] | None, rec: DeviceRec) -> b
 
 
 def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfiguration]:
-    """Class config for each request's chosen alternative, then the claim's config
-    entries that apply to an allocated request (or to all)."""
-    out: list[DeviceAllocationConfiguration] = []
-    seen: set[str] = set()
+    """The result's configs as Kubernetes 1.37 writes them: each class's configs once (in
+    request order), naming every request served by that class; then the claim's configs
+    that apply to an allocated request (or to all), copied as written; finally, a config
+    that names every request of the claim (the chosen subrequest standing for its request)
+    carries no `requests` at all, since empty means all."""
     chosen: dict[str, Alt] = {}
     for slot in slots:
         chosen.setdefault(slot.alt.base, slot.alt)
-    for alt in chosen.values():
-        for config in alt.cls.spec.config:
-            entry = DeviceAllocationConfiguration(source="FromClass", requests=[alt.result_name] if alt.sub else [], opaque=config.opaque)
-            key = msgspec.json.encode(entry).decode()
-            if key not in seen:
-                seen.add(key)
-                out.append(entry)
-    names = {alt.base for alt in chosen.values()} | {alt.result_name for alt in chosen.values()}
+    served = [chosen[r.name] for r in plan.requests if r.name in chosen]
+    out: list[DeviceAllocationConfiguration] = []
+    by_class: dict[str, list[DeviceAllocationConfiguration]] = {}
+    for alt in served:
+        name = alt.cls.metadata.name
+        if name in by_class:
+            for entry in by_class[name]:
+                entry.requests.append(alt.result_name)
+            continue
+        entries = [DeviceAllocationConfiguration(source="FromClass", requests=[alt.result_name], opaque=c.opaque) for c in alt.cls.spec.config]
+        by_class[name] = entries
+        out += entries
+    names = {alt.base for alt in served} | {alt.result_name for alt in served}
     for config in plan.claim.spec.devices.config:
         if not config.requests or any(r in names for r in config.requests):
             out.append(DeviceAllocationConfiguration(source="FromClaim", requests=list(config.requests), opaque=config.opaque))
+    for entry in out:
+        if entry.requests and all(alt.base in entry.requests or alt.result_name in entry.requests for alt in served):
+            entry.requests = []
     return out
 
 
