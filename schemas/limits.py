@@ -53,8 +53,8 @@ def json_problem(data: bytes | str) -> str | None:
     if not deep and not long_digits:
         return None  # the usual claim: fewer brackets than the limit, no long number anywhere
     structure = _without_strings(raw)  # brackets and digits inside strings are text
-    if deep and (depth := _depth(structure.translate(*_BRACKETS_ONLY))) > MAX_DEPTH:
-        return f"nested more than {MAX_DEPTH} levels deep (at least {depth})"
+    if deep and _depth(structure.translate(*_BRACKETS_ONLY)) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
     if long_digits:
         for match in _BIG_INT.finditer(structure):
             if not INT_MIN <= int(match.group()) <= INT_MAX:

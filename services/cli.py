@@ -229,9 +229,11 @@ def get_claims(
     if output not in ("table", "json"):
         fail(f"--output must be table or json, not {output!r}")
     try:
-        statuses = asyncio.run(fetch_claims(nats_url, bucket))
+        statuses, unreadable = asyncio.run(fetch_claims(nats_url, bucket))
     except BusError as exc:
         fail(str(exc), 1)
+    for problem in unreadable:  # one bad record is reported, never fatal for the listing
+        typer.echo(f"warning: skipped {problem}", err=True)
     render(statuses, output)
 
 

@@ -7,12 +7,13 @@ from collections import Counter
 import msgspec
 
 from dralloc.bus import Bus
-from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all
+from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all_checked
 
 
-async def fetch_claims(url: str | None, bucket: str | None = None) -> list[ClaimStatus]:
+async def fetch_claims(url: str | None, bucket: str | None = None) -> tuple[list[ClaimStatus], list[str]]:
+    """The stored statuses, and a line for each record that could not be read (skipped)."""
     async with await Bus.connect(url, name="get") as bus:
-        return await read_all(await bus.key_value(bucket or DEFAULT_BUCKET))
+        return await read_all_checked(await bus.key_value(bucket or DEFAULT_BUCKET))
 
 
 def claims_table(statuses: list[ClaimStatus], title: str | None = None):

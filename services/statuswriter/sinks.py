@@ -9,19 +9,24 @@ claim's ``status``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 import msgspec
+import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
+from dralloc.schemas.limits import json_problem
 from dralloc.schemas.resource import AllocationResult
 
 DEFAULT_BUCKET = "dralloc-claims"
+
+log = logging.getLogger("dralloc.statuswriter")
 
 
 class StatusSink(Protocol):
@@ -105,7 +110,11 @@ class KVSink:
     async def _current(self, key: str) -> tuple[str, str] | None:
         if key in self.written:
             return self.written[key]
-        status = await read_status(self.kv, key)
+        try:
+            status = await read_status(self.kv, key)
+        except UnreadableStatus as exc:  # overwritten by this decision
+            log.warning("status writer: replacing a bad record: %s", exc)
+            return None
         return None if status is None else (status.state, status.uid)
 
     async def _put(self, key: str, status: ClaimStatus) -> Awaitable[Any] | None:
@@ -117,21 +126,61 @@ class KVSink:
         return await self.bus.send_bytes(f"$KV.{self.bucket}.{kv_key(key)}", data)
 
 
+class UnreadableStatus(ValueError):
+    """A stored record that is not a claim status (written by someone else, or corrupted)."""
+
+
+def decode_status(key: str, value: bytes) -> ClaimStatus:
+    """One stored record, checked: within the nesting and integer limits, a `ClaimStatus`, and
+    about the claim its key names. Raises `UnreadableStatus` saying why not."""
+    if (problem := json_problem(value)) is not None:
+        raise UnreadableStatus(f"record {key!r}: {problem}")
+    try:
+        status = msgspec.json.decode(value, type=ClaimStatus)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UnreadableStatus(f"record {key!r}: not a claim status: {exc}") from None
+    if kv_key(status.claim) != key:
+        raise UnreadableStatus(f"record {key!r}: stored under that key but about claim {status.claim!r}")
+    return status
+
+
 async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:
+    """The claim's stored status, None if there is none; `UnreadableStatus` if the record is bad."""
     try:
         entry = await kv.get(kv_key(claim_key))
     except nats.js.errors.KeyNotFoundError:
         return None
     if not entry.value:
         return None
-    return msgspec.json.decode(entry.value, type=ClaimStatus)
+    return decode_status(kv_key(claim_key), entry.value)
 
 
-async def read_all(kv: KeyValue) -> list[ClaimStatus]:
-    """Every stored claim status, sorted by claim."""
+async def read_all_checked(kv: KeyValue) -> tuple[list[ClaimStatus], list[str]]:
+    """Every stored claim status, sorted by claim, and one line per record that could not be
+    read (skipped: one bad record never hides the others)."""
     try:
         keys = await kv.keys()
     except nats.js.errors.NoKeysError:
-        return []
-    found = [status for key in keys if (status := await read_status(kv, key)) is not None]
-    return sorted(found, key=lambda s: s.claim)
+        return [], []
+    found: list[ClaimStatus] = []
+    problems: list[str] = []
+    for key in keys:
+        try:
+            status = await read_status(kv, key)
+        except UnreadableStatus as exc:
+            problems.append(str(exc))
+            continue
+        except (nats.errors.Error, ValueError) as exc:  # a key the client refuses to ask for
+            problems.append(f"record {key!r}: cannot be read: {exc}")
+            continue
+        if status is not None:
+            found.append(status)
+    return sorted(found, key=lambda s: s.claim), problems
+
+
+async def read_all(kv: KeyValue) -> list[ClaimStatus]:
+    """Every readable stored claim status, sorted by claim (bad records are logged and skipped)."""
+    found, problems = await read_all_checked(kv)
+    for problem in problems:
+        log.warning("skipped a bad claim status: %s", problem)
+    return found
