@@ -39,8 +39,14 @@ closed here, once per expression, never per claim:
   is Kubernetes'. The error path is rare and costs ~10-40 µs.
 
 Limits are Kubernetes': at most 10Ki characters (CELSelectorExpressionMaxLength)
-and an estimated cost of at most 1,000,000 (CELSelectorExpressionMaxCost);
-an expression over either is refused at compile time, so nothing can run away.
+and an estimated cost of at most 1,000,000 (CELSelectorExpressionMaxCost, the
+estimate computed as cel-go's ``EstimateCost`` does with the DRA environment's
+size limits: ``cel_check``); an expression over either is refused at compile
+time. Each evaluation is also limited to that cost at run time, as Kubernetes
+runs selectors with ``cel.CostLimit``: the reference interpreter counts cel-go's
+runtime cost and stops past it ("actual cost limit exceeded", a CEL runtime
+error for that device); the fast core, which counts nothing, runs only a
+selector whose estimate bounds every evaluation within the limit.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ import cel as _fast
 
 from . import cel_runtime as rt
 from .cel_check import ATTRIBUTES_TYPE, CAPACITY_TYPE, Checker, CheckError, Info, type_str
-from .cel_eval import DefaultMap, EvalError, Interpreter, equal
+from .cel_eval import CostLimitExceeded, DefaultMap, EvalError, Interpreter, equal
 from .cel_syntax import (
     Bind, Binary, Call, CelSyntaxError, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select,
     Unary, parse, unparse,
@@ -246,12 +252,17 @@ class Selector:
             self._program_versions = self._program if sources[1] == sources[0] else _fast.compile(sources[1])
             self._needs = _needs(*sources)
 
-    def matches(self, device: DeviceEnv) -> bool:
-        """Does the device satisfy the selector? Raises CelRuntimeError."""
+    def matches(self, device: DeviceEnv, cost_limit: int = MAX_COST) -> bool:
+        """Does the device satisfy the selector? Raises CelRuntimeError, also when the evaluation
+        costs more than `cost_limit` (Kubernetes' runtime limit, CELSelectorExpressionMaxCost).
+        The fast core counts nothing: it runs only when the estimate (an upper bound of every
+        evaluation's cost) is within the limit; otherwise the counting interpreter decides."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
         if self._tests is not None and (settled := _settle(self._tests, device.value)) is not None:
             return settled
+        if self.cost > cost_limit:
+            return self.evaluate(device, cost_limit)
         program = self._program
         if device.version_paths and (self._compared is None or not self._compared.isdisjoint(device.version_paths)):
             program = self._program_versions
@@ -263,14 +274,17 @@ class Selector:
             else:
                 if result is True or result is False:
                     return result
-        return self.evaluate(device)
+        return self.evaluate(device, cost_limit)
 
-    def evaluate(self, device: DeviceEnv) -> bool:
-        """The reference interpreter alone (cel-go semantics); what ``matches`` falls back to."""
+    def evaluate(self, device: DeviceEnv, cost_limit: int | None = MAX_COST) -> bool:
+        """The reference interpreter alone (cel-go semantics, cost counted and limited to
+        `cost_limit`; None: no limit); what ``matches`` falls back to."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
         try:
-            result = Interpreter().run(self.ast, device.value)
+            result = Interpreter(cost_limit).run(self.ast, device.value)
+        except CostLimitExceeded as e:
+            raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name})") from None
         except EvalError as e:
             raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name}){_hint(e)}") from None
         except RecursionError:

@@ -14,7 +14,6 @@ Types: "bool" "int" "uint" "double" "string" "bytes" "null_type" "dyn"
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -143,7 +142,64 @@ TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map",
 # functions whose cost grows with the size of their receiver/first argument (cel-go: 0.1 per char)
 _LINEAR = {"contains", "startsWith", "endsWith", "indexOf", "lastIndexOf", "lowerAscii", "upperAscii",
            "replace", "split", "substring", "trim", "join", "charAt", "isSorted", "sum", "min", "max",
-           "string", "bytes", "int", "uint", "double", "bool"}
+           "string", "bytes", "int", "uint", "double", "bool", "quantity", "isQuantity", "semver", "isSemver"}
+
+
+def traversal(size: int) -> int:
+    """ceil(0.1 * size): cel-go's StringTraversalCostFactor, per character traversed."""
+    return -(-size // 10)
+
+
+def call_cost(name: str, sizes: list[int], list_receiver: bool) -> int:
+    """The cost of one call besides its operands', from the sizes of its receiver and arguments
+    (in that order): bounds at check time, actual sizes at run time (``cel_eval``), so an
+    evaluation never costs more than its estimate. cel-go's and Kubernetes' library costs
+    (checker/cost.go, apiserver/pkg/cel/library/cost.go), each plus the base cost of a call."""
+    first = sizes[0] if sizes else 0
+    cost = 1
+    if name in ("matches", "find", "findAll") and len(sizes) >= 2:
+        return cost + traversal(first + 1) * max(1, -(-sizes[1] // 4))  # RegexStringLengthCostFactor 0.25
+    if name == "contains" and len(sizes) == 2:
+        return cost + traversal(first) * max(1, traversal(sizes[1]))
+    if name.startswith("sets.") and len(sizes) == 2:
+        return cost + sizes[0] * sizes[1]
+    if name in ("indexOf", "lastIndexOf", "isSorted", "sum", "min", "max") and list_receiver:
+        return cost + first  # one comparison per element
+    if name == "includes":  # linear in the list, at most 48 values (Kubernetes' estimate)
+        return cost + INCLUDES_MAX
+    if name in ("replace", "split", "join"):
+        return cost + traversal(2 * first)  # the traversal and the result built
+    if name in _LINEAR:
+        return cost + traversal(first)
+    return cost
+
+
+def binary_cost(op: str, left: int, right: int, traverses: bool) -> int:
+    """An operator's own cost from its operands' sizes (1 for a scalar); ``traverses``: string or
+    bytes ``+``, ``in`` a list (else O(1))."""
+    if op in ("==", "!=", "<", "<=", ">", ">="):
+        return traversal(min(left, right))
+    if op == "in":
+        return right if traverses else 1
+    if op == "+" and traverses:
+        return traversal(left + right)
+    return 1
+
+
+# Per-iteration cost of each comprehension besides its predicate (and transform): what cel-go's
+# macro expansion (parser/macro.go) adds. all: the loop condition @not_strictly_false(__result__)
+# (2) and the accumulator in `__result__ && p` (1); exists: @not_strictly_false(!__result__) (3)
+# + 1; exists_one: `p ? __result__ + 1 : __result__` (2); map, filter, transformList:
+# `__result__ + [x]` (accumulator 1, list 10, add 1; filter also reads x: 13);
+# transformMap(Entry): cel.@mapInsert(__result__, k, v) (3; 2).
+STEP_COST = {"all": 3, "exists": 4, "exists_one": 2, "existsOne": 2, "map": 12, "filter": 13,
+             "transformList": 12, "transformMap": 3, "transformMapEntry": 2}
+INIT_COST = {"map": 10, "filter": 10, "transformList": 10, "transformMap": 30, "transformMapEntry": 30}
+"""The accumulator's first value: [] or {} (the others start from a literal: 0)."""
+RESULT_COST = {"exists_one": 2, "existsOne": 2}
+"""`__result__ == 1`; every other comprehension's result reads the accumulator (1)."""
+BIND_COST = 10
+"""cel.bind is a comprehension over an empty list: the list is built."""
 
 
 def _bind(param: Type, arg: Type, binding: dict[str, Type]) -> bool:
@@ -249,7 +305,7 @@ class Checker:
             case Bind(var, init, body):
                 ii = self.check(init, scope)
                 bi = self.check(body, {**scope, var: ii})
-                return Info(bi.type, ii.cost + bi.cost, bi.size)
+                return Info(bi.type, BIND_COST + ii.cost + bi.cost, bi.size)
         raise CheckError(f"unsupported expression {node!r}")
 
     def _select(self, operand: Node, field: str, scope: dict[str, Info]) -> "_Access":
@@ -325,29 +381,20 @@ class Checker:
                 except LibraryError as e:
                     raise CheckError(str(e)) from None
         result_type = matched[0] if all(m == matched[0] for m in matched) else "dyn"
-        first = recv or (args[0] if args else None)
-        cost = 1 + (recv.cost if recv else 0) + sum(a.cost for a in args)
+        values = ([recv] if recv else []) + args
+        first = values[0] if values else None
+        cost = (recv.cost if recv else 0) + sum(a.cost for a in args)
+        cost += call_cost(name, [v.size for v in values], first is not None and _is_list(first.type))
         size = 1
-        if name in _LINEAR and first is not None:
-            cost += math.ceil(0.1 * first.size)
-        if name in ("matches", "find", "findAll") and first is not None:
-            pattern = args[-1] if name == "matches" and recv is None else args[0]
-            cost += math.ceil(0.1 * first.size) * max(1, math.ceil(0.25 * pattern.size))
-        if name.startswith("sets.") and len(args) == 2:
-            cost += args[0].size * args[1].size
         if name in ("split", "findAll", "replace", "lowerAscii", "upperAscii", "trim", "substring", "join"):
             size = first.size if first is not None else 1
             if name == "replace" and len(args) >= 2:
                 size = first.size * max(1, args[1].size)
-        if name in ("indexOf", "lastIndexOf") and isinstance(first.type, tuple):
-            cost += first.size
-        if name == "includes":  # linear in the list, at most 48 values (Kubernetes' estimate)
-            cost += INCLUDES_MAX
         return Info(result_type, cost, size)
 
     def _binary(self, op: str, l: Info, r: Info) -> Info:
         lt, rt = l.type, r.type
-        cost = l.cost + r.cost + 1
+        cost = l.cost + r.cost  # plus the operator's own (`binary_cost`, the same formula at run time)
 
         def fail() -> CheckError:
             return CheckError(f"found no matching overload for '_{op}_' applied to '({type_str(lt)}, {type_str(rt)})'")
@@ -356,36 +403,33 @@ class Checker:
             for t in (lt, rt):
                 if t not in ("bool", "dyn"):
                     raise fail()
-            return Info("bool", l.cost + r.cost, 1)
+            return Info("bool", cost, 1)
         if op in ("==", "!="):
             if not assignable(lt, rt):
                 raise fail()
-            if lt in ("string", "bytes") or isinstance(lt, tuple):
-                cost += math.ceil(0.1 * min(l.size, r.size))
-            return Info("bool", cost, 1)
+            return Info("bool", cost + binary_cost(op, l.size, r.size, False), 1)
         if op in ("<", "<=", ">", ">="):
             ok = ((lt == "dyn" and rt in ("dyn", *ORDERED)) or (rt == "dyn" and lt in ORDERED)
                   or (lt in NUMERIC and rt in NUMERIC)
                   or (lt == rt and lt in ORDERED))
             if not ok:
                 raise fail()
-            return Info("bool", cost, 1)
+            return Info("bool", cost + binary_cost(op, l.size, r.size, False), 1)
         if op == "in":
-            if rt == "dyn":
-                return Info("bool", cost, 1)
-            if isinstance(rt, tuple) and assignable(lt, rt[1]):
-                return Info("bool", cost + (r.size if rt[0] == "list" else 0), 1)
+            if rt == "dyn" or (isinstance(rt, tuple) and assignable(lt, rt[1])):
+                return Info("bool", cost + binary_cost(op, l.size, r.size, rt == "dyn" or rt[0] == "list"), 1)
             raise fail()
         if op == "+":
             addable = ("dyn", *NUMERIC, "string", "bytes")
             if (lt == "dyn" and (rt in addable or _is_list(rt))) or (rt == "dyn" and (lt in addable or _is_list(lt))):
-                return Info("dyn", cost, l.size + r.size)
+                return Info("dyn", cost + binary_cost(op, l.size, r.size, True), l.size + r.size)
             if lt == rt and lt in (*NUMERIC, "string", "bytes"):
-                return Info(lt, cost + (math.ceil(0.1 * (l.size + r.size)) if lt in ("string", "bytes") else 0),
-                            l.size + r.size if lt in ("string", "bytes") else 1)
+                text = lt in ("string", "bytes")
+                return Info(lt, cost + binary_cost(op, l.size, r.size, text), l.size + r.size if text else 1)
             if isinstance(lt, tuple) and isinstance(rt, tuple) and lt[0] == rt[0] == "list":
-                return Info(("list", join(lt[1], rt[1])), cost + l.size + r.size, l.size + r.size)
+                return Info(("list", join(lt[1], rt[1])), cost + 1, l.size + r.size)  # O(1) in cel-go
             raise fail()
+        cost += 1
         if op in ("-", "*", "/", "%"):
             allowed = ("int", "uint") if op == "%" else NUMERIC
             if lt in ("dyn", *allowed) and rt in ("dyn", *allowed) and (lt == rt or "dyn" in (lt, rt)):
@@ -409,7 +453,7 @@ class Checker:
         inner = {**scope, node.var: Info(var_type, 1, _elem_size(var_type) if t != "dyn" else ATTRIBUTE_MAX_LENGTH)}
         p = self.check(node.pred, inner)
         n = r.size
-        step = p.cost + 1
+        step = p.cost + STEP_COST[node.kind]
         if node.kind == "map" and node.transform is None:
             result: Type = ("list", p.type)
         else:
@@ -423,7 +467,7 @@ class Checker:
                 ti = self.check(node.transform, inner)
                 step += ti.cost
                 result = ("list", ti.type)
-        return Info(result, r.cost + n * step, n if isinstance(result, tuple) else 1)
+        return Info(result, _loop_cost(node.kind, r.cost, n, step), n if isinstance(result, tuple) else 1)
 
     def _two_variables(self, node: Comp, r: Info, scope: dict[str, Info]) -> Info:
         t = r.type
@@ -440,7 +484,7 @@ class Checker:
         inner = {**scope, node.var: Info(key_type, 1, _elem_size(key_type)),
                  node.var2: Info(value_type, 1, _elem_size(value_type))}
         first = self.check(node.pred, inner)
-        n, step = r.size, first.cost + 1
+        n, step = r.size, first.cost + STEP_COST[node.kind]
         transformed = first
         if node.kind in ("all", "exists", "existsOne") or node.transform is not None:
             if first.type not in ("bool", "dyn"):
@@ -449,7 +493,7 @@ class Checker:
             transformed = self.check(node.transform, inner)
             step += transformed.cost
         if node.kind in ("all", "exists", "existsOne"):
-            return Info("bool", r.cost + n * step, 1)
+            return Info("bool", _loop_cost(node.kind, r.cost, n, step), 1)
         if node.kind == "transformList":
             result: Type = ("list", transformed.type)
         elif node.kind == "transformMap":
@@ -458,7 +502,13 @@ class Checker:
             if not (transformed.type == "dyn" or (isinstance(transformed.type, tuple) and transformed.type[0] == "map")):
                 raise CheckError(f"transformMapEntry() must produce a map, not {type_str(transformed.type)}")
             result = transformed.type
-        return Info(result, r.cost + n * step, n)
+        return Info(result, _loop_cost(node.kind, r.cost, n, step), n)
+
+
+def _loop_cost(kind: str, range_cost: int, n: int, step: int) -> int:
+    """cel-go's comprehension: its range, the accumulator's first value and its result once,
+    and the loop condition and step (predicate included) per element."""
+    return range_cost + INIT_COST.get(kind, 0) + RESULT_COST.get(kind, 1) + n * step
 
 
 @dataclass(frozen=True, slots=True)

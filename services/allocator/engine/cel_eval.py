@@ -10,6 +10,14 @@ the few expressions the fast path cannot express.
 
 Errors are ``EvalError`` exceptions; ``_absorb`` turns them into values where
 cel-go treats errors as values.
+
+Cost: like cel-go's ``CostTracker`` (interpreter/runtimecost.go), the
+interpreter counts what it does in cel-go's units (1 per variable, selection,
+index and O(1) call; 10 per list and 30 per map built; 0.1 per character a
+string operation traverses; the loop condition and accumulator steps of the
+macros per iteration) and, past ``limit``, stops with ``CostLimitExceeded``,
+which no ``&&``/``||``/``exists`` absorbs: Kubernetes runs every selector with
+``CELSelectorExpressionMaxCost`` as that limit.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import cel_runtime as rt
-from .cel_check import TYPE_NAMES
+from .cel_check import INIT_COST, RESULT_COST, STEP_COST, TYPE_NAMES, binary_cost, call_cost
 from .cel_runtime import LibraryError, UInt, cel_equal, is_quantity_value, is_semver_value, type_name
 from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
@@ -29,6 +37,20 @@ UINT_MAX = 2**64 - 1
 
 class EvalError(Exception):
     """A CEL runtime error (a value in cel-go; an exception here)."""
+
+
+class CostLimitExceeded(Exception):
+    """The evaluation's actual cost passed its limit: cel-go cancels the whole evaluation
+    (``operation cancelled: actual cost limit exceeded``), nothing absorbs it."""
+
+
+def actual_size(x: Any) -> int:
+    """cel-go's actualSize: characters of a string, bytes, list or map entries; 1 otherwise."""
+    if isinstance(x, (str, bytes, list)) or (isinstance(x, dict) and not is_quantity_value(x) and not is_semver_value(x)):
+        return len(x)
+    if isinstance(x, Optional) and x.present:
+        return actual_size(x.value)
+    return 1
 
 
 class DefaultMap(dict):
@@ -270,15 +292,39 @@ def _call(name: str, args: list[Any]) -> Any:
         raise _no_overload(name, *args) from None
 
 
+def _traverses(op: str, lv: Any, rv: Any) -> bool:
+    """Does the operator walk its operands: `in` a list, + of strings or bytes (see `binary_cost`)."""
+    if op == "in":
+        return isinstance(rv, list)
+    return op == "+" and isinstance(lv, (str, bytes))
+
+
 def _truth(v: Any) -> bool | EvalError:
     return v if isinstance(v, (bool, EvalError)) else _no_overload("logical operator", v)
 
 
 class Interpreter:
-    """Evaluates one AST against a device value (a dict built by the environment)."""
+    """Evaluates one AST against a device value (a dict built by the environment), counting its
+    cost (``cost``) in cel-go's units; past ``limit`` (None: no limit) raises ``CostLimitExceeded``."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.cost = 0
+        self.limit = limit
 
     def run(self, node: Node, device: dict) -> Any:
-        return self.ev(node, {"device": device})
+        result = self.ev(node, {"device": device})
+        self._check()
+        return result
+
+    def _charge(self, cost: int) -> None:
+        """Cost that grows with the data (loops, string traversals): checked at once; the
+        constant cost of each node is checked at the next loop step and at the end."""
+        self.cost += cost
+        self._check()
+
+    def _check(self) -> None:
+        if self.limit is not None and self.cost > self.limit:
+            raise CostLimitExceeded(f"operation cancelled: actual cost limit exceeded ({self.cost:,} > {self.limit:,})")
 
     def _absorb(self, node: Node, scope: dict[str, Any]) -> Any:
         try:
@@ -291,6 +337,7 @@ class Interpreter:
             case Lit(value, kind):
                 return UInt(value) if kind == "uint" else value
             case Ident(name):
+                self.cost += 1
                 if name in scope:
                     return scope[name]
                 if name in TYPE_NAMES:
@@ -298,11 +345,13 @@ class Interpreter:
                 raise EvalError(f"undeclared reference to '{name}'")
             case Select(operand, field, optional):
                 m = self.ev(operand, scope)
+                self.cost += 1
                 if isinstance(m, Optional):  # selecting on an optional stays optional
                     return self._optional_field(m.value, field) if m.present else NONE
                 return self._optional_field(m, field) if optional else self._field(m, field)
             case Has(operand, field):
                 m = self.ev(operand, scope)
+                self.cost += 1
                 if isinstance(m, Optional):
                     raise EvalError("has() cannot test an optional value")
                 if isinstance(m, DefaultMap):
@@ -312,16 +361,21 @@ class Interpreter:
                 raise EvalError(f"invalid type for field selection: {type_name(m)}")
             case Index(operand, index, optional):
                 m, k = self.ev(operand, scope), self.ev(index, scope)
+                self.cost += 1
                 if isinstance(m, Optional):
                     return self._optional_index(m.value, k) if m.present else NONE
                 return self._optional_index(m, k) if optional else self._index(m, k)
             case Call(name, args, target):
                 if isinstance(target, Ident) and target.name in ("sets", "optional") and target.name not in scope:
-                    return _call(f"{target.name}.{name}", [self.ev(a, scope) for a in args])
-                values = ([self.ev(target, scope)] if target is not None else []) + [self.ev(a, scope) for a in args]
+                    name = f"{target.name}.{name}"
+                    values = [self.ev(a, scope) for a in args]
+                else:
+                    values = ([self.ev(target, scope)] if target is not None else []) + [self.ev(a, scope) for a in args]
+                self._charge(call_cost(name, [actual_size(v) for v in values], bool(values) and isinstance(values[0], list)))
                 return _call(name, values)
             case Unary(op, operand):
                 v = self.ev(operand, scope)
+                self.cost += 1
                 if op == "!":
                     if isinstance(v, bool):
                         return not v
@@ -346,6 +400,7 @@ class Interpreter:
                 return not decisive
             case Binary(op, left, right):
                 lv, rv = self.ev(left, scope), self.ev(right, scope)
+                self._charge(binary_cost(op, actual_size(lv), actual_size(rv), _traverses(op, lv, rv)))
                 if op == "==":
                     return equal(lv, rv)
                 if op == "!=":
@@ -365,8 +420,10 @@ class Interpreter:
                     raise _no_overload("_?_:_", cv)
                 return self.ev(t if cv else o, scope)
             case ListLit(items):
+                self.cost += 10
                 return [self.ev(i, scope) for i in items]
             case MapLit(entries):
+                self.cost += 30
                 out: dict[Any, Any] = {}
                 for k, v in entries:
                     key = self.ev(k, scope)
@@ -379,6 +436,7 @@ class Interpreter:
             case Comp():
                 return self._comprehension(node, scope)
             case Bind(var, init, body):
+                self.cost += 10  # cel.bind is a comprehension over an empty list
                 return self.ev(body, {**scope, var: self.ev(init, scope)})
         raise EvalError(f"unsupported expression {node!r}")
 
@@ -439,12 +497,15 @@ class Interpreter:
         else:
             raise EvalError(f"expression of type '{type_name(rng)}' cannot be the range of a comprehension")
         kind = node.kind
+        self.cost += INIT_COST.get(kind, 0) + RESULT_COST.get(kind, 1)
+        step = STEP_COST[kind]
         scopes = [{**scope, node.var: k, node.var2: v} for k, v in pairs]
         if kind in ("all", "exists"):
-            return self._quantify(node.pred, scopes, kind == "exists")
+            return self._quantify(node.pred, scopes, kind == "exists", step)
         if kind == "existsOne":
             count = 0
             for inner in scopes:
+                self._charge(step)
                 v = self.ev(node.pred, inner)
                 if not isinstance(v, bool):
                     raise _no_overload(kind, v)
@@ -457,7 +518,9 @@ class Interpreter:
                 if not isinstance(keep, bool):
                     raise _no_overload(kind, keep)
                 if not keep:
+                    self._charge(1)  # the step keeps the accumulator
                     continue
+            self._charge(step)
             kept.append((inner, self.ev(node.transform if node.transform is not None else node.pred, inner)))
         if kind == "transformList":
             return [value for _, value in kept]
@@ -472,11 +535,13 @@ class Interpreter:
                 out[k] = v
         return out
 
-    def _quantify(self, pred: Node, scopes: Iterable[dict[str, Any]], decisive: bool) -> bool:
+    def _quantify(self, pred: Node, scopes: Iterable[dict[str, Any]], decisive: bool, step: int) -> bool:
         """``all`` (decisive False) or ``exists`` (decisive True) with cel-go's error absorption:
-        a decisive element wins over errors on others; otherwise the first error is raised."""
+        a decisive element wins over errors on others; otherwise the first error is raised.
+        `step`: the cost of each iteration besides the predicate's."""
         error: EvalError | None = None
         for inner in scopes:
+            self._charge(step)
             v = _truth(self._absorb(pred, inner))
             if v is decisive:
                 return decisive
@@ -497,11 +562,14 @@ class Interpreter:
         else:
             raise EvalError(f"expression of type '{type_name(rng)}' cannot be the range of a comprehension")
         kind = node.kind
+        self.cost += INIT_COST.get(kind, 0) + RESULT_COST.get(kind, 1)
+        step = STEP_COST[kind]
         if kind in ("all", "exists"):
-            return self._quantify(node.pred, ({**scope, node.var: item} for item in items), kind == "exists")
+            return self._quantify(node.pred, ({**scope, node.var: item} for item in items), kind == "exists", step)
         if kind == "exists_one":
             count = 0
             for item in items:
+                self._charge(step)
                 v = self.ev(node.pred, {**scope, node.var: item})
                 if not isinstance(v, bool):
                     raise _no_overload("exists_one", v)
@@ -514,8 +582,10 @@ class Interpreter:
                 keep = self.ev(node.pred, inner)
                 if not isinstance(keep, bool):
                     raise _no_overload(kind, keep)
+                self._charge(step if keep else 1)  # a step that drops the element keeps the accumulator
                 if keep:
                     out.append(item if kind == "filter" else self.ev(node.transform, inner))
             else:
+                self._charge(step)
                 out.append(self.ev(node.pred, inner))
         return out

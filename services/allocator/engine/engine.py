@@ -29,7 +29,7 @@ from dralloc.allocator.engine.placement import Placement, demand_of
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
 from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
-from dralloc.allocator.engine.verdicts import Verdicts
+from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdicts
 from dralloc.schemas.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,
@@ -49,6 +49,11 @@ Status = Literal["allocated", "unsatisfiable", "error"]
 
 DEFAULT_BUDGET = 500_000
 """Search steps (device or value trials) per allocation unit before giving up with an error."""
+
+DEFAULT_CEL_BUDGET = 5_000_000
+"""Cost units (cel-go's, each evaluation charged its selector's estimate) an allocation unit may spend
+evaluating selectors before it ends as an error: five evaluations of the costliest selector Kubernetes
+accepts (CELSelectorExpressionMaxCost), ~1,000 times what the benchmark fleets' claims spend."""
 
 EXPLAIN_GLOBAL_MAX = 4096
 """Up to this many usable devices, `explain` counts class and selector matches over all of them."""
@@ -113,11 +118,13 @@ class _Failure(Exception):
 
 
 class Engine:
-    def __init__(self, *, budget: int = DEFAULT_BUDGET, scoring: bool = True) -> None:
+    def __init__(self, *, budget: int = DEFAULT_BUDGET, scoring: bool = True, cel_budget: int | None = DEFAULT_CEL_BUDGET) -> None:
         self.inventory = Inventory()
         self.ledger = Ledger(self.inventory)
         self.verdicts = Verdicts(self.inventory)
         self.budget = budget
+        self.cel_budget = cel_budget
+        """Selector evaluation budget per allocation unit (verdicts.py; None: unlimited)."""
         # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
         self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
 
@@ -230,10 +237,24 @@ class Engine:
         inv = self.inventory
         return plan_claim(claim, inv.classes, inv.class_versions, cel.compile_selector, cel.CelCompileError)
 
+    def interrupt(self) -> None:
+        """Abandon the allocation in progress (another thread: the process stops). It raises
+        `verdicts.Interrupted`, and so does every later one: the engine is done with."""
+        self.verdicts.interrupt()
+
     def _allocate_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool) -> list[Outcome]:
         for plan in plans:
             if plan.error:
                 return [Outcome(claim=p.key, status="error", message=plan.error) for p in plans]
+        self.verdicts.begin(self.cel_budget)
+        try:
+            return self._place_unit(plans, node, explain)
+        except SelectorBudgetExceeded as exc:
+            return [Outcome(claim=p.key, status="error", message=f"claim {p.key}: {exc}") for p in plans]
+        finally:
+            self.verdicts.begin(None)
+
+    def _place_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool) -> list[Outcome]:
         steps = [0]
         reasons: list[tuple[str | None, str]] = []
         cel_failure = ""

@@ -17,6 +17,14 @@ uses one without failures and reports the error only if no node fits. Either
 way the verdict does not depend on the order the search visits devices in.
 Upstream Kubernetes reports such an error only if its search happens to reach
 that device.
+
+Budget: each evaluation of a selector on a device is charged the selector's
+estimated cost (cel-go's units; the bound of what that evaluation may cost).
+The engine gives each allocation unit a budget (`begin`); when a unit's
+evaluations have spent it, `SelectorBudgetExceeded` ends the unit (an `error`
+outcome). Verdicts already known cost nothing. Selectors of other recent keys
+are evaluated along (on environments built anyway) only when they are cheap,
+so no claim pays for another's expensive selector.
 """
 
 from __future__ import annotations
@@ -30,6 +38,17 @@ from dralloc.allocator.engine.inventory import DeviceRec, Inventory, bits_of, it
 from dralloc.allocator.engine.plan import Alt
 
 MAX_KEYS = 4096
+
+ALONG_MAX_COST = 10_000
+"""A recent key's selectors are evaluated along on new environments only up to this estimated cost."""
+
+
+class SelectorBudgetExceeded(Exception):
+    """The allocation unit's selector evaluations spent its budget; ``str(e)`` says which selector."""
+
+
+class Interrupted(Exception):
+    """`Verdicts.interrupt` was called (the process stops): the evaluation was abandoned part way."""
 
 _DRIVER_IS = re.compile(r'\s*device\.driver\s*==\s*"([A-Za-z0-9.\-]*)"\s*')
 
@@ -73,6 +92,7 @@ class _Spec:
     class_name: str
     class_exprs: tuple[str, ...]
     exprs: tuple[str, ...]
+    cheap: bool  # every selector's estimated cost together is at most ALONG_MAX_COST
 
 
 class Verdicts:
@@ -81,17 +101,30 @@ class Verdicts:
         self._cache: OrderedDict[tuple, Verdict] = OrderedDict()
         self._recent: OrderedDict[tuple, _Spec] = OrderedDict()
         self._envs: dict[int, object] = {}
+        self.budget: int | None = None
+        """Cost units the current allocation unit may still spend on evaluations (None: no limit)."""
+        self.interrupted = False
+
+    def begin(self, budget: int | None) -> None:
+        """A new allocation unit: it may spend `budget` cost units on evaluations (None: no limit)."""
+        self.budget = budget
+
+    def interrupt(self) -> None:
+        """Abandon evaluations from now on (`Interrupted`); safe to call from another thread."""
+        self.interrupted = True
 
     def get(self, alt: Alt, mask: int) -> Verdict:
         """The verdict for `alt`, evaluated at least on the devices in `mask`."""
         spec = self._recent.get(alt.verdict_key)
         if spec is None:
+            class_exprs = tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors)
             spec = _Spec(
                 key=alt.verdict_key,
                 class_key=alt.class_key,
                 class_name=alt.cls.metadata.name,
-                class_exprs=tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors),
+                class_exprs=class_exprs,
                 exprs=alt.selectors,
+                cheap=_estimate(class_exprs + alt.selectors) <= ALONG_MAX_COST,
             )
             self._recent[alt.verdict_key] = spec
             if len(self._recent) > RECENT_KEYS:
@@ -110,7 +143,7 @@ class Verdicts:
                 if self._envs:
                     built = bits_of(list(self._envs))
                     for other in list(self._recent.values()):
-                        if other is not spec:
+                        if other is not spec and other.cheap:
                             self._ensure(other, built)
             finally:
                 self._envs.clear()
@@ -180,24 +213,53 @@ class Verdicts:
         envs = self._envs
         matched: list[int] = []
         failed: list[int] = []
-        for i in iter_bits(todo):
-            rec: DeviceRec = devices[i]  # type: ignore[assignment]
-            env = envs.get(i)
-            if env is None:
-                env = envs[i] = cel.device_env(rec.driver, rec.spec)
-            ok = True
-            for n, selector in enumerate(compiled):
-                try:
-                    if not selector.matches(env):
+        done: list[int] = []
+        try:
+            for i in iter_bits(todo):
+                if self.interrupted:
+                    raise Interrupted("selector evaluation interrupted")
+                rec: DeviceRec = devices[i]  # type: ignore[assignment]
+                env = envs.get(i)
+                if env is None:
+                    env = envs[i] = cel.device_env(rec.driver, rec.spec)
+                ok = True
+                for n, selector in enumerate(compiled):
+                    if self.budget is not None:
+                        if selector.cost > self.budget:
+                            raise SelectorBudgetExceeded(
+                                f"{owner}selector #{n + offset} ({_short(selector.expression)}) may cost up to "
+                                f"{selector.cost:,} per device; this claim's evaluation budget has {max(0, self.budget):,} "
+                                f"cost units left after {len(done)} devices here: simplify the selector "
+                                "(fewer or shorter loops) or narrow it with cheap tests first")
+                        self.budget -= selector.cost
+                    try:
+                        if not selector.matches(env):
+                            ok = False
+                            break
+                    except cel.CelRuntimeError as exc:
+                        failed.append(i)
+                        entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {exc}"
                         ok = False
                         break
-                except cel.CelRuntimeError as exc:
-                    failed.append(i)
-                    entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {exc}"
-                    ok = False
-                    break
-            if ok:
-                matched.append(i)
-        entry.evaluated |= todo
-        entry.matched |= bits_of(matched)
-        entry.failed |= bits_of(failed)
+                if ok:
+                    matched.append(i)
+                done.append(i)
+        finally:  # what was evaluated stays known, also when the budget ends the unit part way
+            entry.evaluated |= todo if len(done) == todo.bit_count() else bits_of(done)
+            entry.matched |= bits_of(matched)
+            entry.failed |= bits_of(failed)
+
+
+def _estimate(exprs: tuple[str, ...]) -> int:
+    """The selectors' estimated cost together (an expression that does not compile: unbounded)."""
+    total = 0
+    for expression in exprs:
+        try:
+            total += cel.compile_selector(expression).cost
+        except cel.CelCompileError:
+            return 2**63
+    return total
+
+
+def _short(expression: str, limit: int = 80) -> str:
+    return expression if len(expression) <= limit else expression[: limit - 3] + "..."
