@@ -47,13 +47,15 @@ looser than the oracle's.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 import random
 import time
 from dataclasses import dataclass, field
 
 import msgspec
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.gang import allocate_gang
+from dralloc.allocator.engine.gang import allocate_gang, reservation_for
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.schemas.resource import (
     CELDeviceSelector,
@@ -133,6 +135,8 @@ class Job:
     nics: int
     mig: str | None
     members: int  # 0: a single claim; n: a gang of n claims
+    max_wait: float = 0.0
+    """Minutes the claim may wait for room before it is refused (0: refused at once)."""
 
     @property
     def large(self) -> bool:
@@ -201,9 +205,14 @@ CAPACITY = {
 MIG_SHARE = {"1g.10gb": 1 / 8, "1g.18gb": 1 / 8, "2g.35gb": 2 / 8, "3g.71gb": 4 / 8}
 
 
-def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
-    """Poisson arrivals with exponential durations. Every GPU family is offered the same
-    load: `load` x its GPUs, on average (1.0: as much GPU time as it has)."""
+MAX_WAIT = 30.0
+"""Minutes a large claim may wait for room (small ones never wait: they are refused at once)."""
+
+
+def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9, max_wait: float = MAX_WAIT) -> list[Job]:
+    """Poisson arrivals with exponential durations (minutes). Every GPU family is offered the
+    same load: `load` x its GPUs, on average (1.0: as much GPU time as it has). Large claims
+    may wait `max_wait` minutes for room."""
     rng = random.Random(seed)
     families = sorted(CAPACITY)
     shapes = {f: [s for s in SHAPES if s[0] == f] for f in families}
@@ -223,7 +232,9 @@ def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> list[Job]:
         _, count, nics, mig, members, _, mean = rng.choices(shapes[family], weights=[s[5] for s in shapes[family]])[0]
         if members:
             members = rng.choice(GANG_SIZES[family])
-        out.append(Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members))
+        job = Job(i, now, rng.expovariate(1 / mean), family, count, nics, mig, members)
+        job.max_wait = max_wait if job.large else 0.0
+        out.append(job)
     return out
 
 
@@ -322,17 +333,27 @@ def shared_level(engine: Engine, outcome) -> int:
 
 # --- one run -------------------------------------------------------------------------------
 
+POLICIES = ("dralloc", "kubernetes", "first_fit")
+"""The three placements every trace runs through (see the module docstring)."""
+
 
 @dataclass(slots=True)
 class Result:
     claims: int = 0
     units: int = 0
     rejected: int = 0
+    """Claims refused (a gang's every member)."""
     large_claims: int = 0
     large_claims_rejected: int = 0
     large_rejected_with_enough_free_gpus: int = 0
+    small_claims: int = 0
+    small_claims_rejected: int = 0
     multi_device: int = 0
     locality_optimal: int = 0
+    large_waits: list[float] = field(default_factory=list)
+    """Minutes from arrival to placement of each large claim placed (0: placed on arrival)."""
+    gpu_minutes: float = 0.0
+    """GPUs (a MIG slice its share) x minutes of every claim placed."""
     utilization_at_first_large_rejection: float | None = None
     utilization_samples: list[float] = field(default_factory=list)
     seconds: float = 0.0
@@ -351,8 +372,8 @@ def _weight(rec) -> float:
 
 def _scheduler_pick(engine: Engine, job: Job, claims: list[ResourceClaim], by_node: dict[str, list], rng: random.Random) -> list:
     """Kubernetes' choice (see the module docstring): a random node among those where the
-    allocator can allocate the claims, devices first fit on it. The count of free matching
-    devices skips the nodes that cannot; the engine decides on the others."""
+    allocator can allocate the claims, devices first fit on it; [] where none can. The count of
+    free matching devices skips the nodes that cannot; the engine decides on the others."""
     wants = _wants(job)
     nodes = [node for node, recs in by_node.items() if all(sum(1 for r in recs if pred(r) and _free(engine, r)) >= n for n, pred in wants)]
     rng.shuffle(nodes)
@@ -360,13 +381,27 @@ def _scheduler_pick(engine: Engine, job: Job, claims: list[ResourceClaim], by_no
         outcomes = engine.allocate(claims, node=node)
         if outcomes[0].status == "allocated":
             return outcomes
-    return engine.allocate(claims)  # nowhere: the engine says why
+    return []
 
 
-def run(jobs: list[Job], scoring: bool, *, scheduler: random.Random | None = None) -> Result:
-    """One pass over the trace. `scheduler`: each claim on a node Kubernetes would pick
-    (`_scheduler_pick`) instead of the engine's node order over the whole fleet."""
-    engine = fleet_engine(scoring)
+def _domain_label(job: Job) -> str | None:
+    return None if job.family == "gb200" else "dralloc.dev/rack"
+
+
+def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
+    """One pass over the trace with one of the `POLICIES` (`seed`: Kubernetes' tie-breaks).
+
+    Time moves from event to event: arrivals, departures, and the end of a claim's wait. A
+    claim that does not fit on arrival waits if the trace lets it (`Job.max_wait`), in arrival
+    order, and is tried again whenever a claim of its GPU family leaves; it is refused when its
+    wait is over (the same rule for every policy). Only dralloc reserves for what waits: after
+    every change each waiting claim, oldest first, holds the node (the gang: the domain's nodes)
+    closest to fitting it (`Engine.reserve`), and every other claim tries those nodes last."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    engine = fleet_engine(scoring=policy == "dralloc")
+    scheduler = random.Random(seed) if policy == "kubernetes" else None
+    reserving = policy == "dralloc"
     by_node: dict[str, list] = {}
     total_gpus = 0
     for rec in engine.inventory.devices:
@@ -376,102 +411,240 @@ def run(jobs: list[Job], scoring: bool, *, scheduler: random.Random | None = Non
                 total_gpus += 1
     result = Result()
     used = 0.0
-    leaving: list[tuple[float, int, list[str], float]] = []
+    # (time, 0 departure | 1 end of a wait, order, payload): departures first at the same time
+    timeline: list[tuple[float, int, int, object]] = []
+    order = itertools.count()
+    waiting: dict[int, tuple[Job, list[ResourceClaim]]] = {}  # in arrival order
+    held: dict[int, int] = {}  # waiting job -> the devices reserved for it
+
+    def attempt(job: Job, claims: list[ResourceClaim], now: float) -> bool:
+        nonlocal used
+        multi = not job.members and job.gpus + job.nics >= 2
+        optimum = best_level(engine, job, by_node) if multi else None
+        if reserving:
+            others = 0
+            for index, bits in held.items():
+                if index != job.index:
+                    others |= bits
+            engine.reserve(others)
+        t0 = time.perf_counter()
+        if job.members:
+            outcomes = allocate_gang(engine, claims, name=f"job-{job.index}", domain_label=_domain_label(job))
+        elif scheduler is not None:
+            outcomes = _scheduler_pick(engine, job, claims, by_node, scheduler)
+        else:
+            outcomes = engine.allocate(claims)
+        result.engine_seconds += time.perf_counter() - t0
+        if not outcomes or any(o.status != "allocated" for o in outcomes):
+            return False
+        weight = sum(_weight(engine.inventory.by_key[(r.driver, r.pool, r.device)]) for o in outcomes for r in o.allocation.devices.results)
+        used += weight
+        result.gpu_minutes += weight * job.duration
+        heapq.heappush(timeline, (now + job.duration, 0, next(order), (job.family, [o.claim for o in outcomes], weight)))
+        if multi:
+            result.multi_device += 1
+            result.locality_optimal += optimum is not None and shared_level(engine, outcomes[0]) <= optimum
+        if job.large:
+            result.large_waits.append(now - job.at)
+        return True
+
+    def refuse(job: Job) -> None:
+        result.rejected += max(1, job.members)
+        if not job.large:
+            result.small_claims_rejected += 1
+            return
+        result.large_claims_rejected += 1
+        # enough free GPUs of the family in total, but not on one node (or in one domain, for a
+        # gang): the refusal is fragmentation, not a lack of capacity
+        gpu = _wants(job)[0][1]
+        free = sum(1 for recs in by_node.values() for r in recs if gpu(r) and _free(engine, r))
+        result.large_rejected_with_enough_free_gpus += free >= job.gpus * max(1, job.members)
+        if result.utilization_at_first_large_rejection is None:
+            result.utilization_at_first_large_rejection = used / total_gpus
+
+    def reserve_for_waiting() -> None:
+        """Each waiting claim, oldest first, holds what is closest to fitting it, apart from the
+        nodes held for older ones."""
+        held.clear()
+        avoid = 0
+        for index, (job, claims) in waiting.items():
+            bits = reservation_for(engine, claims, domain_label=_domain_label(job), avoid=avoid)
+            held[index] = bits
+            engine.reserve(bits)
+            avoid |= engine.placement.reserved_nodes
+
+    def advance(until: float) -> None:
+        nonlocal used
+        while timeline and timeline[0][0] <= until:
+            now, kind, _, payload = heapq.heappop(timeline)
+            if kind == 0:
+                family, keys, weight = payload  # type: ignore[misc]
+                for key in keys:
+                    engine.release(key)
+                used -= weight
+                for index, (job, claims) in list(waiting.items()):
+                    if job.family == family and attempt(job, claims, now):
+                        del waiting[index]
+                        held.pop(index, None)
+            elif (job := payload).index in waiting:  # type: ignore[union-attr]
+                del waiting[job.index]  # type: ignore[union-attr]
+                held.pop(job.index, None)  # type: ignore[union-attr]
+                refuse(job)  # type: ignore[arg-type]
+            if reserving and waiting:
+                reserve_for_waiting()
+
     started = time.perf_counter()
     for job in jobs:
-        while leaving and leaving[0][0] <= job.at:
-            _, _, keys, weight = heapq.heappop(leaving)
-            for key in keys:
-                engine.release(key)
-            used -= weight
+        advance(job.at)
         claims = job.claims()
         result.claims += len(claims)
         result.units += 1
         result.large_claims += job.large
-        multi = not job.members and job.gpus + job.nics >= 2
-        optimum = best_level(engine, job, by_node) if multi else None
-        t0 = time.perf_counter()
-        if job.members:
-            outcomes = allocate_gang(
-                engine,
-                claims,
-                name=f"job-{job.index}",
-                domain_label=None if job.family == "gb200" else "dralloc.dev/rack",
-            )
-        else:
-            outcomes = _scheduler_pick(engine, job, claims, by_node, scheduler) if scheduler is not None else engine.allocate(claims)
-        result.engine_seconds += time.perf_counter() - t0
-        if all(o.status == "allocated" for o in outcomes):
-            weight = sum(_weight(engine.inventory.by_key[(r.driver, r.pool, r.device)]) for o in outcomes for r in o.allocation.devices.results)
-            used += weight
-            heapq.heappush(
-                leaving,
-                (job.at + job.duration, job.index, [o.claim for o in outcomes], weight),
-            )
-            if multi:
-                result.multi_device += 1
-                result.locality_optimal += optimum is not None and shared_level(engine, outcomes[0]) <= optimum
-        else:
-            result.rejected += len(claims)
-            if job.large:
-                result.large_claims_rejected += 1
-                # enough free GPUs of the family in total, but not on one node (or in one domain,
-                # for a gang): the rejection is fragmentation, not a lack of capacity
-                gpu = _wants(job)[0][1]
-                free = sum(1 for recs in by_node.values() for r in recs if gpu(r) and _free(engine, r))
-                result.large_rejected_with_enough_free_gpus += free >= job.gpus * max(1, job.members)
-                if result.utilization_at_first_large_rejection is None:
-                    result.utilization_at_first_large_rejection = used / total_gpus
+        result.small_claims += not job.large
+        if not attempt(job, claims, job.at):
+            if job.max_wait > 0:
+                waiting[job.index] = (job, claims)
+                heapq.heappush(timeline, (job.at + job.max_wait, 1, next(order), job))
+                if reserving:
+                    reserve_for_waiting()
+            else:
+                refuse(job)
         result.utilization_samples.append(used / total_gpus)
+    advance(float("inf"))  # what still waits is placed or refused
     result.seconds = time.perf_counter() - started
     return result
 
 
-def measure(seed: int = 42, jobs: int = 3000, load: float = 0.9) -> dict:
-    """The three runs over the same trace (see the module docstring); the numbers as a stable
-    JSON-able dict: dralloc's keys bare, Kubernetes' with `baseline_`, rank-order first fit's
-    with `first_fit_`."""
-    work = trace(seed, jobs, load)
-    runs = {
-        "": run(work, scoring=True),
-        "baseline_": run(work, scoring=False, scheduler=random.Random(seed)),
-        "first_fit_": run(work, scoring=False),
+# --- numbers -------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 2)
+
+
+def summary(r: Result) -> dict:
+    """One policy's numbers of one run, as stable JSON."""
+    samples = r.utilization_samples
+    first = r.utilization_at_first_large_rejection
+    return {
+        "rejected": r.rejected,
+        "large_claims_rejected": r.large_claims_rejected,
+        "large_rejected_with_enough_free_gpus": r.large_rejected_with_enough_free_gpus,
+        "small_claims_rejected": r.small_claims_rejected,
+        "large_waited": sum(1 for w in r.large_waits if w > 0),
+        "large_wait_p50_min": _percentile(r.large_waits, 0.5),
+        "large_wait_p99_min": _percentile(r.large_waits, 0.99),
+        "mean_utilization": round(sum(samples) / len(samples), 4) if samples else 0.0,
+        "gpu_hours_served": round(r.gpu_minutes / 60, 1),
+        "multi_device_claims": r.multi_device,
+        "locality_optimal_fraction": round(r.locality_optimal / r.multi_device, 4) if r.multi_device else 1.0,
+        "utilization_at_first_large_rejection": None if first is None else round(first, 4),
+        "engine_seconds": round(r.engine_seconds, 3),
+        "units_per_second": round(r.units / r.engine_seconds, 1) if r.engine_seconds else 0.0,
     }
-    scored = runs[""]
 
-    def fewer(than: Result) -> float:
-        return round(1 - scored.large_claims_rejected / than.large_claims_rejected, 4) if than.large_claims_rejected else 0.0
 
+def measure_one(seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: float = MAX_WAIT) -> tuple[dict, dict[str, Result]]:
+    """The three policies over one trace: its numbers (one run of the JSON) and the raw results."""
+    work = trace(seed, jobs, load, max_wait)
+    results = {policy: run(work, policy, seed=seed) for policy in POLICIES}
+    scored = results["dralloc"]
     out: dict = {
         "seed": seed,
-        "nodes": sum(n for _, n in FLEET),
-        "gpus": sum(CAPACITY.values()),
-        "offered_load": load,
+        "load": load,
         "units": scored.units,
         "claims": scored.claims,
         "large_claims": scored.large_claims,
-        "large_claims_rejected_reduction": fewer(runs["baseline_"]),
-        "large_claims_rejected_reduction_vs_first_fit": fewer(runs["first_fit_"]),
+        "small_claims": scored.small_claims,
     }
-    for prefix, r in runs.items():
-        first = r.utilization_at_first_large_rejection
-        samples = r.utilization_samples
-        out |= {
-            f"{prefix}multi_device_claims": r.multi_device,
-            f"{prefix}locality_optimal_fraction": round(r.locality_optimal / r.multi_device, 4) if r.multi_device else 1.0,
-            f"{prefix}rejected": r.rejected,
-            f"{prefix}large_claims_rejected": r.large_claims_rejected,
-            f"{prefix}large_rejected_with_enough_free_gpus": r.large_rejected_with_enough_free_gpus,
-            f"{prefix}utilization_at_first_large_rejection": None if first is None else round(first, 4),
-            f"{prefix}mean_utilization": round(sum(samples) / len(samples), 4) if samples else 0.0,
-            f"{prefix}engine_seconds": round(r.engine_seconds, 3),
-            f"{prefix}units_per_second": round(r.units / r.engine_seconds, 1) if r.engine_seconds else 0.0,
+    for policy, r in results.items():
+        out[policy] = summary(r)
+    return out, results
+
+
+def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: float = MAX_WAIT) -> dict:
+    """Every seed at every load through the three policies: `runs` (one object per seed and
+    load) and `totals` (counts summed, waits pooled, utilization averaged over the runs, and
+    dralloc against each comparator)."""
+    runs = []
+    pooled: dict[str, list[Result]] = {p: [] for p in POLICIES}
+    for seed in seeds:
+        for load in loads:
+            numbers, results = measure_one(seed, load, jobs, max_wait)
+            runs.append(numbers)
+            for policy, r in results.items():
+                pooled[policy].append(r)
+    totals: dict = {"runs": len(runs)}
+    for policy, results in pooled.items():
+        waits = [w for r in results for w in r.large_waits]
+        totals[policy] = {
+            "large_claims": sum(r.large_claims for r in results),
+            "large_claims_rejected": sum(r.large_claims_rejected for r in results),
+            "large_rejected_with_enough_free_gpus": sum(r.large_rejected_with_enough_free_gpus for r in results),
+            "runs_with_large_rejected_with_enough_free_gpus": sum(1 for r in results if r.large_rejected_with_enough_free_gpus),
+            "small_claims": sum(r.small_claims for r in results),
+            "small_claims_rejected": sum(r.small_claims_rejected for r in results),
+            "rejected": sum(r.rejected for r in results),
+            "large_wait_p50_min": _percentile(waits, 0.5),
+            "large_wait_p99_min": _percentile(waits, 0.99),
+            "mean_utilization": round(sum(summary(r)["mean_utilization"] for r in results) / len(results), 4) if results else 0.0,
+            "gpu_hours_served": round(sum(r.gpu_minutes for r in results) / 60, 1),
         }
-    return out
+    ours = totals["dralloc"]
+    for other in ("kubernetes", "first_fit"):
+        theirs = totals[other]
+        key = f"vs_{other}"
+        totals[key] = {
+            "large_claims_rejected_fewer": round(1 - ours["large_claims_rejected"] / theirs["large_claims_rejected"], 4)
+            if theirs["large_claims_rejected"]
+            else 0.0,
+            "runs_with_more_large_rejected": sum(1 for run_ in runs if run_["dralloc"]["large_claims_rejected"] > run_[other]["large_claims_rejected"]),
+            "small_claims_rejected_more": round(ours["small_claims_rejected"] / theirs["small_claims_rejected"] - 1, 4)
+            if theirs["small_claims_rejected"]
+            else 0.0,
+            "mean_utilization_lower": round(1 - ours["mean_utilization"] / theirs["mean_utilization"], 4) if theirs["mean_utilization"] else 0.0,
+        }
+    return {"jobs": jobs, "max_wait_min": max_wait, "nodes": sum(n for _, n in FLEET), "gpus": sum(CAPACITY.values()), "runs": runs, "totals": totals}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`42`, `1-5` or `1,3,7-9` -> the seeds; ValueError naming what is wrong."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise ValueError(f"seeds: {part!r} is not a number or a range like 1-5") from None
+        if last < first:
+            raise ValueError(f"seeds: the range {part!r} runs backwards")
+        if last - first >= 1000:
+            raise ValueError(f"seeds: the range {part!r} has more than 1000 seeds")
+        seeds.extend(range(first, last + 1))
+    return seeds
+
+
+def parse_loads(text: str) -> list[float]:
+    """`0.9` or `0.9,1.1` -> the loads; ValueError naming what is wrong."""
+    loads = []
+    for part in text.split(","):
+        try:
+            load = float(part)
+        except ValueError:
+            raise ValueError(f"loads: {part.strip()!r} is not a number") from None
+        if not 0 < load <= 10:
+            raise ValueError(f"loads: {part.strip()} is not in (0, 10]")
+        loads.append(load)
+    return loads
 
 
 if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(measure(jobs=int(sys.argv[1]) if len(sys.argv) > 1 else 3000), indent=2))
+    print(json.dumps(measure([42], [0.9], jobs=int(sys.argv[1]) if len(sys.argv) > 1 else 3000), indent=2))

@@ -67,7 +67,7 @@ def test_scoring_keeps_every_allocation_valid():
 def test_bench_trace_is_deterministic():
     jobs = bench.trace(seed=3, jobs=120)
     assert [(j.family, j.gpus, j.nics, j.mig, j.members) for j in jobs] == [(j.family, j.gpus, j.nics, j.mig, j.members) for j in bench.trace(seed=3, jobs=120)]
-    first, second = bench.run(jobs, scoring=True), bench.run(jobs, scoring=True)
+    first, second = bench.run(jobs, "dralloc"), bench.run(jobs, "dralloc")
     assert (first.rejected, first.locality_optimal, first.multi_device) == (
         second.rejected,
         second.locality_optimal,
@@ -136,9 +136,9 @@ def test_bench_counts_large_rejections_that_had_enough_free_gpus_in_total():
     jobs.append(bench.Job(16, 16.0, 1e9, "h100", 8, 0, None, 0))
     jobs += [bench.Job(i, float(i), 1e9, "h100", 1, 0, None, 0) for i in range(17, 26)]
     jobs.append(bench.Job(26, 26.0, 1e9, "h100", 8, 0, None, 2))
-    for scoring in (True, False):
-        result = bench.run(jobs, scoring)
-        assert (result.large_claims_rejected, result.large_rejected_with_enough_free_gpus) == (2, 1), scoring
+    for policy in bench.POLICIES:
+        result = bench.run(jobs, policy)
+        assert (result.large_claims_rejected, result.large_rejected_with_enough_free_gpus) == (2, 1), policy
 
 
 def test_bench_baseline_scatters_like_kube_scheduler_and_dralloc_packs():
@@ -147,8 +147,8 @@ def test_bench_baseline_scatters_like_kube_scheduler_and_dralloc_packs():
     break several nodes and some 8-GPU jobs find no whole node; dralloc packs them on one."""
     jobs = [bench.Job(i, float(i), 1e9, "h100", 1, 0, None, 0) for i in range(8)]
     jobs += [bench.Job(i, float(i), 1e9, "h100", 8, 0, None, 0) for i in range(8, 23)]
-    packed = bench.run(jobs, scoring=True)
-    scattered = bench.run(jobs, scoring=False, scheduler=random.Random(1))
+    packed = bench.run(jobs, "dralloc")
+    scattered = bench.run(jobs, "kubernetes", seed=1)
     assert (packed.rejected, packed.large_claims_rejected) == (0, 0)
     assert scattered.large_claims_rejected > 0
     assert scattered.large_claims_rejected == scattered.large_rejected_with_enough_free_gpus  # fragmentation, not capacity

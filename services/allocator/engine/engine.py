@@ -193,6 +193,13 @@ class Engine:
         """Free the claim's devices, capacity and counters. False if it held nothing."""
         return self.ledger.remove(claim_key) is not None
 
+    def reserve(self, devices: int) -> None:
+        """Hold devices (a bitset of device ids, 0: none) for claims that wait: from now on every
+        claim tries nodes without a held device first and takes one only when nothing else fits
+        (placement.py `Placement.reserve`). Who holds what is the caller's book (gang.py
+        `reservation_for` finds the devices closest to fitting a claim)."""
+        self.placement.reserve(devices)
+
     def allocation_of(self, claim_key: str) -> AllocationResult | None:
         record = self.ledger.claims.get(claim_key)
         return record.allocation if record is not None else None

@@ -96,17 +96,22 @@ def allocate_gang(
     free = engine.ledger.free_local
     room = {d: sum(free.get(n, 0) for n in domains[d]) for d in candidates}
     rank = inv.node_rank
+    reserved = placement.reserved_nodes
+
+    def holds_reserved(d: str) -> bool:  # a domain with nodes reserved for a waiting claim: tried last
+        return any((reserved >> rank[n]) & 1 for n in domains[d]) if reserved else False
+
     if placement.scoring:
         # best fit: the fullest domain with room; largest claims first (they are the hardest to fit)
         candidates = sorted(
             (d for d in candidates if room[d] >= need),
-            key=lambda d: (room[d], rank[domains[d][0]]),
+            key=lambda d: (holds_reserved(d), room[d], rank[domains[d][0]]),
         )
         pending = sorted(pending, key=lambda c: -_demand(c))
     else:
         candidates = sorted(
             (d for d in candidates if room[d] >= need),
-            key=lambda d: rank[domains[d][0]],
+            key=lambda d: (holds_reserved(d), rank[domains[d][0]]),
         )
     first_failure: str = ""
     for domain in candidates:
@@ -152,6 +157,22 @@ def allocate_gang(
         why = f"{len(candidates)} tried; {first_failure}"
     message = f"gang {gang}: cannot place all {len(pending)} pending claims inside one {kind} ({why}); none holds devices"
     return [_already(c.key, held[c.key]) if c.key in held else Outcome(claim=c.key, status="unsatisfiable", message=message) for c in claims]
+
+
+def reservation_for(engine: Engine, claims: Sequence[ResourceClaim], *, domain_label: str | None = None, avoid: int = 0) -> int:
+    """The devices to hold for claims that wait (a bitset for `Engine.reserve`; 0: nowhere): one
+    claim's closest node, or, for the members of a gang (more than one claim), the freest nodes
+    of the domain closest to holding them all (see `Placement.closest`); `domain_label` as for
+    `allocate_gang`. The nodes of the `avoid` ranks are held for earlier claims already."""
+    placement = engine.placement
+    plans = [engine._plan(claims[0])] if claims else []
+    if len(claims) <= 1:
+        return placement.closest(plans, avoid=avoid)
+    if domain_label == "":
+        domains = {"all nodes": engine.inventory.nodes()}
+    else:
+        _, domains = placement.topology.domains(domain_label)
+    return placement.closest(plans, len(claims), domains, avoid)
 
 
 def _already(key: str, record: Record) -> Outcome:

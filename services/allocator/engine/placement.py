@@ -95,6 +95,73 @@ class Placement:
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
         self._static: dict[tuple, int | None] = {}
         self._slot_orders: dict[tuple, list[tuple[int, ...]]] = {}
+        self.reserved = 0
+        """Device ids (a bitset) held for claims that wait (`reserve`): their nodes are tried last."""
+        self.reserved_nodes = 0
+        """Node ranks (a bitset) holding a reserved device."""
+
+    # --- reservations ----------------------------------------------------------------------
+
+    def reserve(self, devices: int) -> None:
+        """Hold `devices` (a bitset of device ids) for what waits: every unit tries the nodes
+        without a reserved device first and those with one last (a preference, never a refusal:
+        a claim takes reserved devices when nothing else fits). 0 ends every reservation. The
+        caller leaves out the reservation of the claim it allocates next (it is that claim's)."""
+        self.reserved = devices
+        ranks = 0
+        if devices:
+            inv = self.inv
+            nodes = {inv.devices[i].local_node for i in iter_bits(devices) if inv.devices[i] is not None}  # type: ignore[union-attr]
+            for node in nodes:
+                if node is not None and node in inv.node_rank:
+                    ranks |= 1 << inv.node_rank[node]
+        self.reserved_nodes = ranks
+
+    def closest(self, plans: list[ClaimPlan], members: int = 1, domains: dict[str, list[str]] | None = None, avoid: int = 0) -> int:
+        """The devices to reserve for a unit that does not fit now (a bitset; 0: none can ever
+        hold it): the node closest to fitting, the one with the most free devices its first
+        request matches among those with enough of them in all; for a gang of `members` such
+        units inside one of the `domains` (name -> nodes), the domain whose `members` freest
+        nodes have the most free devices, and those nodes. Nodes of the `avoid` ranks (reserved
+        for an earlier claim) are not taken. Every matching device of a chosen node is reserved,
+        free or not, so what its running claims give back is held too. Ties: the lowest rank."""
+        demand = _demand(plans)
+        if not demand:
+            return 0
+        alt, count = demand[0]
+        inv, used = self.inv, self.ledger.used_bits
+        rank = inv.node_rank
+        scored: dict[str, tuple[int, int]] = {}  # node -> (free matching, all matching bits)
+
+        def score(node: str) -> tuple[int, int] | None:
+            if node not in scored:
+                mask, _ = inv.node_mask(node)
+                matched = self.verdicts.get(alt, mask).matched & mask
+                scored[node] = ((matched ^ (matched & used)).bit_count(), matched)
+            free, matched = scored[node]
+            return (free, matched) if matched.bit_count() >= count else None
+
+        def usable(node: str) -> bool:
+            return node in inv.node_known and not (avoid >> rank[node]) & 1
+
+        if members <= 1:
+            best: tuple[int, int, int] | None = None  # (-free, rank, bits)
+            for node in inv.node_names:
+                if usable(node) and (s := score(node)) is not None and (best is None or (-s[0], rank[node]) < best[:2]):
+                    best = (-s[0], rank[node], s[1])
+            return best[2] if best is not None else 0
+        choice: tuple[int, int, int] | None = None
+        for nodes in (domains or {}).values():
+            held = sorted(((s[0], -rank[n], s[1]) for n in nodes if usable(n) and (s := score(n)) is not None), reverse=True)[:members]
+            if len(held) < members:
+                continue
+            key = (-sum(h[0] for h in held), -held[0][1])
+            if choice is None or key < choice[:2]:
+                bits = 0
+                for h in held:
+                    bits |= h[2]
+                choice = (*key, bits)
+        return choice[2] if choice is not None else 0
 
     # --- nodes -------------------------------------------------------------------------
 
@@ -105,6 +172,17 @@ class Placement:
         viable &= (1 << len(names)) - 1
         if self.within is not None:
             viable &= self.within
+        if self.reserved_nodes & viable:
+            # nodes holding devices reserved for a waiting claim last: a claim takes them only
+            # when nothing else fits (each part in the usual order)
+            yield from self._order_nodes(plans, viable & ~self.reserved_nodes)
+            yield from self._order_nodes(plans, viable & self.reserved_nodes)
+            return
+        yield from self._order_nodes(plans, viable)
+
+    def _order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
+        inv = self.inv
+        names = inv.node_names
         if not self.scoring:
             for rank in iter_bits(viable):
                 if names[rank] in inv.node_known:
@@ -142,7 +220,7 @@ class Placement:
         rec = self.inv.devices[matched.bit_length() - 1] if matched else None
         return kind_of(rec) if rec is not None else None
 
-    def _fit_order(self, viable: int, kind: tuple[str, str] | None = None) -> Iterator[int]:
+    def _fit_order(self, viable: int, kind: tuple[str, str] | None = None, need: int = 1) -> Iterator[int]:
         """Known node ranks in best-fit order.
 
         Nodes already partly used (of the claim's `kind`: GPUs for a GPU claim,
@@ -153,7 +231,8 @@ class Placement:
         fullest domain first (fewest free devices): small claims concentrate
         where a domain is already broken, so whole cliques and racks stay free
         for gangs. With the kind not known yet, free devices of every kind are
-        counted and nothing is known whole."""
+        counted and nothing is known whole. `need`: the devices of the kind the unit takes;
+        among partly used nodes those it would leave with a useful hole come first (`_hole_order`)."""
         whole = 0
         if kind is not None and kind in self.kinds.ge:
             free_ge, free = self.kinds.ge[kind], self.kinds.free[kind]
@@ -174,27 +253,27 @@ class Placement:
             parts = [viable & ~inside, *(viable & bits[d] for d in touched)]
         if whole:
             for part in parts:
-                yield from self._buckets(part ^ (part & whole), free_ge, with_none=False)
+                yield from self._buckets(part ^ (part & whole), free_ge, need, with_none=False)
             for part in parts:
-                yield from self._buckets(part & whole, free_ge, with_none=False)
+                yield from self._buckets(part & whole, free_ge, need, with_none=False)
             rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
             yield from self._known(rest)
             return
         for part in parts:
-            yield from self._buckets(part, free_ge)
+            yield from self._buckets(part, free_ge, need)
 
-    def _buckets(self, viable: int, free_ge: list[int], *, with_none: bool = True) -> Iterator[int]:
-        """Known node ranks of `viable`, fewest free exclusive devices first (buckets:
-        free_ge[k] holds the nodes with at least k free), then rank; lazily. `with_none`:
+    def _buckets(self, viable: int, free_ge: list[int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
+        """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
+        the nodes with at least k free) in `_hole_order(need)`, then rank; lazily. `with_none`:
         then the nodes with none free (they may still have shared devices)."""
         names = self.inv.node_names
         known = self.inv.node_known
-        top = len(free_ge)
-        for k in range(1, top):
+        top = 1
+        while top < len(free_ge) and viable & free_ge[top]:
+            top += 1  # past the most free devices any viable node has
+        for k in _hole_order(need, top):
             at_least = viable & free_ge[k]
-            if not at_least:
-                break
-            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
+            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < len(free_ge) else at_least
             while bucket:  # lowest rank first, lazily: the first node usually fits
                 low = bucket & -bucket
                 bucket ^= low
@@ -219,7 +298,7 @@ class Placement:
         key = _demand_key(demand)
         scanned: list[tuple[int, int, str]] = []
         unfit: list[str] = []
-        order = self._fit_order(viable, self._kind(demand))
+        order = self._fit_order(viable, self._kind(demand), demand[0][1])
         for rank in order:
             name = names[rank]
             topo = node_topology(name)
@@ -617,6 +696,26 @@ class KindIndex:
         else:
             for k in range(new + 1, old + 1):
                 ge[k] &= ~bit
+
+
+_HOLE_ORDERS: dict[tuple[int, int], tuple[int, ...]] = {}
+
+
+def _hole_order(need: int, top: int) -> tuple[int, ...]:
+    """The free counts 1..top-1 of nodes in the order a unit taking `need` devices tries them.
+
+    Best fit (the fewest free first), except that a node the unit would leave with a useful
+    hole comes before one it would leave with an awkward hole: none or a power of two left
+    (1, 2, 4: the sizes claims come in, a buddy allocator's blocks) before 3, 5, 6, 7. Taking
+    1 GPU of a node with 5 free leaves 4, which a 4-GPU claim can still use; taking it from a
+    node with 4 free would leave 3 there and 5 on the other, which no 4-GPU claim fits twice.
+    Counts below `need` last (those nodes cannot hold it unless other alternatives fit)."""
+    key = (need, top)
+    order = _HOLE_ORDERS.get(key)
+    if order is None:
+        fits = sorted(range(max(1, need), top), key=lambda k: ((k - need) & (k - need - 1) != 0, k))
+        order = _HOLE_ORDERS[key] = (*fits, *range(1, min(need, top)))
+    return order
 
 
 def _demand(plans: list[ClaimPlan]) -> Demand:
