@@ -522,25 +522,37 @@ def bench_engine(
 
 @bench_app.command("placement")
 def bench_placement(
-    seed: int = typer.Option(42, "--seed", help="Seed of the churn trace."),
-    jobs: int = typer.Option(3000, "--jobs", help="Arrivals in the trace (claims and gangs)."),
-    load: float = typer.Option(0.9, "--load", help="Offered load per GPU family: 1.0 offers as much GPU time as it has."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    seeds: str = typer.Option("42", "--seeds", help="Seeds of the churn trace: 42, 1-5 or 1,3,7-9."),
+    loads: str = typer.Option("0.9", "--loads", help="Offered loads per GPU family, comma-separated: 1.0 offers as much GPU time as it has."),
+    jobs: int = typer.Option(3000, "--jobs", help="Arrivals in each trace (claims and gangs)."),
+    max_wait: float = typer.Option(30.0, "--max-wait", help="Minutes a large claim (8 GPUs, a gang) may wait for room before it is refused."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: every run and the totals."),
 ) -> None:
-    """A seeded churn trace over a 68-node mixed fleet, run with dralloc's placement, as Kubernetes
-    places it (a random feasible node, devices first fit) and with first fit by node rank:
-    locality, rejections, large-claim rejections, utilization."""
-    if jobs < 1 or load <= 0:
-        fail("--jobs must be at least 1 and --load positive")
-    result = _benchmarks_module("placement").measure(seed=seed, jobs=jobs, load=load)
-    prefixes = ("baseline_", "first_fit_")
-    rows = [
-        (k, *(str(result.get(f"{p}{k}", "")) for p in ("", *prefixes)))
-        for k in result
-        if not k.startswith(prefixes)
-    ]
-    title = f"dralloc bench placement (seed {seed}, {jobs} arrivals, load {load})"
-    _print_bench(result, as_json, title, rows, ("dralloc", "Kubernetes (baseline)", "first fit by rank"))
+    """Seeded churn traces over a 68-node mixed fleet, each run with dralloc's placement, as
+    Kubernetes places it (a random feasible node, devices first fit) and with first fit by node
+    rank, with the same waiting rules: refusals, refusals with enough free GPUs, waits of large
+    claims, small claims refused, utilization, GPU-hours served, locality."""
+    module = _benchmarks_module("placement")
+    try:
+        seed_list, load_list = module.parse_seeds(seeds), module.parse_loads(loads)
+    except ValueError as exc:
+        fail(f"bench placement: {exc}")
+    if jobs < 1 or max_wait < 0:
+        fail("--jobs must be at least 1 and --max-wait not negative")
+    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait)
+    if as_json:
+        _print_bench(result, True, "", [])
+        return
+    policies = module.POLICIES
+    keys = list(result["runs"][0]["dralloc"]) if result["runs"] else []
+    for run_ in result["runs"]:
+        title = f"dralloc bench placement: seed {run_['seed']}, load {run_['load']} ({run_['units']} arrivals, {run_['large_claims']} large)"
+        _print_bench(run_, False, title, [(k, *(str(run_[p][k]) for p in policies)) for k in keys], policies)
+    totals = result["totals"]
+    total_keys = list(totals["dralloc"])
+    rows = [(k, *(str(totals[p][k]) for p in policies)) for k in total_keys]
+    rows += [(f"dralloc {k} vs {other}", "", *(str(totals[f"vs_{o}"][k]) if o == other else "" for o in policies[1:])) for other in policies[1:] for k in totals[f"vs_{other}"]]
+    _print_bench(totals, False, f"dralloc bench placement: totals over {totals['runs']} runs (max wait {max_wait} min)", rows, policies)
 
 
 @bench_app.command("pipeline")
