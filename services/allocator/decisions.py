@@ -34,11 +34,10 @@ from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceCl
 
 @dataclass(frozen=True, slots=True)
 class Adopt:
-    """A claim that arrives allocated: the engine already holds its devices as they are; write `commit`."""
+    """A claim that arrives allocated, conflicting with nothing held: the engine already holds its
+    devices as they are; write `commit`."""
 
     commit: ev.AllocationCommitted
-    problems: list[str]
-    """What the engine found wrong with the allocation it adopted (for the log)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +203,8 @@ class Decisions:
         - AllocationReleased: the claim replaced a committed one of its name (deleted and re-created),
           or the cluster holds another allocation for it, or none any more: write the release,
           `release_stored`, then submit the claim again (the cluster's allocation is then adopted);
-        - AllocationFailed: write it, then `failure_sent` (a gang too large to commit all or none);
+        - AllocationFailed: write it, then `failure_sent` (a gang too large to commit all or none;
+          an allocation made elsewhere that conflicts with one held, see `_adopt`);
         - Adopt, Allocate, GangComplete, AllocatePod: see each."""
         key = claim.key
         if self.is_committed(claim):
@@ -481,12 +481,17 @@ class Decisions:
         done = self.committed.get(claim.key)
         return done is not None and done.claim.metadata.uid == claim.metadata.uid
 
-    def _adopt(self, claim: ResourceClaim) -> Adopt:
-        """A claim that arrives allocated (by Kubernetes, or by an earlier run written back to it):
-        its devices are in use as they are; it is recorded as committed, never decided again."""
-        problems = self.engine.restore(claim)
+    def _adopt(self, claim: ResourceClaim) -> Adopt | ev.AllocationFailed | None:
+        """A claim that arrives allocated (by Kubernetes, by an earlier run written back to it, or
+        written into a file by hand): adopted as it is, recorded as committed and never decided
+        again, only if it conflicts with nothing held (devices, share ids, capacity, counters;
+        any namespace's claims). Otherwise it fails with an `error` naming the holders, and holds
+        nothing (None: this term already wrote that failure)."""
+        conflicts = self.engine.adopt(claim)
+        if conflicts:
+            return self.failure(claim, "error", "status.allocation not adopted, it conflicts with allocations held: " + "; ".join(conflicts))
         record = self.engine.ledger.claims.get(claim.key)
-        return Adopt(ev.AllocationCommitted(claim=claim, node=record.node if record is not None else None), problems)
+        return Adopt(ev.AllocationCommitted(claim=claim, node=record.node if record is not None else None))
 
     def _record(self, event: ev.AllocationCommitted) -> None:
         self.committed[event.key] = event

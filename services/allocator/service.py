@@ -305,9 +305,7 @@ class Allocator:
         match step:
             case ev.AllocationFailed():
                 await self._send_failure(step)
-            case Adopt(commit=event, problems=problems):
-                for problem in problems:
-                    log.warning("allocator: adopting %s: %s", event.key, problem)
+            case Adopt(commit=event):
                 try:
                     await self._write(event)
                 except BaseException:

@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from dralloc.allocator.engine import cel
+from dralloc.allocator.engine import adoption, cel
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.placement import Placement, demand_of
@@ -154,6 +154,11 @@ class Engine:
         return []
 
     # --- ledger --------------------------------------------------------------------------
+
+    def adopt(self, claim: ResourceClaim) -> list[str]:
+        """Hold an allocation made elsewhere (claim.status.allocation) only if it conflicts with
+        nothing held: else hold nothing and return the conflicts, naming the holders (adoption.py)."""
+        return adoption.adopt(self, claim)
 
     def restore(self, claim: ResourceClaim) -> list[str]:
         """Mark an existing allocation (claim.status.allocation) as in use."""
