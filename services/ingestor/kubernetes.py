@@ -37,6 +37,7 @@ way Kubernetes' resourceclaim controller makes them (`ClaimController`), when
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -48,6 +49,7 @@ import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
 from dralloc.bus import Bus
+from dralloc.ingestor.podgate import GatedPod, PodGate
 from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
 from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, claim_from_template
@@ -229,11 +231,13 @@ async def _sleep(stop: asyncio.Event, seconds: float) -> None:
 # --- what each change publishes (pure) ---------------------------------------------------------
 
 
-def claim_events(kind: str, claim: ResourceClaim) -> list[SourceEvent]:
+def claim_events(kind: str, claim: ResourceClaim, *, needs_pod: bool = False) -> list[SourceEvent]:
+    """A claim as the cluster holds it (`cluster`: its status is the truth); `needs_pod`: allocated
+    only with a Pod that uses it (Kubernetes' delayed allocation)."""
     meta = claim.metadata
     if kind == "DELETED" or meta.deletion_timestamp:
         return [ev.ClaimDeleted(namespace=meta.namespace or "default", name=meta.name, uid=meta.uid or "")]
-    return [ev.ClaimSubmitted(claim=claim)]
+    return [ev.ClaimSubmitted(claim=claim, cluster=True, needs_pod=needs_pod)]
 
 
 def class_events(kind: str, device_class: DeviceClass) -> list[SourceEvent]:
@@ -261,20 +265,31 @@ class KubeSourceOptions:
     """Also publish the ResourceSlices the cluster's DRA drivers write."""
     claim_templates: bool = False
     """Create the claims Pods ask for through templates (the resourceclaim controller's job)."""
+    pods: bool = True
+    """Handle the Pods that carry dralloc's scheduling gate (`podgate`): their claims allocated as one unit."""
+    unused_claims: str = "pending"
+    """Claims no gated Pod uses: ``pending`` (Kubernetes' delayed allocation: they wait for a Pod)
+    or ``allocate`` (each allocated on its own as soon as it fits, as claims from files are)."""
     settings: KubeSettings = field(default_factory=KubeSettings)
     watch_seconds: int = WATCH_SECONDS
 
     @classmethod
     def from_config(cls, config: Any) -> KubeSourceOptions:
         """From the ingestor's `Config` (`namespace`: one or a comma-separated list, `kubeconfig`) and the
-        environment: ``DRALLOC_INGESTOR_SLICES``, ``DRALLOC_INGESTOR_CLAIM_TEMPLATES`` (true/false), ``DRALLOC_KUBE_SERVER``,
+        environment: ``DRALLOC_INGESTOR_SLICES``, ``DRALLOC_INGESTOR_CLAIM_TEMPLATES``, ``DRALLOC_INGESTOR_PODS``
+        (true/false), ``DRALLOC_INGESTOR_UNUSED_CLAIMS`` (pending/allocate), ``DRALLOC_KUBE_SERVER``,
         ``DRALLOC_KUBE_CONTEXT``."""
         namespaces = [ns.strip() for ns in (getattr(config, "namespace", None) or "").split(",") if ns.strip()]
         env = KubeSettings.from_env()
+        unused = os.environ.get("DRALLOC_INGESTOR_UNUSED_CLAIMS", "pending").strip().lower() or "pending"
+        if unused not in ("pending", "allocate"):
+            raise ValueError(f"DRALLOC_INGESTOR_UNUSED_CLAIMS must be pending or allocate, not {unused!r}")
         return cls(
             namespaces=namespaces,
             slices=_env_flag("DRALLOC_INGESTOR_SLICES"),
             claim_templates=_env_flag("DRALLOC_INGESTOR_CLAIM_TEMPLATES"),
+            pods=os.environ.get("DRALLOC_INGESTOR_PODS", "true").strip().lower() not in ("0", "false", "no", "off"),
+            unused_claims=unused,
             settings=KubeSettings(server=env.server,
                                   kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
                                   context=env.context),
@@ -290,6 +305,7 @@ class KubernetesSource:
         self.last: dict[str, str] = {}
         """subject -> msg id of the last event produced for it: an identical event is not produced again."""
         self.reflectors: list[Reflector[Any]] = []
+        self.gate: PodGate | None = None
 
     async def seed(self, bus: Bus) -> None:
         """Resume: what the bus already holds (the last event per subject) is not produced again."""
@@ -305,6 +321,8 @@ class KubernetesSource:
             if self.options.claim_templates:
                 controller = ClaimController(api, self.report, self._claims_reflectors(), self.options.namespaces)
                 tasks.append(asyncio.create_task(controller.run(stop, self.options.watch_seconds), name="claim controller"))
+            if self.gate is not None:
+                tasks.append(asyncio.create_task(self._run_gate(stop), name="pod gate"))
             stopping = asyncio.ensure_future(stop.wait())
             try:
                 while True:
@@ -326,13 +344,24 @@ class KubernetesSource:
     def _reflectors(self, api: ApiClient, queue: asyncio.Queue[SourceEvent]) -> list[Reflector[Any]]:
         v1 = ResourceV1Api(api)
 
+        async def publish(event: SourceEvent) -> None:
+            if self.last.get(event.subject) != event.msg_id:
+                self.last[event.subject] = event.msg_id
+                await queue.put(event)
+
+        if self.options.pods:
+            self.gate = PodGate(api, self.report, self._known_claims, self._known_classes, publish)
+
         def sink(mapper: Callable[[str, Any], list[SourceEvent]]) -> Callable[[str, Any], Awaitable[None]]:
             async def on_change(kind: str, obj: Any) -> None:
                 for event in mapper(kind, obj):
-                    if self.last.get(event.subject) != event.msg_id:
-                        self.last[event.subject] = event.msg_id
-                        await queue.put(event)
+                    await publish(event)
+                if self.gate is not None and isinstance(obj, ResourceClaim):
+                    await self.gate.claim_changed(obj)  # after the claim's own event: the bus has it first
             return on_change
+
+        needs_pod = self.options.pods and self.options.unused_claims == "pending"
+        claim_events_here = functools.partial(claim_events, needs_pod=needs_pod)
 
         def reflector(what: str, lister: Callable[..., Awaitable[Any]], item_type: type, mapper: Callable[[str, Any], list[SourceEvent]]) -> Reflector[Any]:
             return Reflector(what, lister, item_type, sink(mapper), self.report, watch_seconds=self.options.watch_seconds)
@@ -343,13 +372,35 @@ class KubernetesSource:
         if self.options.namespaces:
             for namespace in self.options.namespaces:
                 lister = _bind(v1.list_namespaced_resource_claim, namespace)
-                found.append(reflector(f"resourceclaims in {namespace}", lister, ResourceClaim, claim_events))
+                found.append(reflector(f"resourceclaims in {namespace}", lister, ResourceClaim, claim_events_here))
         else:
-            found.append(reflector("resourceclaims", v1.list_resource_claim_for_all_namespaces, ResourceClaim, claim_events))
+            found.append(reflector("resourceclaims", v1.list_resource_claim_for_all_namespaces, ResourceClaim, claim_events_here))
         return found
 
     def _claims_reflectors(self) -> list[Reflector[ResourceClaim]]:
         return [r for r in self.reflectors if r.item_type is ResourceClaim]
+
+    def _known_claims(self) -> Iterable[ResourceClaim]:
+        for reflector in self._claims_reflectors():
+            yield from reflector.known.values()
+
+    def _known_classes(self) -> Iterable[DeviceClass]:
+        for reflector in self.reflectors:
+            if reflector.item_type is DeviceClass:
+                yield from reflector.known.values()
+
+    async def _run_gate(self, stop: asyncio.Event) -> None:
+        """Follow the Pods (once the claims and classes they refer to are listed) for the gate."""
+        assert self.gate is not None
+        for reflector in self.reflectors:
+            if reflector.item_type in (ResourceClaim, DeviceClass):
+                await reflector.synced.wait()
+        core = CoreV1Api(self.gate.core.api_client)
+        listers = ([("pods in " + ns, _bind(core.list_namespaced_pod, ns)) for ns in self.options.namespaces]
+                   or [("pods", core.list_pod_for_all_namespaces)])
+        reflectors = [Reflector(what, lister, GatedPod, self.gate.on_pod, self.report, watch_seconds=self.options.watch_seconds)
+                      for what, lister in listers]
+        await asyncio.gather(*(r.run(stop) for r in reflectors))
 
 
 def _env_flag(name: str) -> bool:

@@ -20,13 +20,21 @@ released
     foreign since (release follows the claim's deletion, so this only matters
     for a claim a finalizer still holds).
 failed
-    Kubernetes has no claim status field for "could not allocate"; the local
-    store and the bus carry it. Nothing is written.
+    Kubernetes has no claim status field for "could not allocate": a Warning
+    Event on the claim, and on the Pod whose unit failed, says why
+    (`kube_events`: one Event per object and explanation, its count raised
+    on a repeat, rate-limited).
+
+An allocation is written as kube-scheduler writes one: first the finalizer
+``resource.kubernetes.io/delete-protection`` (an update of the claim), then
+``status.allocation`` and ``reservedFor`` in one status patch; a release clears
+both and drops the finalizer, as the resourceclaim controller does.
 
 The status writer consumes ALLOCATIONS in order and one event at a time, so
 writes are ordered per claim; a per-claim lock keeps them ordered even if a
-caller runs several at once. Only `get` and `patch` on `resourceclaims/status`
-are used (infra/rbac.yaml grants exactly that).
+caller runs several at once. It uses `get`/`patch` on `resourceclaims/status`,
+`patch` on `resourceclaims` (the finalizer), `get` on `pods` and `create`/`get`/`patch`
+on `events` (infra/rbac.yaml grants exactly that).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 from opentelemetry.trace import SpanKind
 
 from dralloc import telemetry
@@ -47,6 +55,7 @@ from dralloc.bus import Permanent
 from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
+from dralloc.statuswriter.kube_events import EventRecorder, Involved
 
 log = logging.getLogger("dralloc.statuswriter.kubernetes")
 
@@ -54,6 +63,9 @@ MAX_ATTEMPTS = 8
 """Conflicting writes retried this many times before the event is handed back to the bus for redelivery."""
 
 MERGE_PATCH = "application/merge-patch+json"
+
+FINALIZER = "resource.kubernetes.io/delete-protection"
+"""The finalizer kube-scheduler puts on a claim it allocates (resourceapi.Finalizer)."""
 
 
 class Outcome(enum.Enum):
@@ -79,7 +91,10 @@ class ConflictRetriesExhausted(Exception):
 
 
 def consumer_of(claim: ResourceClaim) -> list[dict[str, str]]:
-    """`reservedFor` for a claim that names its consumer: the Pod that owns it as controller."""
+    """`reservedFor` for the claim: the consumer the allocator committed it for (the Pod whose unit
+    it was allocated with), else the Pod that owns it as controller."""
+    if claim.status is not None and claim.status.reserved_for:
+        return [{"resource": r.resource, "name": r.name, "uid": r.uid} for r in claim.status.reserved_for]
     for ref in claim.metadata.owner_references:
         if ref.kind == "Pod" and ref.api_version == "v1" and ref.controller:
             return [{"resource": "pods", "name": ref.name, "uid": ref.uid}]
@@ -116,16 +131,20 @@ class KubernetesSink:
         """claim uid -> the allocation this writer wrote (as JSON), to recognise it again on release."""
         self._foreign: set[str] = set()
         """uids of claims found allocated by someone else: their allocation is never cleared here."""
+        self.events = EventRecorder(lambda: self._api)  # (failed() makes the client first)
 
     async def close(self) -> None:
         if self._api is not None and self._owns_api:
             await self._api.close()
             self._api = None
 
-    async def _v1(self) -> ResourceV1Api:
+    async def _client(self) -> ApiClient:
         if self._api is None:
             self._api = await api_client(self.settings, "statuswriter")
-        return ResourceV1Api(self._api)
+        return self._api
+
+    async def _v1(self) -> ResourceV1Api:
+        return ResourceV1Api(await self._client())
 
     # --- the StatusSink protocol --------------------------------------------------------------
 
@@ -136,7 +155,28 @@ class KubernetesSink:
         self.report(await self._traced("clear", event.key, self._release, event))
 
     async def failed(self, event: ev.AllocationFailed) -> None:
+        """No claim status field says "could not allocate": an Event on the claim (and its Pod) does."""
+        await self._client()
+        involved = [Involved("ResourceClaim", "resource.k8s.io/v1", event.namespace, event.name, event.uid)]
+        if event.pod:
+            pod = await self._pod(event.namespace, event.pod)
+            if pod is not None:
+                involved.append(pod)
+        for target in involved:
+            await self.events.record(target, event.message)
         self.report(Result(event.key, Outcome.SKIPPED, f"{event.reason}: {event.message}"))
+
+    async def _pod(self, namespace: str, name: str) -> Involved | None:
+        """The Pod an Event is about (its uid: `kubectl describe` matches on it), None if gone."""
+        core = CoreV1Api(await self._client())
+        try:
+            body = await body_of(core.read_namespaced_pod(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("Pod %s/%s not read for its Event: %s", namespace, name, describe(exc))
+            return None
+        uid = msgspec.json.decode(body, type=_Named).metadata.uid
+        return Involved("Pod", "v1", namespace, name, uid)
 
     # --- decisions -----------------------------------------------------------------------------
 
@@ -185,6 +225,12 @@ class KubernetesSink:
                     return Result(event.key, Outcome.UNCHANGED)
                 patch = {"status": {"reservedFor": msgspec.to_builtins(status.reserved_for) + missing}}
             else:
+                if FINALIZER not in current.metadata.finalizers:
+                    # As kube-scheduler does before it writes an allocation: the claim is not deleted
+                    # while allocated, and the resourceclaim controller deallocates it once unreserved.
+                    current = await self._add_finalizer(namespace, name, current)
+                    if current is None:
+                        continue  # changed meanwhile: read it again
                 patch = {"status": {"allocation": want_json, **({"reservedFor": reserved} if reserved else {})}}
             if await self._patch(namespace, name, current, patch):
                 self._written[current.metadata.uid or ""] = want_json
@@ -198,6 +244,8 @@ class KubernetesSink:
                 return Result(event.key, Outcome.GONE, "nothing to clear: the claim is gone")
             have = current.status.allocation if current.status else None
             if have is None:
+                if current.metadata.deletion_timestamp:
+                    await self._remove_finalizer(event.namespace, event.name)  # a deleted claim, deallocated: let it go
                 return Result(event.key, Outcome.UNCHANGED)
             ours = self._written.get(current.metadata.uid or "")
             foreign = current.metadata.uid in self._foreign or (ours is not None and ours != msgspec.to_builtins(have))
@@ -206,6 +254,7 @@ class KubernetesSink:
             if await self._patch(event.namespace, event.name, current, {"status": {"allocation": None, "reservedFor": None}}):
                 self._written.pop(current.metadata.uid or "", None)
                 self._foreign.discard(current.metadata.uid or "")
+                await self._remove_finalizer(event.namespace, event.name)
                 return Result(event.key, Outcome.CLEARED)
         raise ConflictRetriesExhausted(f"{event.key}: status kept changing during {MAX_ATTEMPTS} attempts")
 
@@ -236,6 +285,49 @@ class KubernetesSink:
             if exc.status == 404:
                 return False  # deleted in between: the re-read says so
             raise _classify(exc) from exc
+
+
+    async def _add_finalizer(self, namespace: str, name: str, current: ResourceClaim) -> ResourceClaim | None:
+        """The claim with `FINALIZER` added at the version read; None on a conflict (re-read and decide again)."""
+        body = {"metadata": {"resourceVersion": current.metadata.resource_version,
+                             "finalizers": [*current.metadata.finalizers, FINALIZER]}}
+        v1 = await self._v1()
+        try:
+            return msgspec.json.decode(await body_of(v1.patch_namespaced_resource_claim(
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False)), type=ResourceClaim)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            raise _classify(exc) from exc
+
+    async def _remove_finalizer(self, namespace: str, name: str) -> None:
+        """Drop `FINALIZER` from a claim no longer allocated (as the resourceclaim controller does)."""
+        v1 = await self._v1()
+        for _ in range(MAX_ATTEMPTS):
+            current = await self._read(namespace, name)
+            if current is None or FINALIZER not in current.metadata.finalizers:
+                return
+            if current.status is not None and current.status.allocation is not None:
+                return  # allocated again meanwhile: the finalizer protects that allocation now
+            body = {"metadata": {"resourceVersion": current.metadata.resource_version,
+                                 "finalizers": [f for f in current.metadata.finalizers if f != FINALIZER] or None}}
+            try:
+                await body_of(v1.patch_namespaced_resource_claim(name, namespace, body, _content_type=MERGE_PATCH,
+                                                                 _preload_content=False))
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if exc.status != 409:
+                    raise _classify(exc) from exc
+
+
+class _NamedMeta(msgspec.Struct):
+    uid: str = ""
+
+
+class _Named(msgspec.Struct):
+    metadata: _NamedMeta = msgspec.field(default_factory=_NamedMeta)
 
 
 def _classify(exc: ApiException) -> Exception:

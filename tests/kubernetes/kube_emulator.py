@@ -72,6 +72,7 @@ KINDS = [
     Kind(RESOURCE_GROUP, "v1", "deviceclasses", "DeviceClass", False, False),
     Kind(RESOURCE_GROUP, "v1", "resourceslices", "ResourceSlice", False, False),
     Kind("", "v1", "pods", "Pod", True, True),
+    Kind("", "v1", "events", "Event", True, False),
 ]
 
 Key = tuple[str, str | None, str]  # (plural, namespace, name)
@@ -172,7 +173,7 @@ class ApiServer(KubernetesScaffold):
             res = resource(kind.group, kind.version, kind.plural)
             self.resources[res] = self.ResourceInfo(
                 kind=kind.kind, namespaced=kind.namespaced,
-                subresources=["status"] if kind.status else [],
+                subresources=(["status"] if kind.status else []) + (["binding"] if kind.plural == "pods" else []),
                 verbs=["get", "list", "watch", "create", "update", "patch", "delete"],
             )
             # Above kmock's discovery fallbacks, below any reaction a test adds.
@@ -231,6 +232,8 @@ class ApiServer(KubernetesScaffold):
     def _serve(self, request: Request) -> Any:
         kind = next(k for k in KINDS if k.plural == request.resource.plural and k.group == request.resource.group)
         method = str(request.method.value).upper()
+        if kind.plural == "pods" and request.subresource == "binding" and method == "POST":
+            return self._bind(request)
         if request.subresource not in (None, "status") or (request.subresource and not kind.status):
             return self._fail(404, "NotFound", f"the server could not find the requested resource ({request.subresource})")
         # Every answer names its status: kmock's reaction keeps the last status it rendered.
@@ -240,6 +243,24 @@ class ApiServer(KubernetesScaffold):
 
     async def _fail(self, code: int, reason: str, message: str) -> Any:
         raise _status(code, reason, message)
+
+    async def _bind(self, request: Request) -> Any:
+        """`pods/binding`, as kube-scheduler binds: only an unbound Pod without scheduling gates."""
+        kind = next(k for k in KINDS if k.plural == "pods")
+        key: Key = ("pods", request.namespace, request.name or "")
+        pod = self._existing(kind, key)
+        target = ((request.data or {}).get("target") or {}).get("name") if isinstance(request.data, dict) else None
+        if not target:
+            raise _status(400, "BadRequest", "Binding: target.name is required")
+        if pod["spec"].get("schedulingGates"):
+            raise _status(422, "Invalid", f"pod {key[2]} has non-empty .spec.schedulingGates")
+        if pod["spec"].get("nodeName"):
+            raise _status(409, "Conflict", f"pod {key[2]} is already assigned to node \"{pod['spec']['nodeName']}\"")
+        bound = copy.deepcopy(pod)
+        bound["spec"]["nodeName"] = target
+        self.writes.append(("create", "binding", key))
+        self._store(kind, key, bound, "MODIFIED", spec_of=pod)
+        return Response(status=201, payload={"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201})
 
     async def _unary(self, kind: Kind, request: Request, method: str) -> Any:
         namespace = request.namespace if kind.namespaced else None
@@ -447,6 +468,24 @@ class ApiServer(KubernetesScaffold):
             del self._objects[key]
         else:
             self._objects[key] = obj
+        result = self._announce(kind, key, obj, event)
+        if delete:
+            self._collect_dependents(obj["metadata"].get("uid"))
+        return result
+
+    def _collect_dependents(self, uid: str | None) -> None:
+        """The garbage collector's background cascade: objects whose owners are all gone are deleted
+        (finalizers hold them with a deletionTimestamp, as for any delete)."""
+        if not uid:
+            return
+        living = {o["metadata"].get("uid") for o in self._objects.values()}
+        for key, obj in list(self._objects.items()):
+            owners = obj["metadata"].get("ownerReferences") or []
+            if any(ref.get("uid") == uid for ref in owners) and not any(ref.get("uid") in living for ref in owners):
+                if key in self._objects and not obj["metadata"].get("deletionTimestamp"):
+                    self._delete(next(k for k in KINDS if k.plural == key[0]), key, None)
+
+    def _announce(self, kind: Kind, key: Key, obj: dict[str, Any], event: str) -> dict[str, Any]:
         snapshot = copy.deepcopy(obj)
         self._log.append((self._rv, kind, event, snapshot))
         if len(self._log) > self.history:
@@ -458,6 +497,13 @@ class ApiServer(KubernetesScaffold):
         return copy.deepcopy(obj)
 
     def _validate(self, kind: Kind, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        if kind.plural == "pods" and old is not None:
+            # After creation a scheduling gate may only be removed (the API server's pod update validation).
+            before = [g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []]
+            for gate in (new.get("spec") or {}).get("schedulingGates") or []:
+                if gate.get("name") not in before:
+                    raise _status(422, "Invalid", f"Pod \"{new['metadata']['name']}\" is invalid: spec.schedulingGates: "
+                                  f"Forbidden: only deletion is allowed, but found new scheduling gate '{gate.get('name')}'")
         if kind.plural != "resourceclaims":
             return
         try:

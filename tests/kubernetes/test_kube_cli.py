@@ -42,8 +42,16 @@ async def test_services_run_against_the_api_server(apiserver: ApiServer, nats_ur
         apiserver.apply(CLASS)
         apiserver.apply(SLICE)
         apiserver.apply(claim("a"))
+        apiserver.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer", "namespace": "ml"},
+                         "spec": {"containers": [{"name": "main", "image": "busybox"}],
+                                  "schedulingGates": [{"name": "dralloc.dev/allocate"}],
+                                  "resourceClaims": [{"name": "gpu", "resourceClaimName": "a"}]}})
         status = await allocation_of(apiserver, "a", timeout=30)
         assert status["allocation"]["devices"]["results"][0]["pool"] == "node-0"
+        assert status["reservedFor"][0]["name"] == "trainer"
+        async with asyncio.timeout(10):  # the ingestor lifts the gate once the Pod's claims are allocated
+            while apiserver.read("pods", "ml", "trainer")["spec"].get("schedulingGates"):
+                await asyncio.sleep(0.05)
     finally:
         stop.set()
         await running

@@ -143,4 +143,6 @@ async def test_rbac_of_the_claim_templates_overlay_is_exactly_what_is_called(api
 
     called = {(r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), verb(r))
               for r in apiserver._requests if r.headers.get("User-Agent") == agent and r.resource is not None}
-    assert called == granted(render(INFRA / "claim-templates"), "dralloc-ingestor")
+    overlay, base = granted(render(INFRA / "claim-templates"), "dralloc-ingestor"), granted(render(INFRA), "dralloc-ingestor")
+    assert called <= overlay  # nothing it calls is missing
+    assert overlay - base <= called  # and the overlay adds only what the controller calls

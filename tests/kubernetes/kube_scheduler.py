@@ -1,0 +1,129 @@
+"""A stand-in for kube-scheduler: what dralloc relies on it to do, over the real client and HTTP.
+
+For every Pod that is neither bound nor gated (kube-scheduler does not see gated Pods):
+- claims not allocated yet are allocated by "its DRA plugin": the Kubernetes allocator's
+  first fit (dralloc's engine with scoring off, which agrees with it on the conformance
+  corpus), all of the Pod's claims together, written as bindClaim writes them: the finalizer
+  ``resource.kubernetes.io/delete-protection`` (an update of the claim), then
+  ``status.allocation`` and ``reservedFor`` with the claim's resourceVersion;
+- allocated claims not reserved for the Pod get it added to ``reservedFor`` (PreBind);
+- the Pod is bound (``pods/binding``) to the node its claims' allocations allow.
+A Pod whose claims allow no common node, or cannot be allocated, is left unbound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from kube_emulator import ApiServer
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
+
+from dralloc.allocator.engine import Engine
+from dralloc.schemas.resource import DeviceClass, ResourceClaim, ResourceSlice
+
+FINALIZER = "resource.kubernetes.io/delete-protection"
+MERGE = "application/merge-patch+json"
+
+
+def allowed_nodes(allocation: dict[str, Any]) -> set[str] | None:
+    """The nodes an allocation's node selector allows (None: any node)."""
+    selector = allocation.get("nodeSelector")
+    if not selector:
+        return None
+    nodes: set[str] = set()
+    for term in selector.get("nodeSelectorTerms", []):
+        for requirement in term.get("matchFields", []) + term.get("matchExpressions", []):
+            if requirement.get("operator") == "In":
+                nodes |= set(requirement.get("values", []))
+    return nodes
+
+
+def pod_claim_names(pod: dict[str, Any]) -> list[str] | None:
+    statuses = {s["name"]: s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses", [])}
+    names = []
+    for entry in pod["spec"].get("resourceClaims", []):
+        name = entry.get("resourceClaimName") or statuses.get(entry["name"])
+        if not name:
+            return None
+        names.append(name)
+    extended = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    return names + ([extended] if extended else [])
+
+
+class SchedulerStandIn:
+    def __init__(self, apiserver: ApiServer, api: ApiClient) -> None:
+        self.apiserver = apiserver
+        self.core = CoreV1Api(api)
+        self.resource = ResourceV1Api(api)
+        self.allocated: list[str] = []
+        """Claims this stand-in allocated itself (as kube-scheduler's DRA plugin)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for pod in self.apiserver.objects_of("pods"):
+                if not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates") \
+                        and not pod["metadata"].get("deletionTimestamp"):
+                    try:
+                        await self.schedule(pod)
+                    except ApiException:
+                        pass  # a conflict: the next round tries again, as the scheduler's queue does
+            await asyncio.sleep(0.05)
+
+    async def schedule(self, pod: dict[str, Any]) -> None:
+        names = pod_claim_names(pod)
+        if names is None:
+            return
+        namespace = pod["metadata"]["namespace"]
+        claims = [self.apiserver.read("resourceclaims", namespace, name) for name in names]
+        if any(c is None for c in claims):
+            return
+        pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
+        if pending and not await self._allocate(pod, pending):
+            return
+        claims = [self.apiserver.read("resourceclaims", namespace, name) for name in names]
+        nodes: set[str] | None = None
+        for claim in claims:
+            allowed = allowed_nodes(claim["status"]["allocation"])
+            if allowed is not None:
+                nodes = allowed if nodes is None else nodes & allowed
+        if nodes is not None and not nodes:
+            return
+        for claim in claims:  # PreBind: the Pod is a consumer of each claim
+            reserved = claim["status"].get("reservedFor", [])
+            if not any(r.get("uid") == pod["metadata"]["uid"] for r in reserved):
+                entry = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+                body = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]}, "status": {"reservedFor": reserved + [entry]}}
+                await self.resource.patch_namespaced_resource_claim_status(claim["metadata"]["name"], namespace, body, _content_type=MERGE)
+        node = sorted(nodes)[0] if nodes else "node-0"
+        await self.core.create_namespaced_pod_binding(pod["metadata"]["name"], namespace, {
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+
+    async def _allocate(self, pod: dict[str, Any], pending: list[dict[str, Any]]) -> bool:
+        engine = Engine(scoring=False)
+        for obj in self.apiserver.objects_of("deviceclasses"):
+            engine.apply(msgspec.convert(obj, DeviceClass))
+        for obj in self.apiserver.objects_of("resourceslices"):
+            engine.apply(msgspec.convert(obj, ResourceSlice))
+        for obj in self.apiserver.objects_of("resourceclaims"):
+            if (obj.get("status") or {}).get("allocation"):
+                engine.restore(msgspec.convert(obj, ResourceClaim))
+        outcomes = engine.allocate([msgspec.convert(c, ResourceClaim) for c in pending], together=True)
+        if any(o.status != "allocated" for o in outcomes):
+            return False
+        for claim, outcome in zip(pending, outcomes):
+            name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
+            finalizers = claim["metadata"].get("finalizers", [])
+            if FINALIZER not in finalizers:
+                claim = msgspec.json.decode(await (await self.resource.patch_namespaced_resource_claim(
+                    name, namespace, {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"],
+                                                   "finalizers": [*finalizers, FINALIZER]}},
+                    _content_type=MERGE, _preload_content=False)).read())
+            entry = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+            body = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
+                    "status": {"allocation": msgspec.to_builtins(outcome.allocation), "reservedFor": [entry]}}
+            await self.resource.patch_namespaced_resource_claim_status(name, namespace, body, _content_type=MERGE)
+            self.allocated.append(name)
+        return True
