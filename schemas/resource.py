@@ -178,6 +178,36 @@ class DeviceTaint(_Obj, kw_only=True):
     time_added: str | None = None
 
 
+# --- DeviceTaintRule (resource.k8s.io/v1 since 1.37) ---------------------------------
+
+
+class DeviceTaintSelector(_Obj, kw_only=True):
+    """Which devices a rule taints: every field set must match; an empty selector matches all."""
+
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+
+class DeviceTaintRuleSpec(_Obj, kw_only=True):
+    device_selector: DeviceTaintSelector | None = None  # None: no device
+    taint: DeviceTaint
+
+
+class DeviceTaintRuleStatus(_Obj, kw_only=True):
+    conditions: list[Any] = []
+
+
+class DeviceTaintRule(_Obj, kw_only=True):
+    """Taints the devices it selects exactly as a taint in their ResourceSlice would."""
+
+    api_version: str = API_VERSION
+    kind: str = "DeviceTaintRule"
+    metadata: ObjectMeta
+    spec: DeviceTaintRuleSpec
+    status: DeviceTaintRuleStatus | None = None
+
+
 class Device(_Obj, kw_only=True):
     name: str
     attributes: dict[str, DeviceAttribute] = {}
@@ -405,10 +435,11 @@ KINDS: dict[tuple[str, str], type[_Obj]] = {
     (API_VERSION, "ResourceSlice"): ResourceSlice,
     (API_VERSION, "ResourceClaim"): ResourceClaim,
     (API_VERSION, "ResourceClaimTemplate"): ResourceClaimTemplate,
+    (API_VERSION, "DeviceTaintRule"): DeviceTaintRule,
 }
 """(apiVersion, kind) -> Struct, for every object the system reads."""
 
-Object = Node | Pod | DeviceClass | ResourceSlice | ResourceClaim | ResourceClaimTemplate
+Object = Node | Pod | DeviceClass | ResourceSlice | ResourceClaim | ResourceClaimTemplate | DeviceTaintRule
 
 
 def to_builtins(obj: Object) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from dralloc.schemas.resource import (
     DeviceAttribute,
     DeviceClass,
+    DeviceTaintRule,
     DeviceSelector,
     DeviceToleration,
     Node,
@@ -95,6 +96,8 @@ def validate(obj: object) -> list[FieldError]:
             return errors + _claim_spec(obj.spec.spec, "spec.spec")
         case ResourceSlice():
             return errors + _slice(obj)
+        case DeviceTaintRule():
+            return errors + _taint_rule(obj)
     return errors
 
 
@@ -125,7 +128,7 @@ def metadata_errors(obj: object) -> list[FieldError]:
     """The object's names as the API server checks them: `metadata.name` a DNS subdomain (every
     kind read here), `metadata.namespace` a DNS label (namespaced kinds; empty means default).
     A name is also a NATS subject token and a KV key, so this is what keeps both well formed."""
-    if not isinstance(obj, DeviceClass | ResourceClaim | ResourceClaimTemplate | ResourceSlice | Node | Pod):
+    if not isinstance(obj, DeviceClass | ResourceClaim | ResourceClaimTemplate | ResourceSlice | Node | Pod | DeviceTaintRule):
         return []
     meta = obj.metadata
     errors = [FieldError("metadata.name", problem)] if (problem := name_error(meta.name)) else []
@@ -323,3 +326,29 @@ def _attribute(attribute: DeviceAttribute, path: str) -> list[FieldError]:
         if name in ("string", "strings", "version", "versions") and len(entry.encode()) > ATTRIBUTE_VALUE_MAX_BYTES:
             errors.append(FieldError(where, f"must be at most {ATTRIBUTE_VALUE_MAX_BYTES} bytes, is {len(entry.encode())}"))
     return errors
+
+
+_TAINT_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _taint_rule(rule: DeviceTaintRule) -> list[FieldError]:
+    """A DeviceTaintRule: the selector's names are names the API accepts (driver a DNS
+    subdomain, pool a pool name, device a DNS label), the taint has a label-style key and one
+    of the three effects."""
+    errors = []
+    selector = rule.spec.device_selector
+    if selector is not None:
+        if selector.driver is not None and not is_dns_subdomain(selector.driver):
+            errors.append(FieldError("spec.deviceSelector.driver", f"{selector.driver!r} must be a DNS subdomain"))
+        if selector.pool is not None and (problem := pool_name_error(selector.pool)):
+            errors.append(FieldError("spec.deviceSelector.pool", problem))
+        if selector.device is not None and not is_dns_label(selector.device):
+            errors.append(FieldError("spec.deviceSelector.device", f"{selector.device!r} must be a DNS label"))
+    taint = rule.spec.taint
+    name = taint.key.rpartition("/")[2]
+    if not _TAINT_KEY.match(taint.key) or len(name) > 63:
+        errors.append(FieldError("spec.taint.key", f"{taint.key!r} must be a label key (an optional DNS subdomain and '/', then at most 63 alphanumerics, '-', '_', '.')"))
+    if taint.value is not None and len(taint.value) > 63:
+        errors.append(FieldError("spec.taint.value", "must be at most 63 characters"))
+    return errors
+

@@ -17,7 +17,7 @@ from pathlib import Path
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.manifests import Manifests, Source, expand_paths, load_paths
 from dralloc.pods import EXTENDED_RESOURCES_ENTRY, PodError, is_workload, offline_claim_name, pod_claims, workload_pods
-from dralloc.schemas.resource import DeviceClass, Node, Object, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Node, Object, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from dralloc.schemas.validation import validate
 
 NO_NODE_HINT = "add --profile h100-sxm:4 or --fleet FILE (simulated nodes; `dralloc discover --list-profiles`)"
@@ -96,13 +96,14 @@ def run(
     every = [obj for _, obj in objects] + list(extra)
     nodes = sorted((o for o in every if isinstance(o, Node)), key=lambda n: n.metadata.name)
     classes = [o for o in every if isinstance(o, DeviceClass)]
+    rules = [o for o in every if isinstance(o, DeviceTaintRule)]  # taint the devices they select, as slice taints do
     slices = sorted((o for o in every if isinstance(o, ResourceSlice)), key=lambda s: (s.spec.driver, s.spec.pool.name, s.metadata.name))
     # nodes are tried in name order, also those known only from a slice's or device's nodeName
     names = {n.metadata.name for n in nodes}
     for s in slices:
         names.update(x for x in [s.spec.node_name, *(d.node_name for d in s.spec.devices)] if x)
     engine.inventory.register_nodes(sorted(names))
-    for obj in [*nodes, *classes, *slices]:
+    for obj in [*nodes, *classes, *rules, *slices]:
         for problem in validate(obj):
             warnings.append(f"{obj.kind}/{obj.metadata.name}: {problem}")
         warnings += engine.apply(obj)

@@ -21,7 +21,7 @@ import yaml
 
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.manifests import Loaded, Source, decode_object
-from dralloc.schemas.resource import AllocationResult, Node, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import AllocationResult, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 
 
 def load_documents(text: str, path: str = "<test>") -> list[Any]:
@@ -112,6 +112,8 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
     existing = {k: c.status.allocation for k, c in claims.items() if c.status is not None and c.status.allocation is not None}
     everything = {**existing, **allocations}
     exclusive: Counter = Counter()
+    whole: Counter = Counter()
+    shares: Counter = Counter()
     cap_used: dict[tuple, Counter] = defaultdict(Counter)
     active: set[tuple] = set()
     for claim_key, alloc in everything.items():
@@ -134,11 +136,18 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
             if device.allow_multiple_allocations:
                 for name, value in r.consumed_capacity.items():
                     cap_used[dkey][name] += parse_quantity(value)
+                if r.share_id is None:
+                    whole[dkey] += 1  # no shareID: the device is held whole (Kubernetes' AllocatedDevices)
+                else:
+                    shares[dkey] += 1
             else:
                 exclusive[dkey] += 1
     for dkey, n in exclusive.items():
         if n > 1:
             problems.append(f"device {dkey} allocated {n} times")
+    for dkey, n in whole.items():
+        if n + shares[dkey] > 1:
+            problems.append(f"shared device {dkey} is held whole by a result without shareID and allocated {n + shares[dkey] - 1} more time(s)")
     for dkey, used in cap_used.items():
         _, device = devices[dkey]
         for name, amount in used.items():
@@ -173,7 +182,13 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
             if eligible is not None and "/".join(dkey) not in eligible.get(claim_key, {}).get(r.request, []):
                 problems.append(f"{claim_key}: device {dkey} not eligible for {r.request}")
             request = _request(claim, r.request)
-            for taint in device.taints:
+            rule_taints = [
+                o.spec.taint for o in objects
+                if isinstance(o, DeviceTaintRule) and o.spec.device_selector is not None
+                and all(want is None or want == have for want, have in zip(
+                    (o.spec.device_selector.driver, o.spec.device_selector.pool, o.spec.device_selector.device), dkey))
+            ]
+            for taint in [*device.taints, *rule_taints]:
                 if taint.effect in ("NoSchedule", "NoExecute") and not _tolerated(taint, request.tolerations):
                     problems.append(f"{claim_key}: taint {taint.key} on {dkey} not tolerated")
         for c in claim.spec.devices.constraints:

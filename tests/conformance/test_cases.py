@@ -21,7 +21,7 @@ from allocation_validity import check
 
 from dralloc.allocator.engine import Engine
 from dralloc.manifests import Loaded, Source, decode_object
-from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 
 CASES_DIR = Path(__file__).parent / "cases"
 FIXTURES = yaml.safe_load((CASES_DIR / "_fixtures.yaml").read_text())
@@ -55,7 +55,7 @@ def run_case(case: dict, *, scoring: bool) -> tuple[list, list[str], list[Any]]:
     for obj in sorted((o for o in objects if isinstance(o, Node)), key=lambda n: n.metadata.name):
         engine.apply(obj)
     for obj in objects:
-        if isinstance(obj, DeviceClass):
+        if isinstance(obj, DeviceClass | DeviceTaintRule):
             engine.apply(obj)
     for obj in sorted((o for o in objects if isinstance(o, ResourceSlice)), key=lambda s: (s.spec.driver, s.spec.pool.name, s.metadata.name)):
         problems += engine.apply(obj)

@@ -36,6 +36,7 @@ from dralloc.schemas.resource import (
     DeviceAllocationResult,
     DeviceClass,
     DeviceRequestAllocationResult,
+    DeviceTaintRule,
     Node,
     NodeSelector,
     NodeSelectorRequirement,
@@ -130,17 +131,20 @@ class Engine:
 
     # --- inventory -----------------------------------------------------------------------
 
-    def apply(self, obj: DeviceClass | ResourceSlice | Node) -> list[str]:
+    def apply(self, obj: DeviceClass | ResourceSlice | Node | DeviceTaintRule) -> list[str]:
         """Add or replace an object by name; returns problems (e.g. an invalid pool)."""
         if isinstance(obj, ResourceSlice):
             return self.inventory.apply_slice(obj)
+        if isinstance(obj, DeviceTaintRule):
+            self.inventory.apply_taint_rule(obj)
+            return []
         if isinstance(obj, DeviceClass):
             self.inventory.apply_class(obj)
             return []
         if isinstance(obj, Node):
             self.inventory.apply_node(obj)
             return []
-        raise TypeError(f"the engine takes DeviceClass, ResourceSlice or Node, not {type(obj).__name__}")
+        raise TypeError(f"the engine takes DeviceClass, ResourceSlice, Node or DeviceTaintRule, not {type(obj).__name__}")
 
     def remove(self, kind: str, name: str) -> list[str]:
         if kind == "ResourceSlice":
@@ -149,8 +153,10 @@ class Engine:
             self.inventory.remove_class(name)
         elif kind == "Node":
             self.inventory.remove_node(name)
+        elif kind == "DeviceTaintRule":
+            self.inventory.remove_taint_rule(name)
         else:
-            raise ValueError(f"unknown kind {kind!r}: expected DeviceClass, ResourceSlice or Node")
+            raise ValueError(f"unknown kind {kind!r}: expected DeviceClass, ResourceSlice, Node or DeviceTaintRule")
         return []
 
     # --- ledger --------------------------------------------------------------------------
@@ -418,7 +424,7 @@ class Engine:
                 elif not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
                     problem = problem or f"device {rec.label} has no counter room left"
                 elif not all(tolerated(t, alt.tolerations) for t in rec.taints):
-                    problem = problem or f"device {rec.label} has a taint the request does not tolerate"
+                    problem = problem or f"device {rec.label} has a taint the request does not tolerate ({_taint_text(self.inventory, rec, alt)})"
                 if rec.multi:
                     consumed[rec.id] = use
                 out.append(rec)
@@ -434,6 +440,8 @@ class Engine:
                 continue
             counts["capacity"] += 1
             if rec.taints and not all(tolerated(t, alt.tolerations) for t in rec.taints):
+                if report is not None and not report.note:
+                    report.note = f"device {rec.label} is tainted: {_taint_text(inv, rec, alt)}"
                 continue
             counts["taints"] += 1
             if any(rec.attribute(c.attribute) is None for c in covering):
@@ -677,6 +685,11 @@ def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfigu
         if entry.requests and all(alt.base in entry.requests or alt.result_name in entry.requests for alt in served):
             entry.requests = []
     return out
+
+
+def _taint_text(inv: Inventory, rec: DeviceRec, alt: Alt) -> str:
+    """The taints `alt` does not tolerate on `rec`, each with where it comes from."""
+    return ", ".join(f"{t.key}={t.value or ''}:{t.effect} from {src}" for t, src in zip(rec.taints, inv.taint_sources(rec)) if not tolerated(t, alt.tolerations))
 
 
 def _node_selector(chosen: list[DeviceRec], node: str | None) -> NodeSelector | None:

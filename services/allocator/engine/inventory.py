@@ -23,6 +23,7 @@ from dralloc.schemas.resource import (
     Device,
     DeviceClass,
     DeviceTaint,
+    DeviceTaintRule,
     Node,
     NodeSelector,
     ResourceSlice,
@@ -68,7 +69,7 @@ class DeviceRec:
     local_node: str | None  # set for node-local devices (slice or per-device nodeName)
     node_selector: NodeSelector | None
     all_nodes: bool
-    taints: tuple[DeviceTaint, ...]  # only the effects that need a toleration
+    taints: tuple[DeviceTaint, ...]  # only the effects that need a toleration: the slice's, then DeviceTaintRules' (by rule name)
     consumes: tuple[tuple[CounterKey, int], ...]
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
     multi: bool  # allowMultipleAllocations
@@ -243,6 +244,7 @@ class Inventory:
         self._next_id = 0
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
+        self.taint_rules: dict[str, DeviceTaintRule] = {}
         self.on_pool_rebuilt: list[Any] = []  # callbacks(pool, old_devices)
 
     # --- nodes ---------------------------------------------------------------------
@@ -313,6 +315,39 @@ class Inventory:
     def remove_class(self, name: str) -> None:
         self.classes.pop(name, None)
         self.class_versions[name] = self.class_versions.get(name, 0) + 1
+
+    # --- DeviceTaintRules ---------------------------------------------------------------
+
+    def apply_taint_rule(self, rule: DeviceTaintRule) -> None:
+        """Add or replace a DeviceTaintRule: the devices it selects (before or now) are
+        tainted as if the taint were in their slice."""
+        old = self.taint_rules.get(rule.metadata.name)
+        self.taint_rules[rule.metadata.name] = rule
+        self._retaint(old, rule)
+
+    def remove_taint_rule(self, name: str) -> None:
+        old = self.taint_rules.pop(name, None)
+        if old is not None:
+            self._retaint(old)
+
+    def taint_sources(self, rec: DeviceRec) -> list[str]:
+        """Where each of the device's taints comes from ("slice" or "DeviceTaintRule/<name>"), in `rec.taints` order."""
+        own = ["slice" for t in rec.spec.taints if t.effect in _TOLERATION_NEEDED]
+        return own + [f"DeviceTaintRule/{name}" for name, rule in sorted(self.taint_rules.items())
+                      if rule.spec.taint.effect in _TOLERATION_NEEDED and rule_selects(rule, rec.driver, rec.pool, rec.name)]
+
+    def _retaint(self, *rules: DeviceTaintRule | None) -> None:
+        self.version += 1
+        for rec in self.by_key.values():
+            if any(r is not None and rule_selects(r, rec.driver, rec.pool, rec.name) for r in rules):
+                rec.taints = self._taints(rec.driver, rec.pool, rec.spec)
+
+    def _taints(self, driver: str, pool: str, device: Device) -> tuple[DeviceTaint, ...]:
+        own = [t for t in device.taints if t.effect in _TOLERATION_NEEDED]
+        if self.taint_rules:
+            own += [rule.spec.taint for _, rule in sorted(self.taint_rules.items())
+                    if rule.spec.taint.effect in _TOLERATION_NEEDED and rule_selects(rule, driver, pool, device.name)]
+        return tuple(own)
 
     # --- slices and pools ------------------------------------------------------------
 
@@ -396,7 +431,7 @@ class Inventory:
                     local_node=local or None,
                     node_selector=selector,
                     all_nodes=all_nodes,
-                    taints=tuple(t for t in device.taints if t.effect in _TOLERATION_NEEDED),
+                    taints=self._taints(pool.driver, pool.name, device),
                     consumes=tuple(
                         ((pool.driver, pool.name, c.counter_set, name), parse_quantity(v.value))
                         for c in device.consumes_counters
@@ -457,6 +492,17 @@ class Inventory:
 
     def pool_of(self, rec: DeviceRec) -> Pool:
         return self.pools[(rec.driver, rec.pool)]
+
+
+def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> bool:
+    """Kubernetes' DeviceTaintSelector: every field set must match; an empty selector selects
+    every device, a rule without one selects none."""
+    selector = rule.spec.device_selector
+    if selector is None:
+        return False
+    return ((selector.driver is None or selector.driver == driver)
+            and (selector.pool is None or selector.pool == pool)
+            and (selector.device is None or selector.device == device))
 
 
 def _validate_pool(pool: Pool) -> str | None:
