@@ -113,6 +113,11 @@ class Decisions:
         self.failures: dict[str, str] = {}
         """Claim key -> message id of the failure this term wrote for it (an identical one is not written again)."""
         self.waiting: dict[str, ResourceClaim] = {}
+        self.parked: dict[str, ResourceClaim] = {}
+        """Claims whose decision is an `error` (an invalid claim, a class not known yet, a selector that
+        failed or spent its evaluation budget): tried again only after the inventory changes (`unpark`),
+        never at a release, a rebuild or a resubmission of the same generation, so an expensive claim is
+        not evaluated again and again."""
         self.contexts: dict[str, Any] = {}
         """Each waiting claim's context (the caller's; see the module docstring)."""
         self.gangs: dict[str, dict[str, ResourceClaim]] = {}
@@ -163,6 +168,8 @@ class Decisions:
         elif isinstance(event, ev.ClaimSubmitted) and not self.is_committed(event.claim):
             if event.needs_pod:
                 self.unused[event.claim.key] = event.claim
+            elif _ended_in_error(self.replayed_decisions.get(event.claim.key), event.claim):
+                self.parked[event.claim.key] = event.claim  # decided: the rebuild does not evaluate it again
             else:
                 self.waiting[event.claim.key] = event.claim
         elif isinstance(event, ev.ClaimSubmitted) and event.cluster and _allocation(event.claim) is not None:
@@ -217,6 +224,8 @@ class Decisions:
         if key in self.committed:
             # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
             return self.deleted(key, self.committed[key].claim.metadata.uid or "")
+        if (parked := self.parked.get(key)) is not None and _same_generation(parked, claim):
+            return None  # decided (an error): the same claim again is not evaluated again
         if claim.status is not None and claim.status.allocation is not None:
             self.unused.pop(key, None)
             if cluster:
@@ -237,7 +246,11 @@ class Decisions:
         waits: write `failure(...)`."""
         (outcome,) = self.engine.allocate([claim])
         if outcome.status != "allocated":
-            self.waiting[claim.key] = claim
+            if outcome.status == "error":
+                self.waiting.pop(claim.key, None)
+                self.parked[claim.key] = claim
+            else:
+                self.waiting[claim.key] = claim
             self.contexts[claim.key] = context
             return outcome, None
         return outcome, ev.AllocationCommitted(claim=self._decided(claim, outcome), node=outcome.node)
@@ -248,7 +261,7 @@ class Decisions:
         unused = self.unused.get(key)
         if unused is not None and (not uid or unused.metadata.uid == uid):
             del self.unused[key]
-        waiting = self.waiting.get(key)
+        waiting = self.waiting.get(key) or self.parked.get(key)
         if waiting is not None and (not uid or waiting.metadata.uid == uid):
             self._stop_waiting(key)
             for members in self.gangs.values():
@@ -507,10 +520,27 @@ class Decisions:
             if not held:
                 del self.gang_held[gang[0]]
 
+    def unpark(self) -> None:
+        """The inventory changed: the claims decided as errors wait again (a class or device may
+        have come that changes their verdict)."""
+        self.waiting.update(self.parked)
+        self.parked.clear()
+
     def _stop_waiting(self, key: str) -> None:
         self.waiting.pop(key, None)
+        self.parked.pop(key, None)
         self.contexts.pop(key, None)
         self.failures.pop(key, None)
+
+
+def _same_generation(a: ResourceClaim, b: ResourceClaim) -> bool:
+    return a.metadata.uid == b.metadata.uid and (a.metadata.generation or 1) == (b.metadata.generation or 1)
+
+
+def _ended_in_error(decision: ev.AllocationEvent | None, claim: ResourceClaim) -> bool:
+    """Is `decision` (the claim's last in ALLOCATIONS) an `error` for this very claim and generation?"""
+    return (isinstance(decision, ev.AllocationFailed) and decision.reason == "error"
+            and decision.uid == (claim.metadata.uid or "") and decision.generation == (claim.metadata.generation or 1))
 
 
 def _allocation(claim: ResourceClaim) -> AllocationResult | None:

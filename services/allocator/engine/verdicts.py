@@ -23,8 +23,8 @@ estimated cost (cel-go's units; the bound of what that evaluation may cost).
 The engine gives each allocation unit a budget (`begin`); when a unit's
 evaluations have spent it, `SelectorBudgetExceeded` ends the unit (an `error`
 outcome). Verdicts already known cost nothing. Selectors of other recent keys
-are evaluated along (on environments built anyway) only when they are cheap,
-so no claim pays for another's expensive selector.
+are evaluated along (on environments built anyway) only when they are cheap
+(`ALONG_MAX_COST`), on no unit's account: no claim pays for another's selector.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from dralloc.allocator.engine.plan import Alt
 
 MAX_KEYS = 4096
 
-ALONG_MAX_COST = 10_000
-"""A recent key's selectors are evaluated along on new environments only up to this estimated cost."""
+ALONG_MAX_COST = 1_000
+"""A recent key's selectors are evaluated along on new environments only up to this estimated cost
+(together, per device), charged to no unit's budget."""
 
 
 class SelectorBudgetExceeded(Exception):
@@ -142,9 +143,13 @@ class Verdicts:
                 self._ensure(spec, todo)
                 if self._envs:
                     built = bits_of(list(self._envs))
-                    for other in list(self._recent.values()):
-                        if other is not spec and other.cheap:
-                            self._ensure(other, built)
+                    budget, self.budget = self.budget, None  # along: on no unit's account
+                    try:
+                        for other in list(self._recent.values()):
+                            if other is not spec and other.cheap:
+                                self._ensure(other, built)
+                    finally:
+                        self.budget = budget
             finally:
                 self._envs.clear()
         return full
