@@ -415,12 +415,14 @@ def lint(
     import json
 
     from dralloc.lint import lint as lint_manifests
+    from dralloc.lint import lint_warnings, workload_count
     from dralloc.manifests import load_paths
 
     if output not in ("text", "json"):
         fail(f"--output must be text or json, not {output!r}")
     manifests = load_paths(paths)
     problems = lint_manifests(manifests)
+    warnings = lint_warnings(manifests, paths)
     if output == "json":
         print(json.dumps({"problems": [p.as_json() for p in problems]}, indent=2))
     else:

@@ -6,14 +6,25 @@ references inside an object), every CEL selector compiled against the
 Kubernetes device environment (with a corrected expression where the
 mistake is a known misuse), and references between objects (a claim's
 DeviceClass, a Pod's ResourceClaimTemplate) among the given files.
+
+`lint` also knows the hardware (dralloc.hardware): attributes and
+capacities a selector names are checked against what real drivers publish
+(closest real name for an unknown one), a corrected expression is offered
+only when it compiles and selects devices on a representative fleet without
+run-time errors, NVLink between devices is pointed to the `matchAttribute`
+constraint, and the engine's limits (32 devices per claim) and the fleet's
+shape (most devices of a class on one node) are checked. Pods and the
+workload kinds that embed pod templates are read too (dralloc.pods).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from dralloc.allocator.engine.cel import CelError, compile_selector, diagnose
 from dralloc.manifests import Manifests
+from dralloc.pods import PodError, class_for_extended_resources, is_dra_extended_resource_name, is_workload, workload_pods
 from dralloc.schemas.resource import (
     DeviceClass,
     DeviceSelector,
@@ -22,7 +33,11 @@ from dralloc.schemas.resource import (
     ResourceClaimSpec,
     ResourceClaimTemplate,
 )
-from dralloc.schemas.validation import validate
+from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, validate
+
+SUGGESTED = "suggested expression: "
+MAX_SHOWN = 200
+"""Longer expressions are cut in messages (the field path says where the whole one is)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,23 +56,26 @@ class Problem:
         return "\n".join([head, *(f"    {hint}" for hint in self.hints)])
 
 
-def lint(manifests: Manifests) -> list[Problem]:
-    """Every problem in the manifests, in input order."""
+def lint(manifests: Manifests, *, hardware: bool = True) -> list[Problem]:
+    """Every problem in the manifests, in input order; `hardware`: also check selectors, suggestions
+    and counts against a representative fleet (dralloc.hardware)."""
     problems = [Problem(str(e.source) + (f": {e.what}" if e.what else ""), "", e.message) for e in manifests.errors]
-    classes = {c.metadata.name for c in manifests.of_type(DeviceClass)}
+    class_objects = {c.metadata.name: c for c in manifests.of_type(DeviceClass)}
+    classes = set(class_objects)
     templates = {(t.metadata.namespace or "default", t.metadata.name) for t in manifests.of_type(ResourceClaimTemplate)}
-    for item in manifests.objects:
-        obj = item.obj
-        where = f"{item.source}: {obj.kind}/{obj.metadata.name}"
-        problems += [Problem(where, error.field, error.message) for error in validate(obj)]
-        problems += selector_problems(obj, where)
+    for where, obj, prefix in _objects(manifests, problems):
+        if not prefix:
+            problems += [Problem(where, error.field, error.message) for error in validate(obj)]
+            problems += _selector_checks(obj, where, class_objects, hardware)
         spec = _claim_spec(obj)
         if spec is not None:
-            for field, class_name in _class_references(spec, "spec.spec" if isinstance(obj, ResourceClaimTemplate) else "spec"):
+            path = "spec.spec" if isinstance(obj, ResourceClaimTemplate) else "spec"
+            for field, class_name in _class_references(spec, path):
                 if class_name and class_name not in classes:
                     problems.append(
                         Problem(where, field, f"DeviceClass {class_name!r} is not defined in the given files (add the file that defines it with another -f)")
                     )
+            problems += _count_problems(spec, path, where, class_objects, hardware)
         if isinstance(obj, Pod):
             namespace = obj.metadata.namespace or "default"
             for i, ref in enumerate(obj.spec.resource_claims):
@@ -66,16 +84,192 @@ def lint(manifests: Manifests) -> list[Problem]:
                     problems.append(
                         Problem(
                             where,
-                            f"spec.resourceClaims[{i}].resourceClaimTemplateName",
+                            f"{prefix}spec.resourceClaims[{i}].resourceClaimTemplateName",
                             f"ResourceClaimTemplate {name!r} is not defined in the given files; the Pod cannot start without it",
                         )
                     )
+            problems += _extended_resource_problems(obj, where, prefix, class_objects)
     return problems
 
 
+def _objects(manifests: Manifests, problems: list[Problem]) -> Iterator[tuple[str, object, str]]:
+    """(where, object, field prefix) for every object, and one Pod per workload (its template's
+    fields are named from the workload: prefix `spec.template.`)."""
+    from dralloc.pods import WORKLOAD_KINDS
+
+    for item in manifests.objects:
+        yield f"{item.source}: {item.obj.kind}/{item.obj.metadata.name}", item.obj, ""
+    for skipped in manifests.skipped:
+        if not is_workload(skipped.doc):
+            continue
+        where = f"{skipped.source}: {skipped.kind}/{skipped.name}"
+        try:
+            pods = workload_pods(skipped.doc)
+        except PodError as exc:
+            problems.append(Problem(where, "", str(exc)))
+            continue
+        prefix = ".".join(WORKLOAD_KINDS[(skipped.api_version, skipped.kind)]) + "."
+        for pod in pods[:1]:  # the replicas share one template: check it once
+            yield where, pod, prefix
+
+
+def workload_count(manifests: Manifests) -> int:
+    """How many workload documents (other than Pods) the manifests hold: lint checks them too."""
+    return sum(1 for s in manifests.skipped if is_workload(s.doc))
+
+
+def lint_warnings(manifests: Manifests, paths: Sequence[str] = ()) -> list[str]:
+    """What lint did not check: skipped kinds, and no object at all (an empty input is never silently clean)."""
+    warnings = [str(s) for s in manifests.skipped if not is_workload(s.doc)]
+    if not manifests.objects and not manifests.errors and not workload_count(manifests):
+        where = ", ".join(map(str, paths)) or "the input"
+        warnings.append(f"{where}: no Kubernetes object found (nothing was checked)")
+    return warnings
+
+
+def cut(expression: str, limit: int = MAX_SHOWN) -> str:
+    """An expression as shown in a message: whole when short, else its start and its length."""
+    if len(expression) <= limit:
+        return expression
+    return f"{expression[:limit]}... ({len(expression)} characters)"
+
+
 def selector_problems(obj: object, where: str) -> list[Problem]:
-    """Every CEL selector of a DeviceClass, claim or template that cannot work, with its diagnosis."""
-    return [problem for field, selector in _selectors(obj) for problem in _cel_problems(where, field, selector)]
+    """Every CEL selector of a DeviceClass, claim or template that cannot work, with its diagnosis
+    (the CEL environment alone: what the ingestor reports when it publishes)."""
+    return [problem for field, selector, _ in _selectors(obj) for problem in _cel_problems(where, field, selector)]
+
+
+def _selector_checks(obj: object, where: str, classes: Mapping[str, DeviceClass], hardware: bool) -> list[Problem]:
+    """`selector_problems`, and with `hardware` every selector checked against a representative fleet."""
+    problems: list[Problem] = []
+    for field, selector, class_name in _selectors(obj):
+        found = _cel_problems(where, field, selector)
+        if hardware and selector.cel is not None:
+            within = _class_selectors(classes.get(class_name)) if class_name else ()
+            found = _hardware_problems(where, field, selector.cel.expression, found, within, is_class=isinstance(obj, DeviceClass))
+        problems += found
+    return problems
+
+
+def _class_selectors(cls: DeviceClass | None) -> tuple[str, ...]:
+    if cls is None:
+        return ()
+    return tuple(s.cel.expression for s in cls.spec.selectors if s.cel is not None)
+
+
+def _hardware_problems(where: str, field: str, expression: str, found: list[Problem], within: Sequence[str], *, is_class: bool) -> list[Problem]:
+    """Re-judge one selector with what real drivers publish.
+
+    The CEL diagnosis's suggestion (if any) is kept only when, after names no
+    driver publishes are corrected, it compiles and selects devices on the
+    representative fleet without run-time errors; otherwise the hint says
+    why there is none. A selector that compiles is a problem when it names
+    attributes no driver publishes or, for a DeviceClass (which sees every
+    device), fails at run time on the fleet's devices.
+    """
+    from dralloc import hardware
+
+    hints = [h for p in found for h in p.hints]
+    suggestion = next((h.removeprefix(SUGGESTED) for h in hints if h.startswith(SUGGESTED)), None)
+    hints = [h for h in hints if not h.startswith(SUGGESTED) and not h.startswith("replace <driver>")]
+    target = suggestion if suggestion is not None else expression
+    unknown = hardware.unknown_references(target)
+    hints += [u.hint for u in unknown]
+    candidate = hardware.corrected(target, unknown) or suggestion
+    if hardware.mentions_nvlink(expression) or hardware.mentions_nvlink(target):
+        hints.append(
+            "NVLink between the devices of a claim is a constraint, not a device attribute: "
+            f"{hardware.NVLINK_CONSTRAINT} in the claim or its ResourceClaimTemplate "
+            "(a DeviceClass cannot carry constraints); dralloc.dev/nvlink only says that a GPU has NVLink"
+        )
+    message = found[0].message if found else ""
+    if not found and unknown:
+        message = "names attributes or capacities no driver publishes: allocation fails with 'no such key' on every device it reaches"
+    if not found and not unknown and is_class and _known_domains_only(target):
+        selection = hardware.selects(target)
+        if selection is not None and selection.errors:
+            message = "fails at run time on devices of other drivers (a DeviceClass sees every device)"
+            hints.append(f"for example: {selection.errors[0]}")
+            hints.append("test the driver first: device.driver == '<driver>' && ... (CEL's && skips the rest when the left side is false)")
+    if not message:
+        return found
+    if candidate is not None:
+        selection = hardware.selects(candidate, within)
+        ok = selection is not None and selection.matched > 0 and (not selection.errors or (not is_class and not within))
+        if ok:
+            hints.append(f"{SUGGESTED}{cut(candidate, 2 * MAX_SHOWN)}")
+            hints.append(f"(it selects {selection.matched} of {selection.candidates} devices on a representative fleet: one node of each hardware profile)")
+        elif selection is None:
+            hints.append("no corrected expression: the correction does not compile either")
+        elif selection.matched == 0:
+            hints.append("no corrected expression: the correction selects no device on a representative fleet")
+        else:
+            hints.append(f"no corrected expression: the correction fails at run time ({cut(selection.errors[0])})")
+    return [Problem(where, field, message, tuple(dict.fromkeys(hints)))]
+
+
+def _known_domains_only(expression: str) -> bool:
+    from dralloc import hardware
+
+    found = hardware.domains(expression)
+    return bool(found) and all(d in hardware.PUBLISHERS for d in found)
+
+
+def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Mapping[str, DeviceClass], hardware: bool) -> list[Problem]:
+    """What the engine refuses (more than 32 devices in one claim) and, with `hardware`, an ExactCount
+    request larger than any node of the representative fleet offers."""
+    problems: list[Problem] = []
+    total = 0
+    for i, request in enumerate(spec.devices.requests):
+        options = [("exactly", request.exactly)] if request.exactly is not None else [(f"firstAvailable[{j}]", sub) for j, sub in enumerate(request.first_available)]
+        counts = [(f"{path}.devices.requests[{i}].{name}.count", o.count or 1) for name, o in options if (o.allocation_mode or "ExactCount") == "ExactCount"]
+        if len(counts) < len(options) or not counts:
+            continue  # allocationMode All: as many as there are
+        field, count = min(counts, key=lambda c: c[1])  # the smallest alternative is the least it asks for
+        total += count
+        exact = request.exactly
+        if count > ALLOCATION_RESULTS_MAX:
+            problems.append(
+                Problem(where, field, f"asks for {count} devices; a claim holds at most {ALLOCATION_RESULTS_MAX} (the allocator refuses it): split it into several claims or a gang")
+            )
+            continue
+        if hardware and exact is not None and exact.device_class_name in classes:
+            from dralloc import hardware as hw
+
+            selectors = [*_class_selectors(classes[exact.device_class_name]), *(s.cel.expression for s in exact.selectors if s.cel is not None)]
+            most = hw.most_per_node(selectors)
+            if most is not None and 0 < most[0] < count:
+                problems.append(
+                    Problem(
+                        where,
+                        field,
+                        f"asks for {count} devices on one node; no node of a representative fleet has more than {most[0]} that match (e.g. {most[1]})",
+                        ("split the claim, or ask for the devices in several claims of one gang (dralloc submit --gang)",),
+                    )
+                )
+    if total > ALLOCATION_RESULTS_MAX and not any(p.message.startswith("asks for") for p in problems):
+        problems.append(Problem(where, f"{path}.devices.requests", f"its requests ask for {total} devices together; a claim holds at most {ALLOCATION_RESULTS_MAX}"))
+    return problems
+
+
+def _extended_resource_problems(pod: Pod, where: str, prefix: str, classes: Mapping[str, DeviceClass]) -> list[Problem]:
+    """Container extended resources no DeviceClass in the files maps (without a device plugin the Pod cannot start)."""
+    if not classes:
+        return []
+    mapping = class_for_extended_resources(list(classes.values()))
+    problems = []
+    containers = [("initContainers", c) for c in pod.spec.init_containers] + [("containers", c) for c in pod.spec.containers]
+    index = {"initContainers": 0, "containers": 0}
+    for kind, container in containers:
+        i = index[kind]
+        index[kind] += 1
+        for name in sorted({**container.resources.limits, **container.resources.requests}):
+            if is_dra_extended_resource_name(name) and name not in mapping and name.startswith("deviceclass.resource.kubernetes.io/"):
+                problems.append(
+                    Problem(where, f"{prefix}spec.{kind}[{i}].resources", f"{name}: no DeviceClass {name.split('/', 1)[1]!r} in the given files")
+                )
+    return problems
 
 
 def _claim_spec(obj: object) -> ResourceClaimSpec | None:
@@ -96,10 +290,10 @@ def _class_references(spec: ResourceClaimSpec, path: str) -> list[tuple[str, str
     return refs
 
 
-def _selectors(obj: object) -> list[tuple[str, DeviceSelector]]:
-    """(field path, selector) for every CEL selector the object holds."""
+def _selectors(obj: object) -> list[tuple[str, DeviceSelector, str | None]]:
+    """(field path, selector, the request's DeviceClass or None for a class's own) for every CEL selector the object holds."""
     if isinstance(obj, DeviceClass):
-        return [(f"spec.selectors[{i}].cel.expression", s) for i, s in enumerate(obj.spec.selectors)]
+        return [(f"spec.selectors[{i}].cel.expression", s, None) for i, s in enumerate(obj.spec.selectors)]
     spec = _claim_spec(obj)
     if spec is None:
         return []
@@ -107,10 +301,14 @@ def _selectors(obj: object) -> list[tuple[str, DeviceSelector]]:
     found = []
     for i, request in enumerate(spec.devices.requests):
         if request.exactly is not None:
-            found += [(f"{path}.devices.requests[{i}].exactly.selectors[{k}].cel.expression", s) for k, s in enumerate(request.exactly.selectors)]
+            found += [
+                (f"{path}.devices.requests[{i}].exactly.selectors[{k}].cel.expression", s, request.exactly.device_class_name)
+                for k, s in enumerate(request.exactly.selectors)
+            ]
         for j, sub in enumerate(request.first_available):
             found += [
-                (f"{path}.devices.requests[{i}].firstAvailable[{j}].selectors[{k}].cel.expression", s) for k, s in enumerate(sub.selectors)
+                (f"{path}.devices.requests[{i}].firstAvailable[{j}].selectors[{k}].cel.expression", s, sub.device_class_name)
+                for k, s in enumerate(sub.selectors)
             ]
     return found
 

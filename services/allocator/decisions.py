@@ -144,7 +144,7 @@ class Decisions:
 
     def apply_inventory(self, event: ev.Event) -> None:
         match event:
-            case ev.ResourceSlicePublished(slice=obj) | ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj):
+            case ev.ResourceSlicePublished(slice=obj) | ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj) | ev.DeviceTaintRulePublished(rule=obj):
                 self.engine.apply(obj)
             case ev.ResourceSliceRemoved(name=name):
                 self.engine.remove("ResourceSlice", name)
@@ -152,6 +152,8 @@ class Decisions:
                 self.engine.remove("DeviceClass", name)
             case ev.NodeRemoved(name=name):
                 self.engine.remove("Node", name)
+            case ev.DeviceTaintRuleRemoved(name=name):
+                self.engine.remove("DeviceTaintRule", name)
 
     def replayed(self, event: ev.Event) -> None:
         """An event of ALLOCATIONS (a commit is restored into the engine) or, after all of those, of
