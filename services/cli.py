@@ -424,13 +424,13 @@ def lint(
     problems = lint_manifests(manifests)
     warnings = lint_warnings(manifests, paths)
     if output == "json":
-        print(json.dumps({"problems": [p.as_json() for p in problems]}, indent=2))
+        print(json.dumps({"problems": [p.as_json() for p in problems], "warnings": warnings}, indent=2))
     else:
-        for skipped in manifests.skipped:
-            print(f"dralloc: warning: {skipped}", file=sys.stderr)
+        for warning in warnings:
+            print(f"dralloc: warning: {warning}", file=sys.stderr)
         for problem in problems:
             print(problem, end="\n\n")
-        checked = len(manifests.objects)
+        checked = len(manifests.objects) + workload_count(manifests)
         print(f"{checked} object(s) checked, {len(problems)} problem(s)")
     raise typer.Exit(1 if problems else 0)
 
