@@ -19,6 +19,7 @@ subject                                                stream        events
 ``dra.inventory.<driver>.<pool>.<slice>``              INVENTORY     ResourceSlicePublished/Removed
 ``dra.deviceclasses.<name>``                           INVENTORY     DeviceClassPublished/Removed
 ``dra.nodes.<name>``                                   INVENTORY     NodePublished/Removed
+``dra.devicetaintrules.<name>``                        INVENTORY     DeviceTaintRulePublished/Removed
 ``dra.claims.<namespace>.<name>``                      CLAIMS        ClaimSubmitted/Deleted
 ``dra.allocations.<namespace>.<name>``                 ALLOCATIONS   AllocationCommitted/Failed/Released
 =====================================================  ============  =======================
@@ -39,7 +40,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from dralloc.schemas.resource import AllocationResult, DeviceClass, Node, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import AllocationResult, DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 from dralloc.schemas.limits import json_problem
 from dralloc.schemas.validation import is_dns_subdomain, metadata_errors, name_error, namespace_error, pool_name_error
 
@@ -168,6 +169,35 @@ class NodeRemoved(_Event, tag=True, frozen=True):
     @property
     def msg_id(self) -> str:
         return f"node-removed:{self.name}"
+
+
+class DeviceTaintRulePublished(_Event, tag=True, frozen=True):
+    """A DeviceTaintRule (resource.k8s.io/v1), created or changed: the devices it selects are
+    tainted as a taint in their slice would taint them. From files or Kubernetes (the ingestor);
+    also the way to taint devices of slices that are not the publisher's to change."""
+
+    rule: DeviceTaintRule
+
+    @property
+    def subject(self) -> str:
+        return subject("devicetaintrules", self.rule.metadata.name)
+
+    @property
+    def msg_id(self) -> str:
+        meta = self.rule.metadata
+        return f"taintrule:{meta.name}:{meta.generation or 0}:{_digest(msgspec.json.encode(self.rule))}"
+
+
+class DeviceTaintRuleRemoved(_Event, tag=True, frozen=True):
+    name: str
+
+    @property
+    def subject(self) -> str:
+        return subject("devicetaintrules", self.name)
+
+    @property
+    def msg_id(self) -> str:
+        return f"taintrule-removed:{self.name}"
 
 
 # --- claims ----------------------------------------------------------------------
@@ -340,6 +370,7 @@ class AllocationReleased(_Event, tag=True, frozen=True):
 
 InventoryEvent = (
     ResourceSlicePublished | ResourceSliceRemoved | DeviceClassPublished | DeviceClassRemoved | NodePublished | NodeRemoved
+    | DeviceTaintRulePublished | DeviceTaintRuleRemoved
 )
 ClaimEvent = ClaimSubmitted | ClaimDeleted | PodSubmitted | PodDeleted
 AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased
@@ -352,6 +383,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     DeviceClassRemoved,
     NodePublished,
     NodeRemoved,
+    DeviceTaintRulePublished,
+    DeviceTaintRuleRemoved,
     ClaimSubmitted,
     ClaimDeleted,
     PodSubmitted,
@@ -399,7 +432,7 @@ def identity_problem(event: Event) -> str | None:
     the ingestor before it publishes: with namespaces DNS labels and names DNS subdomains, a
     claim key ``namespace/name`` and a subject are each one object's (no ``/`` in either part)."""
     match event:
-        case ClaimSubmitted(claim=obj) | AllocationCommitted(claim=obj) | DeviceClassPublished(device_class=obj) | NodePublished(node=obj):
+        case ClaimSubmitted(claim=obj) | AllocationCommitted(claim=obj) | DeviceClassPublished(device_class=obj) | NodePublished(node=obj) | DeviceTaintRulePublished(rule=obj):
             errors = metadata_errors(obj)
             return "; ".join(str(e) for e in errors) if errors else None
         case ResourceSlicePublished(slice=obj):
@@ -417,6 +450,6 @@ def identity_problem(event: Event) -> str | None:
             return f"Pod {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
-        case DeviceClassRemoved(name=name) | NodeRemoved(name=name):
+        case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):
             return name_error(name)
     return None

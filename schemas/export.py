@@ -48,6 +48,12 @@ CHANNELS: dict[str, tuple[str, list[str], list[type], str]] = {
         [ev.NodePublished, ev.NodeRemoved],
         "Stream INVENTORY, last message per subject: the node's labels.",
     ),
+    "deviceTaintRules": (
+        "dra.devicetaintrules.{name}",
+        ["name"],
+        [ev.DeviceTaintRulePublished, ev.DeviceTaintRuleRemoved],
+        "Stream INVENTORY, last message per subject: the current DeviceTaintRule (taints the devices it selects).",
+    ),
     "claims": (
         "dra.claims.{namespace}.{name}",
         ["namespace", "name"],
@@ -77,6 +83,8 @@ OPERATIONS: dict[str, tuple[str, str, list[type] | None, str]] = {
     "allocatorReceivesInventory": ("receive", "inventorySlices", None, "The allocator replays and follows the inventory."),
     "allocatorReceivesClasses": ("receive", "deviceClasses", None, "The allocator replays and follows the DeviceClasses."),
     "allocatorReceivesNodes": ("receive", "nodes", None, "The allocator replays and follows the nodes."),
+    "ingestorPublishesTaintRules": ("send", "deviceTaintRules", None, "The ingestor publishes DeviceTaintRules from files or Kubernetes."),
+    "allocatorReceivesTaintRules": ("receive", "deviceTaintRules", None, "The allocator replays and follows the DeviceTaintRules."),
     "ingestorPublishesPods": ("send", "pods", None, "The Kubernetes ingestor publishes each gated Pod's claims, and its deletion."),
     "allocatorReceivesPods": ("receive", "pods", None, "Durable consumer `allocator` (the CLAIMS stream): a Pod's claims allocated together."),
     "allocatorReceivesClaims": ("receive", "claims", None, "Durable consumer `allocator`; acked after the decision is stored."),

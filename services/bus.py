@@ -14,8 +14,9 @@ Connecting
     await Bus.connect(...) as bus``); ``await bus.ensure_streams()`` creates or
     updates the streams (idempotent, every service may call it):
 
-    - ``INVENTORY``   ``dra.inventory.>``, ``dra.deviceclasses.>`` and
-      ``dra.nodes.>``, one message per subject (the current slice / class / node);
+    - ``INVENTORY``   ``dra.inventory.>``, ``dra.deviceclasses.>``, ``dra.nodes.>``
+      and ``dra.devicetaintrules.>``, one message per subject (the current slice /
+      class / node / DeviceTaintRule);
     - ``CLAIMS``      ``dra.claims.>``, the latest event per claim; a
       ClaimDeleted carries ``Nats-TTL`` and expires after
       ``DRALLOC_TOMBSTONE_TTL`` seconds (default a day), so it holds the live
@@ -124,7 +125,7 @@ DUPLICATE_WINDOW_S = 300.0
 STREAMS: dict[str, StreamConfig] = {
     "INVENTORY": StreamConfig(
         name="INVENTORY",
-        subjects=["dra.inventory.>", "dra.deviceclasses.>", "dra.nodes.>"],
+        subjects=["dra.inventory.>", "dra.deviceclasses.>", "dra.nodes.>", "dra.devicetaintrules.>"],
         max_msgs_per_subject=1,  # the last value per subject is the current object
         storage=StorageType.FILE,
         duplicate_window=DUPLICATE_WINDOW_S,

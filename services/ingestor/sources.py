@@ -3,7 +3,7 @@
 A source is an async iterator of events the ingestor publishes unchanged:
 claims (`ClaimSubmitted` / `ClaimDeleted`) and the objects claims need
 (`DeviceClassPublished` / `Removed`, `ResourceSlicePublished` / `Removed`,
-`NodePublished` / `Removed`). Bad input is reported through the `report`
+`NodePublished` / `Removed`, `DeviceTaintRulePublished` / `Removed`). Bad input is reported through the `report`
 callback (one line naming file, object and field) and never stops the source;
 an object the Kubernetes API server would refuse (`dralloc.schemas.validation`)
 is reported and not published.
@@ -25,6 +25,7 @@ from dralloc.manifests import Manifests, expand_paths, load_paths
 from dralloc.pods import pod_claims
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import (
+    DeviceTaintRule,
     DeviceClass,
     Node,
     Pod,
@@ -43,6 +44,8 @@ SourceEvent = (
     | ev.ResourceSliceRemoved
     | ev.NodePublished
     | ev.NodeRemoved
+    | ev.DeviceTaintRulePublished
+    | ev.DeviceTaintRuleRemoved
 )
 
 Report = Callable[[str], None]
@@ -105,6 +108,8 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
             inventory.append(ev.ResourceSlicePublished(slice=obj))
         elif isinstance(obj, Node):
             inventory.append(ev.NodePublished(node=obj))
+        elif isinstance(obj, DeviceTaintRule):
+            inventory.append(ev.DeviceTaintRulePublished(rule=obj))
         elif isinstance(obj, ResourceClaim):
             claims.append(ev.ClaimSubmitted(claim=with_identity(obj)))
         elif isinstance(obj, Pod):
@@ -127,6 +132,8 @@ def removal_of(event: SourceEvent) -> SourceEvent | None:
             return ev.ResourceSliceRemoved(name=s.metadata.name, driver=s.spec.driver, pool=s.spec.pool.name, generation=s.spec.pool.generation)
         case ev.NodePublished(node=node):
             return ev.NodeRemoved(name=node.metadata.name)
+        case ev.DeviceTaintRulePublished(rule=rule):
+            return ev.DeviceTaintRuleRemoved(name=rule.metadata.name)
     return None
 
 
