@@ -168,7 +168,7 @@ def submit(
     rest is published. Exit 2 when some input was bad; with --wait, 1 when a
     claim was not allocated in time; 1 when the bus cannot be reached; else 0.
     """
-    from dralloc.ingestor.submit import submit_paths
+    from dralloc.client.submit import submit_paths
 
     submission = _publish_files(lambda report: submit_paths(paths, nats_url, report, wait=wait, gang=gang), output)
     if submission.decisions is not None and any(d.state != "allocated" for d in submission.decisions):
@@ -182,7 +182,7 @@ def delete(
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
 ) -> None:
     """Delete the objects in the files from the bus: claims are released, classes and slices withdrawn."""
-    from dralloc.ingestor.submit import delete_paths
+    from dralloc.client.submit import delete_paths
 
     _publish_files(lambda report: delete_paths(paths, nats_url, report), output)
 
@@ -193,7 +193,7 @@ def _publish_files(run: Callable[[Callable[[str], None]], Awaitable[Any]], outpu
     import asyncio
 
     from dralloc.bus import BusError
-    from dralloc.ingestor.submit import render
+    from dralloc.client.submit import render
 
     if output not in ("table", "json"):
         fail(f"--output must be table or json, not {output!r}")
@@ -224,7 +224,7 @@ def get_claims(
     import asyncio
 
     from dralloc.bus import BusError
-    from dralloc.statuswriter.show import fetch_claims, render
+    from dralloc.client.show import fetch_claims, render
 
     if output not in ("table", "json"):
         fail(f"--output must be table or json, not {output!r}")

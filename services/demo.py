@@ -36,7 +36,7 @@ from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.statuswriter import service as statuswriter
-from dralloc.statuswriter.show import claims_table
+from dralloc.client.show import claims_table
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all
 
 log = logging.getLogger("dralloc.demo")

@@ -144,7 +144,7 @@ def render(submission: Submission, output: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from dralloc.statuswriter.show import claims_table
+    from dralloc.client.show import claims_table
 
     console = Console()
     if submission.decisions is not None:
