@@ -63,7 +63,8 @@ async def test_services_run_against_the_api_server(apiserver: ApiServer, nats_ur
     assert codes == [0, 0]
 
 
-async def test_statuswriter_without_kubernetes_config_says_what_to_set(nats_url: str) -> None:
+async def test_statuswriter_without_kubernetes_config_says_what_to_set(bus: Bus, nats_url: str) -> None:
+    # (`bus` made the streams, as the allocator does: the other services wait for them.)
     process = await start(["statuswriter", "--sink", "kubernetes"], service_env(NATS_URL=nats_url))
     _, stderr = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 2

@@ -82,7 +82,9 @@ async def test_conflicting_write_is_read_again_and_retried(apiserver: ApiServer,
     patches = apiserver["patch", apiserver.resource("resource.k8s.io", "v1", "resourceclaims")]
     patches >> someone_else_writes_first
     await sink.committed(committed(stored))
-    assert len(patches) == 2  # the first got 409 Conflict from the server, the second went through
+    # The first (the finalizer, added before the status as kube-scheduler does) got 409 Conflict from
+    # the server; read again, it went through, then the status.
+    assert len(patches) == 3
     assert status_writes(apiserver) == 1
     final = apiserver.read("resourceclaims", "default", "c")
     assert final["status"]["allocation"] == ALLOCATION and final["metadata"]["labels"] == {"x": "y"}
