@@ -166,9 +166,10 @@ TOMBSTONE_TTL_S = 24 * 3600.0
 ``DRALLOC_TOMBSTONE_TTL`` (seconds) says otherwise: long enough that every consumer has seen it.
 A claim whose delete expired unseen (the allocator down longer) is released at the next rebuild."""
 
-TOMBSTONES = (events.ClaimDeleted,)
+TOMBSTONES = (events.ClaimDeleted, events.PodDeleted)
 """Events published with ``Nats-TTL``. (Not AllocationReleased: ALLOCATIONS keeps every decision,
-so an expired release would bring back the commit before it.)"""
+so an expired release would bring back the commit before it. A PodDeleted that expires unseen
+leaves no unit behind: its Pod's claims are deleted, or decided, by then.)"""
 
 RESUBMITTABLE = (events.ClaimSubmitted, events.ClaimDeleted, events.PodSubmitted, events.PodDeleted)
 """Events whose identity (uid, generation) repeats when a claim is submitted, deleted and submitted

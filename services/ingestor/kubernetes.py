@@ -23,7 +23,8 @@ What is published:
   allocator's, or dralloc's written back by the status writer) is submitted
   with it: the allocator adopts its devices as in use, so its ledger counts
   them, and never decides it again (its uid is already committed).
-- DeviceClass / ResourceSlice -> `...Published` / `...Removed`.
+- DeviceClass / ResourceSlice / DeviceTaintRule -> `...Published` / `...Removed`
+  (DeviceTaintRules through `taintrules`: the v1 kind the generated client lacks).
 Every event's `Nats-Msg-Id` is its content identity (claim uid + generation),
 and the source also skips an event identical to the last one it produced for
 the same subject (seeded at start from what the bus holds, `seed`), so a
@@ -54,7 +55,8 @@ from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
 from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import DeviceClass, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
+from dralloc.ingestor import taintrules
+from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
 
 log = logging.getLogger("dralloc.ingestor.kubernetes")
 
@@ -350,7 +352,8 @@ class KubernetesSource:
                 await queue.put(event)
 
         if self.options.pods:
-            self.gate = PodGate(api, self.report, self._known_claims, self._known_classes, publish)
+            self.gate = PodGate(api, self.report, self._known_claims, self._known_classes, publish,
+                                submitted=lambda subject: self.last.get(subject, "").startswith("pod:"))
 
         def sink(mapper: Callable[[str, Any], list[SourceEvent]]) -> Callable[[str, Any], Awaitable[None]]:
             async def on_change(kind: str, obj: Any) -> None:
@@ -366,7 +369,8 @@ class KubernetesSource:
         def reflector(what: str, lister: Callable[..., Awaitable[Any]], item_type: type, mapper: Callable[[str, Any], list[SourceEvent]]) -> Reflector[Any]:
             return Reflector(what, lister, item_type, sink(mapper), self.report, watch_seconds=self.options.watch_seconds)
 
-        found = [reflector("deviceclasses", v1.list_device_class, DeviceClass, class_events)]
+        found = [reflector("deviceclasses", v1.list_device_class, DeviceClass, class_events),
+                 reflector("devicetaintrules", taintrules.lister(api), DeviceTaintRule, taintrules.taint_rule_events)]
         if self.options.slices:
             found.append(reflector("resourceslices", v1.list_resource_slice, ResourceSlice, slice_events))
         if self.options.namespaces:

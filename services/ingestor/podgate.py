@@ -113,13 +113,16 @@ class PodGate:
     """Follows the Pods of the cluster and hands the gated ones to the allocator (see the module doc)."""
 
     def __init__(self, api: ApiClient, report: Report, claims: Callable[[], Iterable[ResourceClaim]],
-                 classes: Callable[[], Iterable[DeviceClass]], publish: Callable[[SourceEvent], Awaitable[None]]) -> None:
+                 classes: Callable[[], Iterable[DeviceClass]], publish: Callable[[SourceEvent], Awaitable[None]],
+                 submitted: Callable[[str], bool] = lambda subject: False) -> None:
         self.core = CoreV1Api(api)
         self.resource = ResourceV1Api(api)
         self.report = report
         self.claims = claims
         self.classes = classes
         self.publish = publish
+        self.submitted = submitted
+        """Whether the bus holds a `PodSubmitted` on a subject (so a deleted Pod's is superseded)."""
         self.units: dict[str, tuple[GatedPod, list[str]]] = {}
         """Pod key -> the Pod and its claim names, for Pods dralloc handles now."""
         self.extended: dict[str, str] = {}
@@ -130,9 +133,10 @@ class PodGate:
     async def on_pod(self, kind: str, pod: GatedPod) -> None:
         key = f"{pod.metadata.namespace}/{pod.metadata.name}"
         if kind == "DELETED" or pod.metadata.deletion_timestamp or not gated(pod) or pod.spec.node_name:
-            if self.units.pop(key, None) is not None and (kind == "DELETED" or pod.metadata.deletion_timestamp):
-                await self.publish(ev.PodDeleted(namespace=pod.metadata.namespace or "default", name=pod.metadata.name,
-                                                 uid=pod.metadata.uid or ""))
+            self.units.pop(key, None)
+            deleted = ev.PodDeleted(namespace=pod.metadata.namespace or "default", name=pod.metadata.name, uid=pod.metadata.uid or "")
+            if (kind == "DELETED" or pod.metadata.deletion_timestamp) and self.submitted(deleted.subject):
+                await self.publish(deleted)  # the unit, decided or not, is over: CLAIMS lets it go
             return
         names = template_claim_names(pod)
         if names is None:
