@@ -29,7 +29,8 @@ import msgspec
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.gang import allocate_gang, gang_of
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus
+from dralloc.schemas.limits import slice_problem
+from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus, ResourceSlice
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,17 @@ class GangPlan:
     unplaced: list[tuple[ResourceClaim, Outcome]] = field(default_factory=list)
 
 
+def node_binding_problem(slice_: ResourceSlice) -> str | None:
+    """dralloc's rule binding a node-local slice to its node: its pool is named after the node,
+    as the node-local pools of NVIDIA's driver, DraNet, the example driver and dralloc's discovery
+    are. Slices travel on ``dra.inventory.<driver>.<pool>.<slice>``, so a node's credential
+    allowed only its own pool's subjects can publish nothing for another node."""
+    node, pool = slice_.spec.node_name, slice_.spec.pool.name
+    if node is None or pool == node:
+        return None
+    return f"spec.pool.name {pool!r} is not spec.nodeName {node!r} (a node-local pool is named after its node)"
+
+
 def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = "") -> ev.AllocationFailed:
     meta = claim.metadata
     return ev.AllocationFailed(
@@ -142,9 +154,17 @@ class Decisions:
 
     # -- the streams at start ---------------------------------------------------------
 
-    def apply_inventory(self, event: ev.Event) -> None:
+    def apply_inventory(self, event: ev.Event) -> str | None:
+        """An inventory event into the engine; returns why it was refused, if it was. A refused
+        slice takes its earlier version with it, so that what a rebuild replays (the latest event
+        per subject) and what was applied live are the same inventory."""
         match event:
-            case ev.ResourceSlicePublished(slice=obj) | ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj) | ev.DeviceTaintRulePublished(rule=obj):
+            case ev.ResourceSlicePublished(slice=obj):
+                if (problem := slice_problem(obj) or node_binding_problem(obj)) is not None:
+                    self.engine.remove("ResourceSlice", obj.metadata.name)
+                    return f"ResourceSlice {obj.metadata.name} refused: {problem}"
+                self.engine.apply(obj)
+            case ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj) | ev.DeviceTaintRulePublished(rule=obj):
                 self.engine.apply(obj)
             case ev.ResourceSliceRemoved(name=name):
                 self.engine.remove("ResourceSlice", name)
@@ -154,6 +174,7 @@ class Decisions:
                 self.engine.remove("Node", name)
             case ev.DeviceTaintRuleRemoved(name=name):
                 self.engine.remove("DeviceTaintRule", name)
+        return None
 
     def replayed(self, event: ev.Event) -> None:
         """An event of ALLOCATIONS (a commit is restored into the engine) or, after all of those, of

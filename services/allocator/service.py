@@ -81,7 +81,7 @@ from dralloc.allocator import leader
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.memory import freeze_long_lived
-from dralloc.bus import MAX_BATCH, Bus
+from dralloc.bus import MAX_BATCH, Bus, Permanent
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 
@@ -160,7 +160,8 @@ class Allocator:
         """State from the streams; returns the INVENTORY sequence to follow from."""
         inventory, inventory_seq = await self.bus.replay("INVENTORY")
         for event in inventory:
-            self.book.apply_inventory(event)
+            if (refused := self.book.apply_inventory(event)) is not None:
+                log.error("allocator: rebuild: %s", refused)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
         allocator_metrics().rebuilding(self.engine)
         for event in decisions:
@@ -216,7 +217,10 @@ class Allocator:
 
     async def on_inventory(self, event: ev.Event) -> None:
         async with self.lock:
-            self.book.apply_inventory(event)
+            refused = self.book.apply_inventory(event)
+        if refused is not None:
+            self.inventory_changed = True  # (a refused slice takes its earlier version with it)
+            raise Permanent(refused)  # dead-lettered with the reason
         self.inventory_changed = True
         self.room_changed.set()
 

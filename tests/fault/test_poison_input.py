@@ -33,7 +33,9 @@ def url_of(bus: Bus) -> str:
 async def letters(bus: Bus) -> dict[str, str]:
     """Dead letters so far: original subject -> reason."""
     info = await bus.js.stream_info("DEADLETTER")
-    found = {}
+    found: dict[str, str] = {}
+    if not info.state.messages:
+        return found
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         msg = await bus.js.get_msg("DEADLETTER", seq=seq)
         found[msg.headers["Dralloc-Subject"]] = msg.headers["Dralloc-Reason"]
@@ -153,3 +155,43 @@ async def test_a_watching_ingestor_reports_a_poisoned_file_and_keeps_publishing_
     finally:
         await ingestor.stop()
 
+
+
+def ghost_slice(devices: int, *, node: str, pool: str) -> tuple[str, bytes]:
+    """A GPU slice copied from the real node's (its devices match the classes), renamed; its subject and bytes."""
+    from dralloc.discovery.fleet import build_fleet
+
+    ((_, slices),) = build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "n"}])
+    doc = json.loads(ev.encode(ev.ResourceSlicePublished(slice=next(s for s in slices if s.spec.driver == "gpu.nvidia.com"))))
+    device = doc["slice"]["spec"]["devices"][0]
+    device = {"attributes": {k: v for k, v in device["attributes"].items() if k == "type"}}  # small: 6,000 fit in a message
+    doc["slice"]["spec"]["devices"] = [{**device, "name": f"gpu-{i}"} for i in range(devices)]
+    doc["slice"]["spec"]["nodeName"], doc["slice"]["spec"]["pool"]["name"] = node, pool
+    doc["slice"]["metadata"]["name"] = f"{node}-gpus"
+    return ev.subject("inventory", "gpu.nvidia.com", pool, f"{node}-gpus"), json.dumps(doc).encode()
+
+
+async def test_the_allocator_refuses_a_slice_past_the_limits_or_in_another_nodes_pool(bus: Bus, tmp_path: Path):
+    allocator = Service("allocator", ["allocator", "--nats-url", url_of(bus)], {"DRALLOC_ALLOCATOR_LEASE_TTL": "2"}, tmp_path)
+    await allocator.start()
+    try:
+        await bus.publish(claim_event("all", gpus=8))  # the one real node is full
+        assert isinstance(await decision(bus, "all"), ev.AllocationCommitted)
+        # 6,000 GPUs on a node that does not exist; 8 on a real node, in a pool that is not that node's.
+        ghost, foreign = ghost_slice(6_000, node="ghost", pool="ghost"), ghost_slice(8, node="n-0", pool="elsewhere")
+        for subject, data in (ghost, foreign):
+            await bus.js.publish(subject, data)
+        async with asyncio.timeout(15):
+            while len(found := await letters(bus)) < 2:
+                await asyncio.sleep(0.1)
+        assert "spec.devices: at most 128 devices per slice, has 6,000" in found[ghost[0]]
+        assert "spec.pool.name 'elsewhere' is not spec.nodeName 'n-0'" in found[foreign[0]]
+        for attempt in ("live", "rebuilt"):
+            await bus.publish(claim_event(f"more-{attempt}", gpus=1))
+            more = await decision(bus, f"more-{attempt}")
+            assert isinstance(more, ev.AllocationFailed) and more.reason == "unsatisfiable", (attempt, more)
+            await allocator.stop()  # the next term rebuilds from INVENTORY, the refused slices in it
+            await allocator.start()
+        assert "Traceback" not in logged(tmp_path, "allocator")
+    finally:
+        await allocator.stop()
