@@ -55,7 +55,15 @@ inside their domain, or, where it has no room, the committed ones give their
 devices back in the same batch and the gang is decided again as a whole.
 
 Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``,
-``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3).
+``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3), ``DRALLOC_ALLOCATOR_MAX_WAIT`` (how long a
+large waiting claim or gang holds a reservation unless its ``dralloc.dev/max-wait`` says; "600",
+"10m"; default 0: only claims that say so; reservations.py), ``DRALLOC_CEL_BUDGET`` (cost units a claim's
+selector evaluations may spend, default 5,000,000; engine.py).
+
+Engine work (selector evaluation, search) runs in a worker thread (`Allocator._engine_work`), one
+at a time under `lock`, so the lease is renewed and a stop is seen while a claim is evaluated; a
+term's end interrupts it. A claim decided as an `error` is parked (`Decisions.parked`): tried
+again only after the inventory changes, not at a rebuild.
 """
 
 from __future__ import annotations
@@ -66,9 +74,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.js.errors
 from nats.js.api import PubAck
@@ -80,7 +88,9 @@ from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.allocator import leader
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
 from dralloc.allocator.engine.memory import freeze_long_lived
+from dralloc.allocator.reservations import parse_wait
 from dralloc.bus import MAX_BATCH, Bus, Permanent
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -96,6 +106,11 @@ class Config:
     """Waiting claims are retried this long after the last inventory change (changes come in bursts)."""
     lease_ttl: float = leader.DEFAULT_TTL
     """A standby takes over this long after the leader's last renewal."""
+    cel_budget: int = DEFAULT_CEL_BUDGET
+    """Cost units a claim's selector evaluations may spend before it ends as an error (engine.py)."""
+    max_wait: float = 0.0
+    """Seconds a large claim or gang that does not fit holds a reservation (reservations.py) unless its
+    `dralloc.dev/max-wait` says otherwise; 0: only claims that say so."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
@@ -104,11 +119,19 @@ class Config:
             ack_wait=float(env.get("DRALLOC_ALLOCATOR_ACK_WAIT", "30")),
             max_deliver=int(env.get("DRALLOC_ALLOCATOR_MAX_DELIVER", "5")),
             lease_ttl=float(env.get("DRALLOC_ALLOCATOR_LEASE_TTL", str(leader.DEFAULT_TTL))),
+            cel_budget=_cel_budget(env.get("DRALLOC_CEL_BUDGET", str(DEFAULT_CEL_BUDGET))),
+            max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
         )
         for key, value in overrides.items():
             if value is not None:
                 setattr(config, key, value)
         return config
+
+
+def _cel_budget(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 0 < len(text) <= 15 and int(text) > 0):
+        raise ValueError(f"DRALLOC_CEL_BUDGET must be a positive whole number of cost units, not {text[:40]!r}")
+    return int(text)
 
 
 class Fenced(Exception):
@@ -117,6 +140,7 @@ class Fenced(Exception):
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when ``Nats-Expected-Last-Sequence`` does not match the stream."""
+T = TypeVar("T")
 WRONG_LAST_MSG_ID = 10070
 """JetStream's error code when ``Nats-Expected-Last-Msg-Id`` does not match the stream."""
 
@@ -126,10 +150,16 @@ class Allocator:
     decision at a time)."""
 
     def __init__(
-        self, bus: Bus, engine: Engine | None = None, *, lease: leader.Lease | None = None, term: asyncio.Event | None = None
+        self,
+        bus: Bus,
+        engine: Engine | None = None,
+        *,
+        lease: leader.Lease | None = None,
+        term: asyncio.Event | None = None,
+        max_wait: float = 0.0,
     ) -> None:
         self.bus = bus
-        self.book = Decisions(engine, max_gang=MAX_BATCH // 2)
+        self.book = Decisions(engine, max_gang=MAX_BATCH // 2, max_wait=max_wait)
         self.engine = self.book.engine
         self.lease = lease
         self.term = term or asyncio.Event()
@@ -143,6 +173,8 @@ class Allocator:
         self.tail: asyncio.Task[None] | None = None
         """The last write sent: done once it (and so every write before it) is stored."""
         self.lock = asyncio.Lock()
+        self.engine_busy = False
+        """Engine work is running in its thread (`_engine_work`)."""
         self.room_changed = asyncio.Event()
         self.inventory_changed = False
 
@@ -171,6 +203,7 @@ class Allocator:
         for event in claims:
             self.book.replayed(event)
         released = await self._release_gone(self.book.gone())
+        await self._reserve_waiting()  # the waits earlier terms began hold their nodes again, before any claim is decided
         log.info(
             "allocator: rebuilt %d inventory objects, %d allocations, %d waiting claims; released %d deleted long ago",
             len(inventory), len(self.committed), len(self.waiting), released,
@@ -229,7 +262,9 @@ class Allocator:
         while not stop.is_set():
             changed = asyncio.ensure_future(self.room_changed.wait())
             stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            deadline = self.book.reservations.next_deadline()  # a reservation's end is written when it comes
+            timeout = None if deadline is None else max(0.0, deadline - time.time()) + 0.01
+            await asyncio.wait({changed, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             changed.cancel()
             stopped.cancel()
             if stop.is_set():
@@ -238,6 +273,7 @@ class Allocator:
             self.room_changed.clear()
             if self.inventory_changed:  # a burst of inventory is in: the fleet's objects are long-lived
                 self.inventory_changed = False
+                self.book.unpark()  # claims decided as errors are tried again only now
                 gc.freeze()  # (no collection first: bursts are many while a fleet comes up)
             async with self.lock:
                 for key, claim in list(self.waiting.items()):
@@ -262,6 +298,10 @@ class Allocator:
                         except Exception as exc:  # the bus is down: the next change retries again
                             self.book.pods_waiting.add(key)
                             log.warning("allocator: retrying Pod %s failed: %s", key, exc)
+                try:
+                    await self._reserve_waiting()
+                except Exception as exc:  # the bus is down: the next change tries again
+                    log.warning("allocator: writing reservations failed: %s", exc)
 
     # -- claims ---------------------------------------------------------------------
 
@@ -327,7 +367,7 @@ class Allocator:
         """A Pod's claims are all here: allocated together on one node, their commits written as one
         atomic batch (all or none); or each claim's failure, and the Pod waits for room."""
         with telemetry.tracer().start_as_current_span("allocate pod", attributes={"dralloc.pod": step.pod}) as span:
-            plan = self.book.decide_pod(step)
+            plan = await self._engine_work(self.book.decide_pod, step)
             span.set_attribute("dralloc.outcome", "allocated" if plan.batch else "waiting")
         for failure in plan.failures:
             await self._send_failure(failure, began)
@@ -342,11 +382,13 @@ class Allocator:
 
     async def _allocate_one(self, claim: ResourceClaim, context: Context, began: float) -> None:
         with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": claim.key}) as span:
-            outcome, event = self.book.allocate(claim, context)
+            outcome, event = await self._engine_work(self.book.allocate, claim, context)
             span.set_attribute("dralloc.outcome", outcome.status)
             if outcome.node:
                 span.set_attribute("dralloc.node", outcome.node)
         if event is None:
+            if outcome.status == "unsatisfiable":
+                await self._reserve_waiting()  # (it may hold a node now: its failure says so)
             await self._send_failure(self.book.failure(claim, outcome.status, outcome.message), began)
             return
         try:
@@ -357,8 +399,26 @@ class Allocator:
         self.book.commit_written(event)
         stored.add_done_callback(lambda done: self._undo_unless_stored(done, event))
 
+    async def _engine_work(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run engine work (selector evaluation, search) in a worker thread: the event loop keeps
+        renewing the lease and answers SIGTERM meanwhile. The engine is not thread-safe: every caller
+        holds `lock`, so one thread at a time uses it (`_undo_unless_stored` is the one mutation made
+        outside the lock, and it waits while the engine is busy)."""
+        self.engine_busy = True
+        try:
+            return await asyncio.to_thread(fn, *args)
+        finally:
+            self.engine_busy = False
+
     def _undo_unless_stored(self, write: asyncio.Task[None], event: ev.AllocationCommitted) -> None:
         if write.cancelled() or write.exception() is not None:
+            if self.engine_busy:  # a callback, not holding the lock: the engine's thread may be in it
+                asyncio.ensure_future(self._undo_locked(event))
+            else:
+                self.book.commit_refused(event)
+
+    async def _undo_locked(self, event: ev.AllocationCommitted) -> None:
+        async with self.lock:
             self.book.commit_refused(event)
 
     async def _send_failure(self, failure: ev.AllocationFailed | None, began: float | None = None) -> None:
@@ -372,7 +432,9 @@ class Allocator:
         began = time.perf_counter()
         attributes = {"dralloc.gang": complete.name, "dralloc.gang.size": complete.size}
         with telemetry.tracer().start_as_current_span("allocate gang", attributes=attributes):
-            plan = self.book.decide_gang(complete)
+            plan = await self._engine_work(self.book.decide_gang, complete)
+        if plan.unplaced:
+            await self._reserve_waiting()  # (the gang may hold a domain's nodes now: the failures say so)
         for member, outcome in plan.unplaced:  # all wait, none holds devices
             await self._send_failure(self.book.failure(member, outcome.status, outcome.message))
         if not plan.batch:
@@ -384,6 +446,11 @@ class Allocator:
             self.book.batch_refused(plan)
             raise
         self.book.batch_stored(plan)
+
+    async def _reserve_waiting(self) -> None:
+        """Write the failures of waiting claims whose reservation began, moved or ended (reservations.py)."""
+        for failure in self.book.reserve_waiting(time.time()):
+            await self._send_failure(failure)
 
     async def _release(self, release: ev.AllocationReleased) -> None:
         await self._write(release)
@@ -460,7 +527,7 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
     lease = leader.Lease(await bus.key_value(leader.BUCKET), ttl=config.lease_ttl)
     try:
         while await lease.acquire(stop):
-            allocator = Allocator(bus, engine, lease=lease)
+            allocator = Allocator(bus, engine or Engine(cel_budget=config.cel_budget), lease=lease, max_wait=config.max_wait)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
                 await _lead(bus, config, stop, allocator)
@@ -481,6 +548,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
         tasks.create_task(allocator.lease.keep(term))  # renewing already while the rebuild runs
         tasks.create_task(report_lag(bus, "CLAIMS", "allocator", term))
         tasks.create_task(_end_term_on(stop, term))
+        tasks.create_task(_interrupt_on(term, allocator))
         gc.disable()  # the rebuild makes the fleet's objects: collections meanwhile only walk them again
         try:
             inventory_seq = await allocator.rebuild()
@@ -498,6 +566,13 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
                 "CLAIMS", allocator.take_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
             )
         )
+
+
+async def _interrupt_on(term: asyncio.Event, allocator: Allocator) -> None:
+    """When the term ends (a stop, a lost lease), engine work still running in its thread is
+    abandoned at the next device (the term's engine is not used again): SIGTERM exits promptly."""
+    await term.wait()
+    allocator.engine.interrupt()
 
 
 async def _end_term_on(stop: asyncio.Event, term: asyncio.Event) -> None:
