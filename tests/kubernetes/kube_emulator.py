@@ -71,6 +71,7 @@ KINDS = [
     Kind(RESOURCE_GROUP, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True, False),
     Kind(RESOURCE_GROUP, "v1", "deviceclasses", "DeviceClass", False, False),
     Kind(RESOURCE_GROUP, "v1", "resourceslices", "ResourceSlice", False, False),
+    Kind(RESOURCE_GROUP, "v1", "devicetaintrules", "DeviceTaintRule", False, True),
     Kind("", "v1", "pods", "Pod", True, True),
     Kind("", "v1", "events", "Event", True, False),
 ]
