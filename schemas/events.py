@@ -333,6 +333,10 @@ class AllocationFailed(_Event, tag=True, frozen=True):
     message: str
     pod: str = ""
     """The Pod (in the claim's namespace) whose unit this claim failed with, if any (its Events)."""
+    reserved_nodes: list[str] = []
+    """Nodes held for the claim while it waits (services/allocator/reservations.py): other claims take them last."""
+    reserved_until: float = 0.0
+    """When the claim's wait for a reservation is over (seconds since the epoch; 0: it has none)."""
 
     @property
     def key(self) -> str:
@@ -344,8 +348,10 @@ class AllocationFailed(_Event, tag=True, frozen=True):
 
     @property
     def msg_id(self) -> str:
-        # The same failure for the same claim is one message; a different reason is news.
-        return f"failed:{self.uid or self.key}:{self.generation}:{_digest(self.reason, self.message)}"
+        # The same failure for the same claim is one message; a different reason is news (and a
+        # reservation begun, moved or ended).
+        held = (*self.reserved_nodes, repr(self.reserved_until)) if self.reserved_until else ()
+        return f"failed:{self.uid or self.key}:{self.generation}:{_digest(self.reason, self.message, *held)}"
 
 
 class AllocationReleased(_Event, tag=True, frozen=True):

@@ -28,6 +28,7 @@ import msgspec
 
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.gang import allocate_gang, gang_of
+from dralloc.allocator.reservations import RESERVED_WORDS, Reservations, Unit
 from dralloc.schemas import events as ev
 from dralloc.schemas.limits import slice_problem
 from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus, ResourceSlice
@@ -100,7 +101,10 @@ def node_binding_problem(slice_: ResourceSlice) -> str | None:
     return f"spec.pool.name {pool!r} is not spec.nodeName {node!r} (a node-local pool is named after its node)"
 
 
-def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = "") -> ev.AllocationFailed:
+def failure_event(
+    claim: ResourceClaim, status: str, message: str, pod: str = "", reserved: tuple[tuple[str, ...], float] = ((), 0.0)
+) -> ev.AllocationFailed:
+    """`reserved`: the nodes held for the claim while it waits and when its wait is over (reservations.py)."""
     meta = claim.metadata
     return ev.AllocationFailed(
         namespace=meta.namespace or "default",
@@ -110,15 +114,22 @@ def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = ""
         reason="unsatisfiable" if status == "unsatisfiable" else "error",
         message=message or status,
         pod=pod,
+        reserved_nodes=list(reserved[0]),
+        reserved_until=reserved[1],
     )
 
 
 class Decisions:
     """The allocator's state around the engine (see the module docstring)."""
 
-    def __init__(self, engine: Engine | None = None, *, max_gang: int) -> None:
+    def __init__(self, engine: Engine | None = None, *, max_gang: int, max_wait: float = 0.0) -> None:
         self.engine = engine or Engine()
         self.max_gang = max_gang
+        self.reservations = Reservations(self.engine, max_wait)
+        """What large waiting claims and gangs hold (reservations.py); `max_wait`: seconds they may,
+        unless a claim's `dralloc.dev/max-wait` says otherwise (0: only those that say so)."""
+        self.messages: dict[str, str] = {}
+        """Waiting claim key -> why it did not fit last (written again when its reservation changes)."""
         """The largest gang committed all or none (one batch may give back size - 1 members and commit all size)."""
         self.committed: dict[str, ev.AllocationCommitted] = {}
         """Claim key -> its commit: stored, or sent (and forgotten again if it is refused)."""
@@ -181,6 +192,14 @@ class Decisions:
         CLAIMS (a claim not committed waits)."""
         if isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased):
             self.replayed_decisions[event.key] = event
+            if isinstance(event, ev.AllocationFailed) and event.reserved_until:
+                # a wait an earlier term began: it goes on (until then), and its failure stands as written
+                self.reservations.replayed[event.key] = event.reserved_until
+                self.messages[event.key] = event.message.split(RESERVED_WORDS, 1)[0]
+                self.failures[event.key] = event.msg_id
+            else:
+                self.reservations.replayed.pop(event.key, None)
+                self.messages.pop(event.key, None)
         elif isinstance(event, ev.ClaimSubmitted):
             self.replayed_claims.add(event.claim.key)
         elif isinstance(event, ev.ClaimDeleted):
@@ -266,14 +285,15 @@ class Decisions:
     def allocate(self, claim: ResourceClaim, context: Any = None) -> tuple[Outcome, ev.AllocationCommitted | None]:
         """Ask the engine; returns its outcome and, when allocated, the commit to write (the engine
         holds the devices until `commit_not_written` or `commit_refused`). A claim that does not fit
-        waits: write `failure(...)`."""
-        (outcome,) = self.engine.allocate([claim])
+        waits: write `failure(...)`; then `reserve_waiting`."""
+        (outcome,) = self._as_holder(_unit_key(claim), self.engine.allocate, [claim])
         if outcome.status != "allocated":
             if outcome.status == "error":
                 self.waiting.pop(claim.key, None)
                 self.parked[claim.key] = claim
             else:
                 self.waiting[claim.key] = claim
+                self.messages[claim.key] = outcome.message
             self.contexts[claim.key] = context
             return outcome, None
         return outcome, ev.AllocationCommitted(claim=self._decided(claim, outcome), node=outcome.node)
@@ -298,8 +318,53 @@ class Decisions:
     def failure(self, claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed | None:
         """The claim's failure to write, or None when this term already wrote the same one (a retry
         that still does not fit)."""
-        failure = failure_event(claim, status, message)
+        unit = _unit_key(claim)
+        if status == "unsatisfiable":
+            message += self.reservations.words(unit)
+        if (problem := self.reservations.problems.get(claim.key)) is not None:
+            message += f"; {problem}"
+        failure = failure_event(claim, status, message, reserved=self.reservations.shown(unit))
         return failure if self.failures.get(failure.key) != failure.msg_id else None
+
+    def reserve_waiting(self, now: float) -> list[ev.AllocationFailed]:
+        """Reserve for the large claims and complete gangs that wait (reservations.py), oldest first,
+        at time `now` (seconds since the epoch); returns the failures to write again for the claims
+        whose reservation began, moved or ended. The engine holds every reservation until the next call."""
+        units: list[Unit] = []
+        gangs: set[str] = set()
+        for key, claim in self.waiting.items():
+            if key not in self.messages:
+                continue  # not tried yet, or not unsatisfiable
+            gang = gang_of(claim)
+            if gang is None or gang[1] <= 1:
+                units.append(Unit(key, (claim,)))
+                continue
+            name, size, domain = gang
+            members = self.gangs.get(name, {})
+            if name in gangs or self.gang_held.get(name) or len(members) < size:
+                continue  # one unit per gang; a gang not all here (or partly committed) holds nothing
+            gangs.add(name)
+            units.append(Unit(f"gang:{name}", tuple(sorted(members.values(), key=lambda c: c.key)), domain))
+        changed = set(self.reservations.plan(units, now))
+        self.engine.reserve(self.reservations.others(""))
+        out = []
+        for unit in units:
+            if unit.key in changed:
+                for claim in unit.claims:
+                    failure = self.failure(claim, "unsatisfiable", self.messages.get(claim.key, ""))
+                    if failure is not None:
+                        out.append(failure)
+        return out
+
+    def _as_holder(self, unit: str, work, *args, **kwargs):
+        """Run engine `work` for `unit`: its own reservation is no penalty to it (every other unit's is)."""
+        if self.reservations.held.get(unit) is None:
+            return work(*args, **kwargs)
+        self.engine.reserve(self.reservations.others(unit))
+        try:
+            return work(*args, **kwargs)
+        finally:
+            self.engine.reserve(self.reservations.others(""))
 
     # -- what became of the writes ---------------------------------------------------------
 
@@ -349,7 +414,7 @@ class Decisions:
         members = self.gangs[name]
         held = [self.committed[key].claim for key in self.gang_held.get(name, ())]
         claims = sorted([*members.values(), *held], key=lambda c: c.key)
-        outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
+        outcomes = self._as_holder(f"gang:{name}", allocate_gang, self.engine, claims, name=name, domain_label=domain)
         plan = GangPlan(name, members)
         if held and any(o.status != "allocated" for o in outcomes):
             # No room for the rest where the committed members are. A partial gang never keeps
@@ -359,10 +424,13 @@ class Decisions:
                 self.engine.release(member.key)
                 members[member.key] = msgspec.structs.replace(member, status=None)
             claims = sorted(members.values(), key=lambda c: c.key)
-            outcomes = allocate_gang(self.engine, claims, name=name, domain_label=domain)
+            outcomes = self._as_holder(f"gang:{name}", allocate_gang, self.engine, claims, name=name, domain_label=domain)
         plan.placed = all(o.status == "allocated" for o in outcomes)
         if not plan.placed and not plan.given_back:
             plan.unplaced = list(zip(claims, outcomes))  # all wait, none holds devices
+            for member, outcome in plan.unplaced:
+                if outcome.status == "unsatisfiable":
+                    self.messages[member.key] = outcome.message
             return plan
         plan.batch = [
             ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "")
@@ -550,10 +618,20 @@ class Decisions:
         self.parked.clear()
 
     def _stop_waiting(self, key: str) -> None:
+        claim = self.waiting.get(key)
+        if claim is not None and self.reservations.drop(_unit_key(claim)):  # placed or deleted: it ends now
+            self.engine.reserve(self.reservations.others(""))
         self.waiting.pop(key, None)
         self.parked.pop(key, None)
         self.contexts.pop(key, None)
         self.failures.pop(key, None)
+        self.messages.pop(key, None)
+
+
+def _unit_key(claim: ResourceClaim) -> str:
+    """What a claim waits as (reservations.Unit.key): its gang, or itself."""
+    gang = gang_of(claim)
+    return f"gang:{gang[0]}" if gang is not None and gang[1] > 1 else claim.key
 
 
 def _same_generation(a: ResourceClaim, b: ResourceClaim) -> bool:

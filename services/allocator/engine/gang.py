@@ -156,6 +156,9 @@ def allocate_gang(
     else:
         why = f"{len(candidates)} tried; {first_failure}"
     message = f"gang {gang}: cannot place all {len(pending)} pending claims inside one {kind} ({why}); none holds devices"
+    if domain_label != "":
+        # the way out a person needs when the fleet has no such domains, or none big enough
+        message += f'; to allow any nodes, annotate the claims with {GANG_DOMAIN}: "" (dralloc submit --gang-domain "")'
     return [_already(c.key, held[c.key]) if c.key in held else Outcome(claim=c.key, status="unsatisfiable", message=message) for c in claims]
 
 
@@ -163,11 +166,15 @@ def reservation_for(engine: Engine, claims: Sequence[ResourceClaim], *, domain_l
     """The devices to hold for claims that wait (a bitset for `Engine.reserve`; 0: nowhere): one
     claim's closest node, or, for the members of a gang (more than one claim), the freest nodes
     of the domain closest to holding them all (see `Placement.closest`); `domain_label` as for
-    `allocate_gang`. The nodes of the `avoid` ranks are held for earlier claims already."""
+    `allocate_gang`. The nodes of the `avoid` ranks are held for earlier claims already. A
+    single claim smaller than a node gets nothing (0)."""
     placement = engine.placement
     plans = [engine._plan(claims[0])] if claims else []
     if len(claims) <= 1:
-        return placement.closest(plans, avoid=avoid)
+        # only a large claim holds a node for itself: one that takes every device of its kind
+        # there (a small one fits in the holes of partly used nodes, which reserving would waste)
+        bits = placement.closest(plans, avoid=avoid)
+        return bits if bits and _demand(claims[0]) >= bits.bit_count() else 0
     if domain_label == "":
         domains = {"all nodes": engine.inventory.nodes()}
     else:

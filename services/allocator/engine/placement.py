@@ -119,49 +119,50 @@ class Placement:
 
     def closest(self, plans: list[ClaimPlan], members: int = 1, domains: dict[str, list[str]] | None = None, avoid: int = 0) -> int:
         """The devices to reserve for a unit that does not fit now (a bitset; 0: none can ever
-        hold it): the node closest to fitting, the one with the most free devices its first
-        request matches among those with enough of them in all; for a gang of `members` such
-        units inside one of the `domains` (name -> nodes), the domain whose `members` freest
-        nodes have the most free devices, and those nodes. Nodes of the `avoid` ranks (reserved
-        for an earlier claim) are not taken. Every matching device of a chosen node is reserved,
-        free or not, so what its running claims give back is held too. Ties: the lowest rank."""
+        hold it): the node closest to fitting, among those with enough devices its first request
+        matches: the fewest claims holding them (the departures it waits for), then the most
+        free. For a gang of `members` such units inside one of the `domains` (name -> nodes):
+        the domain whose `members` closest nodes wait for the fewest claims, then have the most
+        free, and those nodes. Nodes of the `avoid` ranks (held for an earlier claim) are not
+        taken. Every matching device of a chosen node is reserved, free or not, so what its
+        running claims give back is held too. Ties: the lowest rank."""
         demand = _demand(plans)
         if not demand:
             return 0
         alt, count = demand[0]
-        inv, used = self.inv, self.ledger.used_bits
+        inv, ledger = self.inv, self.ledger
+        used, holder = ledger.used_bits, ledger.exclusive
         rank = inv.node_rank
-        scored: dict[str, tuple[int, int]] = {}  # node -> (free matching, all matching bits)
+        devices = inv.devices
 
-        def score(node: str) -> tuple[int, int] | None:
-            if node not in scored:
-                mask, _ = inv.node_mask(node)
-                matched = self.verdicts.get(alt, mask).matched & mask
-                scored[node] = ((matched ^ (matched & used)).bit_count(), matched)
-            free, matched = scored[node]
-            return (free, matched) if matched.bit_count() >= count else None
-
-        def usable(node: str) -> bool:
-            return node in inv.node_known and not (avoid >> rank[node]) & 1
+        def score(node: str) -> tuple[int, int, int, int] | None:
+            """(claims to wait for, -free, rank, matching devices) of a node that could hold the
+            demand when free; None for one that never could, or is held for an earlier claim."""
+            if node not in inv.node_known or (avoid >> rank[node]) & 1:
+                return None
+            mask, _ = inv.node_mask(node)
+            matched = self.verdicts.get(alt, mask).matched & mask
+            if matched.bit_count() < count:
+                return None
+            taken = matched & used
+            holders = {holder.get(devices[i].key) for i in iter_bits(taken) if devices[i] is not None}  # type: ignore[union-attr]
+            return (len(holders), taken.bit_count() - matched.bit_count(), rank[node], matched)
 
         if members <= 1:
-            best: tuple[int, int, int] | None = None  # (-free, rank, bits)
-            for node in inv.node_names:
-                if usable(node) and (s := score(node)) is not None and (best is None or (-s[0], rank[node]) < best[:2]):
-                    best = (-s[0], rank[node], s[1])
-            return best[2] if best is not None else 0
-        choice: tuple[int, int, int] | None = None
+            scores = [s for node in inv.node_names if (s := score(node)) is not None]
+            return min(scores)[3] if scores else 0
+        choice: tuple[tuple[int, int, int], int] | None = None
         for nodes in (domains or {}).values():
-            held = sorted(((s[0], -rank[n], s[1]) for n in nodes if usable(n) and (s := score(n)) is not None), reverse=True)[:members]
-            if len(held) < members:
+            closest = sorted(s for n in nodes if (s := score(n)) is not None)[:members]
+            if len(closest) < members:
                 continue
-            key = (-sum(h[0] for h in held), -held[0][1])
-            if choice is None or key < choice[:2]:
+            key = (sum(c[0] for c in closest), sum(c[1] for c in closest), min(c[2] for c in closest))
+            if choice is None or key < choice[0]:
                 bits = 0
-                for h in held:
-                    bits |= h[2]
-                choice = (*key, bits)
-        return choice[2] if choice is not None else 0
+                for c in closest:
+                    bits |= c[3]
+                choice = (key, bits)
+        return choice[1] if choice is not None else 0
 
     # --- nodes -------------------------------------------------------------------------
 

@@ -1,0 +1,113 @@
+"""Reservations live in the streams (real nats-server, allocator service objects): the failure
+written for a large waiting claim names the nodes held and when the wait ends; a successor
+rebuilds the same reservation from ALLOCATIONS, keeps the wait's end, and small claims it decides
+avoid the held node; the reservation ends with the claim's placement or deletion."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from dralloc.allocator.service import Allocator
+from dralloc.bus import Bus
+from dralloc.discovery.fleet import build_fleet
+from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifests import load_paths
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim
+
+CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
+
+
+@pytest.fixture
+async def fleet_bus(bus: Bus) -> Bus:
+    """The private nats-server with the project's DeviceClasses and two H100 nodes (n-0, n-1)."""
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "n"}]):
+        for s in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=s))
+    return bus
+
+
+def submitted(name: str, gpus: int, annotations: dict[str, str] | None = None) -> ev.ClaimSubmitted:
+    claim = msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4()), "generation": 1, "annotations": annotations or {}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": gpus}}]}},
+        },
+        ResourceClaim,
+    )  # fmt: skip
+    return ev.ClaimSubmitted(claim=claim)
+
+
+def deleted(event: ev.ClaimSubmitted) -> ev.ClaimDeleted:
+    meta = event.claim.metadata
+    return ev.ClaimDeleted(namespace="ml", name=meta.name, uid=meta.uid or "")
+
+
+async def decisions(bus: Bus) -> list[ev.Event]:
+    last = (await bus.js.stream_info("ALLOCATIONS")).state.last_seq
+    return [ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
+
+
+async def decide(allocator: Allocator, bus: Bus, event: ev.Event) -> None:
+    await bus.publish(event)
+    await allocator.on_claim(event)
+
+
+async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the_claim(fleet_bus: Bus):
+    bus = fleet_bus
+    first = Allocator(bus)
+    await first.rebuild()
+    six_a, six_b = submitted("six-a", 6), submitted("six-b", 6)  # n-0 and n-1 keep 2 GPUs free each
+    big = submitted("big", 8, {"dralloc.dev/max-wait": "10m"})
+    began = time.time()
+    for event in (six_a, six_b, big):
+        await decide(first, bus, event)
+    failure = (await decisions(bus))[-1]
+    assert isinstance(failure, ev.AllocationFailed) and failure.key == "ml/big"
+    assert failure.reserved_nodes == ["n-0"] and began + 600 <= failure.reserved_until <= time.time() + 600
+    assert "node n-0 reserved for it" in failure.message
+    written = len(await decisions(bus))
+
+    # The leader is gone; a successor rebuilds from the streams: the same node, the same end.
+    successor = Allocator(bus)
+    await successor.rebuild()
+    held = successor.book.reservations.held["ml/big"]
+    assert (held.nodes, held.until) == (("n-0",), failure.reserved_until)
+    assert len(await decisions(bus)) == written  # nothing new to say: the stream already says it
+
+    # A small claim decided by the successor avoids the held node (best fit alone would take n-0).
+    small = submitted("small", 2)
+    await decide(successor, bus, small)
+    commit = (await decisions(bus))[-1]
+    assert isinstance(commit, ev.AllocationCommitted) and commit.key == "ml/small" and commit.node == "n-1"
+
+    # six-a leaves: the big claim is retried, placed on its node, and its reservation ends.
+    await decide(successor, bus, deleted(six_a))
+    await successor._allocate(big.claim)
+    placed = (await decisions(bus))[-1]
+    assert isinstance(placed, ev.AllocationCommitted) and placed.key == "ml/big" and placed.node == "n-0"
+    assert successor.book.reservations.held == {} and successor.engine.placement.reserved == 0
+
+
+async def test_a_deleted_claim_holds_nothing_and_a_successor_rebuilds_no_reservation(fleet_bus: Bus):
+    bus = fleet_bus
+    first = Allocator(bus)
+    await first.rebuild()
+    six_a, six_b = submitted("six-a", 6), submitted("six-b", 6)
+    big = submitted("big", 8, {"dralloc.dev/max-wait": "10m"})
+    for event in (six_a, six_b, big):
+        await decide(first, bus, event)
+    assert first.book.reservations.held["ml/big"].nodes == ("n-0",)
+    await decide(first, bus, deleted(big))
+    assert first.book.reservations.held == {} and first.engine.placement.reserved == 0
+
+    successor = Allocator(bus)
+    await successor.rebuild()
+    assert successor.book.reservations.held == {} and "ml/big" not in successor.waiting
