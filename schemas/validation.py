@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
     DeviceAttribute,
+    DeviceCapacity,
     DeviceClass,
     DeviceTaintRule,
     DeviceSelector,
@@ -295,10 +297,11 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
         values = sum(_attribute_values(a) for a in device.attributes.values())
         if values > ATTRIBUTE_VALUES_MAX:
             errors.append(FieldError(f"{dpath}.attributes", f"at most {ATTRIBUTE_VALUES_MAX} attribute values per device (list entries count one each), has {values}"))
-        for key in device.capacity:
+        for key, capacity in device.capacity.items():
             problem = qualified_name_error(key)
             if problem:
                 errors.append(FieldError(f"{dpath}.capacity[{key}]", problem))
+            errors += _valid_range(capacity, f"{dpath}.capacity[{key}].requestPolicy.validRange")
     return errors
 
 
@@ -350,5 +353,26 @@ def _taint_rule(rule: DeviceTaintRule) -> list[FieldError]:
         errors.append(FieldError("spec.taint.key", f"{taint.key!r} must be a label key (an optional DNS subdomain and '/', then at most 63 alphanumerics, '-', '_', '.')"))
     if taint.value is not None and len(taint.value) > 63:
         errors.append(FieldError("spec.taint.value", "must be at most 63 characters"))
+    return errors
+
+
+def _valid_range(capacity: DeviceCapacity, path: str) -> list[FieldError]:
+    """DRAFractionalCapacityRange (1.37 beta): a range's min, max and step may be fractional,
+    computed in milli-units, so at most 3 decimal places (``100m``, ``0.25``; not ``0.0005``)."""
+    policy = capacity.request_policy
+    if policy is None or policy.valid_range is None:
+        return []
+    errors = []
+    for name in ("min", "max", "step"):
+        value = getattr(policy.valid_range, name)
+        if value is None:
+            continue
+        try:
+            nano = parse_quantity(value)
+        except ValueError as exc:
+            errors.append(FieldError(f"{path}.{name}", str(exc)))
+            continue
+        if nano % 1_000_000:
+            errors.append(FieldError(f"{path}.{name}", f"{value!r} has more than 3 decimal places (the range is computed in milli-units)"))
     return errors
 
