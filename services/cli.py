@@ -468,6 +468,53 @@ def migrate(
     raise typer.Exit(result.exit_code)
 
 
+@app.command()
+def plan(
+    paths: list[str] = typer.Option(..., "-f", "--filename", help="Workload manifests: files or directories (repeatable)."),
+    fleet: str = typer.Option(..., "--fleet", help="Fleet file of simulated nodes (the demo's format)."),
+    usage: str = typer.Option(None, "--usage", help="CSV of DCGM peaks per container (see `dralloc migrate --usage`): right-size under DRA."),
+    output: str = typer.Option("table", "-o", "--output", help="table, json, png or svg (a chart: needs dralloc[plot])."),
+    as_json: bool = typer.Option(False, "--json", help="Same as -o json."),
+    chart_file: str = typer.Option(None, "--chart-file", help="Where -o png|svg writes the chart (default dralloc-plan.<png|svg>)."),
+) -> None:
+    """GPUs and nodes the workloads need under the device plugin (whole GPUs, first fit) and under DRA with
+    dralloc's placement (MIG, right-sizing, topology), from the same engine, and which workloads drive the
+    difference. Exit 0: every pod fits in both modes; 1: some did not fit; 2: bad input."""
+    import json
+
+    from rich.console import Console
+
+    from dralloc.migrate.documents import InputError
+    from dralloc.migrate.plan import plan as run_plan
+    from dralloc.migrate.plan_render import PlotUnavailable, chart, table
+
+    output = "json" if as_json else output
+    if output not in ("table", "json", "png", "svg"):
+        fail(f"--output must be table, json, png or svg, not {output!r}")
+    try:
+        result, report = run_plan(paths, fleet, usage)
+    except InputError as exc:
+        fail(str(exc))
+    for line in report.changes:
+        print(f"dralloc: right-size: {line}", file=sys.stderr)
+    for line in report.problems:
+        print(f"dralloc: not planned: {line}", file=sys.stderr)
+    if output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        table(result, Console(soft_wrap=True))
+    if output in ("png", "svg"):
+        target = chart_file or f"dralloc-plan.{output}"
+        try:
+            chart(result, target, output)
+        except PlotUnavailable as exc:
+            fail(str(exc), 1)
+        except OSError as exc:
+            fail(f"{target}: cannot write: {exc.strerror or exc}")
+        print(f"chart written to {target}", file=sys.stderr)
+    raise typer.Exit(1 if result["not_fitted_device_plugin"] or result["not_fitted_dra"] else 0)
+
+
 # --- benchmarks -----------------------------------------------------------------------
 
 bench_app = typer.Typer(help="Benchmarks: workloads built in memory, numbers reported (never asserted).", no_args_is_help=True)

@@ -116,10 +116,12 @@ class _Container:
 
 
 def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: str,
-                   usage: Usage | None = None, keep_node_selectors: bool = False) -> list[dict]:
+                   usage: Usage | None = None, keep_node_selectors: bool = False, whole_gpus: bool = False) -> list[dict]:
     """Rewrite every pod spec of `obj` that asks for NVIDIA GPUs; the new templates, in order.
 
-    `where` prefixes every message (file and document). Raises DecodeError."""
+    `where` prefixes every message (file and document). `whole_gpus`: every GPU ask (MIG and
+    shared ones too) becomes whole GPUs, as the device plugin hands them out (`dralloc plan`'s
+    baseline); no right-sizing. Raises DecodeError."""
     what = f"{where}: {describe(obj)}"
     meta = obj.get("metadata")
     if meta is not None and not isinstance(meta, Mapping):
@@ -135,7 +137,7 @@ def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: 
         label = role(obj, path)
         base = _dns(f"{name or 'pod'}-{label}-gpu" if label else f"{name or 'pod'}-gpu")
         template = _migrate_pod_spec(spec, path, namespace, base, obj_name=name or "", names=names, report=report,
-                                     what=what, usage=usage, keep=keep_node_selectors)
+                                     what=what, usage=usage, keep=keep_node_selectors, whole_gpus=whole_gpus)
         if template is not None:
             templates.append(template)
     for path, mapping in mappings(obj, skip=frozenset(handled)):
@@ -152,7 +154,8 @@ def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: 
 
 
 def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, base: str, *, obj_name: str,
-                      names: Names, report: Report, what: str, usage: Usage | None, keep: bool) -> dict | None:
+                      names: Names, report: Report, what: str, usage: Usage | None, keep: bool,
+                      whole_gpus: bool = False) -> dict | None:
     containers = _containers(spec, path, report, what)
     asking = [c for c in containers if c.asks]
     if not asking:
@@ -163,7 +166,11 @@ def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, b
             f"{what}: {dotted(path)}: already mixes resourceClaims and GPU extended resources; left as it is"
         )
         return None
-    if usage is not None:
+    if whole_gpus:
+        for c in asking:
+            for ask in c.asks:
+                ask.resource = GpuResource(ask.resource.name, "gpu")
+    elif usage is not None:
         _right_size(asking, usage, namespace, obj_name, report, what)
     requests = _requests(asking)
     selectors = _node_selection(spec, path, {a.resource.kind == "mig" for c in asking for a in c.asks}, keep, report, what)

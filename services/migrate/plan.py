@@ -1,0 +1,278 @@
+"""`dralloc plan`: how many GPUs and nodes the workloads need under the device plugin and under DRA.
+
+Both answers come from the same engine (`dralloc.allocator.engine.Engine`) on the
+same simulated fleet (the demo's fleet format, `dralloc.discovery.fleet`):
+
+- device plugin: every GPU ask is whole GPUs (`nvidia.com/mig-*` and
+  `nvidia.com/gpu.shared` too: a node's GPUs are not partitioned on demand),
+  the GPUs published without MIG partitions, and the engine's placement off
+  (Kubernetes' first fit: no topology, no best fit);
+- DRA with dralloc: the workloads as `dralloc migrate` writes them (MIG asks
+  as MIG devices, `--usage` right-sizing to MIG), the MIG-capable GPUs
+  published with their partitions, topology- and fragmentation-aware placement.
+
+Each pod (replicas counted: `replicas` and `parallelism` on the way from the
+object to its pod template multiply) gets one claim, allocated in input
+order. GPUs needed are the distinct physical GPUs holding an allocation (a GPU
+with one MIG slice allocated counts as one); nodes the distinct nodes. Per
+workload, GPU-equivalents (a MIG slice counts its compute share, `Ng` of 7)
+show which workloads drive the difference. Pods that fit nowhere are counted
+per mode, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from dralloc.allocator.engine import Engine
+from dralloc.discovery.fleet import FleetError, fleet_inventories, load_fleet
+from dralloc.discovery.slices import build_slices
+from dralloc.migrate import usage as usage_mod
+from dralloc.migrate.command import files
+from dralloc.migrate.documents import InputError, plain, read
+from dralloc.migrate.podspecs import Path, find_pod_specs
+from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
+from dralloc.schemas.resource import DeviceClass, ResourceClaim
+
+MAX_REPLICAS = 10_000
+"""Replicas of one pod template beyond this are refused (a typo, or hostile input)."""
+
+CLASSES = [
+    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
+     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}},
+]
+"""NVIDIA's DRA driver classes, as `examples/deviceclasses.yaml` defines them."""
+
+
+@dataclass(slots=True)
+class _Pods:
+    """One pod template of a workload: its claim spec per mode, and how many pods it makes."""
+
+    replicas: int
+    device_plugin: dict | None
+    dra: dict | None
+
+
+@dataclass(slots=True)
+class Workload:
+    name: str
+    """`Kind/namespace/name` (`Kind/name` without a namespace)."""
+    templates: list[_Pods] = field(default_factory=list)
+
+    @property
+    def pods(self) -> int:
+        return sum(t.replicas for t in self.templates)
+
+
+@dataclass(slots=True)
+class ModeResult:
+    gpus: set[tuple[str, str]] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    not_fitted: int = 0
+    per_workload: dict[str, float] = field(default_factory=dict)
+    """GPU-equivalents held per workload."""
+    mig_workloads: set[str] = field(default_factory=set)
+    seconds: float = 0.0
+
+
+def load_workloads(paths: Sequence[str], usage_path: str | None, report: Report) -> list[Workload]:
+    """Every object asking for NVIDIA GPUs, migrated twice (as the device plugin sees it, and for DRA)."""
+    usage = None
+    if usage_path is not None:
+        try:
+            with open(usage_path, encoding="utf-8") as handle:
+                usage = usage_mod.parse(handle.read(), f"--usage {usage_path}")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--usage {usage_path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        except usage_mod.UsageFileError as exc:
+            raise InputError(str(exc)) from None
+    workloads: list[Workload] = []
+    for path in files(paths):
+        if path == "-":
+            raise InputError("dralloc plan reads files, not standard input")
+        source = read(path)
+        for doc in source.documents:
+            where = f"{path} (document {doc.number})"
+            if doc.data is None:
+                continue
+            if not isinstance(doc.data, Mapping):
+                raise InputError(f"{where}: expected a Kubernetes object (a mapping), got {type(doc.data).__name__}")
+            data = plain(doc.data)
+            items = data["items"] if str(data.get("kind", "")).endswith("List") and isinstance(data.get("items"), list) else [data]
+            for i, obj in enumerate(items):
+                if isinstance(obj, dict) and obj.get("kind") != "ResourceClaimTemplate":
+                    here = where if len(items) == 1 and items[0] is data else f"{where}: items[{i}]"
+                    workload = _workload(obj, here, usage, report)
+                    if workload is not None:
+                        workloads.append(workload)
+    return workloads
+
+
+def _workload(obj: dict, where: str, usage, report: Report) -> Workload | None:
+    modes = {}
+    for mode in ("device_plugin", "dra"):
+        copy = plain(obj)
+        try:
+            templates = migrate_object(copy, names=Names(), report=report if mode == "dra" else Report(), where=where,
+                                       usage=usage if mode == "dra" else None, whole_gpus=mode == "device_plugin")
+        except DecodeError as exc:
+            raise InputError(f"{where}: {describe(obj)}: {exc}") from None
+        modes[mode] = (copy, {t["metadata"]["name"]: t["spec"]["spec"] for t in templates})
+    if not modes["dra"][1]:
+        return None
+    meta = obj.get("metadata") or {}
+    name = "/".join(str(x) for x in (obj.get("kind"), meta.get("namespace"), meta.get("name")) if x)
+    workload = Workload(name)
+    (dp_obj, dp_specs), (dra_obj, dra_specs) = modes["device_plugin"], modes["dra"]
+    for (path, dp_spec), (_, dra_spec) in zip(find_pod_specs(dp_obj), find_pod_specs(dra_obj)):
+        claim = lambda spec, specs: specs.get((spec.get("resourceClaims") or [{}])[0].get("resourceClaimTemplateName"))  # noqa: E731
+        dp, dra = claim(dp_spec, dp_specs), claim(dra_spec, dra_specs)
+        if dp is None and dra is None:
+            continue
+        workload.templates.append(_Pods(_replicas(obj, path, where), dp, dra))
+    return workload
+
+
+def _replicas(obj: Any, path: Path, where: str) -> int:
+    """Pods made from the template at `path`: the product of `replicas` and `parallelism` above it."""
+    count = 1
+    node = obj
+    for part in path:
+        if isinstance(node, Mapping):
+            for key in ("replicas", "parallelism"):
+                value = node.get(key)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    if value < 0 or value > MAX_REPLICAS:
+                        raise InputError(f"{where}: {key}: {value} is outside 0..{MAX_REPLICAS}")
+                    count *= value
+        node = node[part]
+    if count > MAX_REPLICAS:
+        raise InputError(f"{where}: {count} pods from one template (more than {MAX_REPLICAS})")
+    return count
+
+
+def _engine(fleet: Any, *, mig: bool, scoring: bool) -> tuple[Engine, dict[tuple[str, str], str], int]:
+    """An engine over the fleet; (pool, MIG device) -> its GPU's name; the fleet's GPU count."""
+    spec = load_fleet(fleet)
+    engine = Engine(scoring=scoring)
+    for cls in CLASSES:
+        engine.apply(msgspec.convert(cls, DeviceClass))
+    engine.inventory.register_nodes([n.name for n in spec.nodes])
+    parents: dict[tuple[str, str], str] = {}
+    gpus = 0
+    for inventory in fleet_inventories(spec):
+        if not mig:
+            for gpu in inventory.gpus:
+                gpu.mig_profiles = ()
+        gpus += len(inventory.gpus)
+        for s in build_slices(inventory, layout=spec.layout):
+            by_uuid = {}
+            for d in s.spec.devices:
+                uuid = d.attributes.get("uuid")
+                if uuid is not None and uuid.string:
+                    by_uuid[uuid.string] = d.name
+            for d in s.spec.devices:
+                parent = d.attributes.get("parentUUID")
+                if parent is not None and parent.string in by_uuid:
+                    parents[(s.spec.pool.name, d.name)] = by_uuid[parent.string]
+            engine.apply(s)
+    return engine, parents, gpus
+
+
+def _allocate(engine: Engine, parents: dict, workloads: list[Workload], mode: str) -> ModeResult:
+    result = ModeResult()
+    started = time.perf_counter()
+    n = 0
+    for w in workloads:
+        held = 0.0
+        for t in w.templates:
+            spec = t.device_plugin if mode == "device_plugin" else t.dra
+            if spec is None:
+                continue
+            for _ in range(t.replicas):
+                n += 1
+                claim = msgspec.convert({"metadata": {"name": f"pod-{n}", "namespace": "plan"}, "spec": spec}, ResourceClaim)
+                (outcome,) = engine.allocate([claim])
+                if outcome.status != "allocated":
+                    result.not_fitted += 1
+                    continue
+                result.nodes.add(outcome.node)
+                for r in outcome.allocation.devices.results:
+                    parent = parents.get((r.pool, r.device))
+                    result.gpus.add((r.pool, parent or r.device))
+                    if parent is None:
+                        held += 1
+                    else:
+                        result.mig_workloads.add(w.name)
+                        held += _mig_share(r.device)
+        result.per_workload[w.name] = held
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _mig_share(device: str) -> float:
+    """A MIG device's compute share of its GPU from dralloc's device name (`gpu-0-mig-1g10gb-19-0`: 1/7)."""
+    slices = device.split("-mig-", 1)[1].split("g", 1)[0]
+    return int(slices) / 7 if slices.isdigit() else 1.0
+
+
+def plan(paths: Sequence[str], fleet: Any, usage_path: str | None = None) -> tuple[dict, Report]:
+    """The comparison as a JSON-ready dict (see the module doc), and what migrating the workloads reported."""
+    started = time.perf_counter()
+    report = Report()
+    workloads = load_workloads(paths, usage_path, report)
+    try:
+        load_fleet(fleet)
+    except FleetError as exc:
+        raise InputError(str(exc)) from None
+    loaded = time.perf_counter()
+    dp_engine, dp_parents, fleet_gpus = _engine(fleet, mig=False, scoring=False)
+    dp = _allocate(dp_engine, dp_parents, workloads, "device_plugin")
+    del dp_engine
+    dp_fleet = time.perf_counter() - loaded - dp.seconds
+    before_dra = time.perf_counter()
+    dra_engine, dra_parents, _ = _engine(fleet, mig=True, scoring=True)
+    dra = _allocate(dra_engine, dra_parents, workloads, "dra")
+    dra_fleet = time.perf_counter() - before_dra - dra.seconds
+    drivers = sorted(
+        (
+            {"workload": w.name, "pods": w.pods,
+             "device_plugin_gpus": round(dp.per_workload.get(w.name, 0.0), 2),
+             "dra_gpus": round(dra.per_workload.get(w.name, 0.0), 2),
+             "saved": round(dp.per_workload.get(w.name, 0.0) - dra.per_workload.get(w.name, 0.0), 2),
+             "why": "MIG slices" if w.name in dra.mig_workloads else "whole GPUs"}
+            for w in workloads
+        ),
+        key=lambda d: (-d["saved"], d["workload"]),
+    )
+    spec = load_fleet(fleet)
+    result = {
+        "workloads": len(workloads),
+        "pods": sum(w.pods for w in workloads),
+        "fleet_nodes": len(spec.nodes),
+        "fleet_gpus": fleet_gpus,
+        "device_plugin_gpus": len(dp.gpus),
+        "dra_gpus": len(dra.gpus),
+        "gpus_saved": len(dp.gpus) - len(dra.gpus),
+        "device_plugin_nodes": len(dp.nodes),
+        "dra_nodes": len(dra.nodes),
+        "not_fitted_device_plugin": dp.not_fitted,
+        "not_fitted_dra": dra.not_fitted,
+        "drivers": drivers,
+        "seconds": {
+            "read_and_migrate": round(loaded - started, 3),
+            "device_plugin_fleet": round(dp_fleet, 3),
+            "device_plugin_allocate": round(dp.seconds, 3),
+            "dra_fleet": round(dra_fleet, 3),
+            "dra_allocate": round(dra.seconds, 3),
+            "total": round(time.perf_counter() - started, 3),
+        },
+    }
+    return result, report
