@@ -25,7 +25,8 @@ API server's contract:
   `reservedFor` needs an allocation) and every ResourceClaim write is decoded
   with dralloc's own `resource.k8s.io/v1` model, so a malformed body is a 422.
 
-Test controls: `compact()` makes every older resourceVersion expire,
+Test controls: `before_write` runs a hook before a client's write is applied, `compact()`
+makes every older resourceVersion expire,
 `close_watches()` ends open streams (as an API server restart would),
 `hold_watches()` / `release_watches()` keep new watches waiting (a network
 partition), `apply()` / `remove()` change objects as another client would.
@@ -166,6 +167,9 @@ class ApiServer(KubernetesScaffold):
     _gate: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     writes: list[tuple[str, str, Key]] = attrs.field(factory=list, init=False)
     """(verb, subresource, key) of every successful write, for assertions on what a client did."""
+    before_write: list[Any] = attrs.field(factory=list, init=False)
+    """Test control: callables `(subresource, key, body)` run when a client's replace or patch
+    arrives, before it is applied (another client's write landing first: a race made exact)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -283,6 +287,9 @@ class ApiServer(KubernetesScaffold):
             return Response(status=200, payload=copy.deepcopy(self._existing(kind, key)))
         if method == "DELETE":
             return Response(status=200, payload=self._delete(kind, key, request.data if isinstance(request.data, dict) else None))
+        if method in ("PUT", "PATCH"):
+            for hook in list(self.before_write):
+                hook(request.subresource or "", key, request.data)
         if method == "PUT":
             return Response(status=200, payload=self._write(kind, key, lambda _current: request.data, status, "replace"))
         if method == "PATCH":

@@ -200,7 +200,40 @@ async def test_a_claim_kube_scheduler_allocated_first_is_adopted_and_fixes_the_n
     assert cluster.scheduler.allocated == ["shared"]  # the second Pod's claim was dralloc's
 
 
-async def test_a_lost_status_write_releases_dralloc_decision_and_adopts_the_cluster(cluster: Cluster) -> None:
+async def test_a_status_write_lost_to_kube_scheduler_releases_dralloc_decision_and_adopts_theirs(cluster: Cluster) -> None:
+    api = cluster.apiserver
+    raced: list[dict[str, Any]] = []
+
+    def kube_scheduler_writes_first(subresource: str, key: Any, body: Any) -> None:
+        # Between dralloc's read of the claim and its status patch, kube-scheduler allocates it elsewhere.
+        if raced or key[2] != "contested" or subresource != "status" or "allocation" not in (body or {}).get("status", {}):
+            return
+        ours = body["status"]["allocation"]["devices"]["results"][0]
+        pool = "node-1" if ours["pool"] == "node-0" else "node-0"
+        theirs = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-1"}
+        raced.append(theirs)
+        current = api.read("resourceclaims", NS, "contested")
+        api.apply({**current, "status": {"allocation": {"devices": {"results": [theirs]}, "nodeSelector": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]}}}})
+
+    api.before_write.append(kube_scheduler_writes_first)
+    api.apply(claim("contested"))
+    api.apply(pod("racer", claims={"gpu": "contested"}))
+    node = await cluster.bound("racer")
+    (theirs,) = raced
+    assert node == theirs["pool"]  # the Pod runs where the cluster's allocation is
+    adopted = await cluster.decision("contested", ev.AllocationCommitted)
+    assert [(r.pool, r.device) for r in adopted.claim.status.allocation.devices.results] == [(theirs["pool"], "gpu-1")]
+    assert api.read("resourceclaims", NS, "contested")["status"]["allocation"]["devices"]["results"] == [theirs]
+    # dralloc's own pick was given back: the three other GPUs all serve three more Pods.
+    api.apply(template("one-gpu"))
+    for i in range(3):
+        api.apply(pod(f"more-{i}", templates={"gpu": "one-gpu"}))
+    for i in range(3):
+        await cluster.bound(f"more-{i}")
+
+
+async def test_a_claim_allocated_by_the_cluster_later_is_adopted_and_its_deallocation_mirrored(cluster: Cluster) -> None:
     api = cluster.apiserver
     api.apply(claim("contested"))
     # kube-scheduler wins: the allocation is in the cluster before dralloc's write (the claim was pending, unused).
