@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
+
 from dralloc.schemas.resource import ResourceSlice
 from dralloc.schemas.validation import (
     ATTRIBUTES_AND_CAPACITY_MAX,
@@ -54,11 +56,11 @@ _LONG_RUN = b"0" * 19  # the shortest run of digits that can be outside int64
 _BIG_INT = re.compile(rb"(?<![\d.eE+-])-?\d{19,}(?![\d.eE])")
 
 
-def json_problem(data: bytes | str) -> str | None:
+def json_problem(data: bytes | str | msgspec.Raw) -> str | None:
     """Why raw JSON must not be decoded (too deep, an integer outside int64), or None.
 
     Malformed JSON that is within limits is passed: the decoder names that problem better."""
-    raw = data.encode() if isinstance(data, str) else data
+    raw = data if isinstance(data, bytes) else data.encode() if isinstance(data, str) else bytes(data)  # (msgspec.Raw)
     deep = raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
     long_digits = _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
     if not deep and not long_digits:
@@ -151,3 +153,53 @@ def slice_problem(slice_: ResourceSlice) -> str | None:
         if len(device.attributes) + len(device.capacity) > ATTRIBUTES_AND_CAPACITY_MAX:
             return f"spec.devices[{i}]: at most {ATTRIBUTES_AND_CAPACITY_MAX} attributes and capacities together, has {len(device.attributes) + len(device.capacity):,}"
     return None
+
+
+_NAME = re.compile(rb'"name"\s*:\s*"([^"\\]{1,253})"')
+_NAMESPACE = re.compile(rb'"namespace"\s*:\s*"([^"\\]{1,63})"')
+
+
+def without_deep_items(data: bytes, level: int = 2) -> tuple[bytes, list[str]]:
+    """`data` (a JSON document `json_problem` refused) with every container that opens at nesting
+    `level` (2: the items of a Kubernetes list, ``{"items": [<here>]}``) and is nested more than
+    MAX_DEPTH levels itself replaced by ``null``; and, for each one replaced, its ``namespace/name``
+    as far as its first bytes tell (``?`` when they do not). The rest of the document can then be
+    decoded, and each remaining item judged alone. A Python scan of every byte: only for the rare
+    document that needs it (a 3 MB list takes about a second)."""
+    spans: list[tuple[int, int]] = []
+    depth, deepest, start = 0, 0, -1
+    in_string = escaped = False
+    for i, byte in enumerate(data):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth == level + 1:
+                start, deepest = i, depth
+            elif depth > deepest:
+                deepest = depth
+        elif byte in (0x5D, 0x7D):  # ] }
+            if depth == level + 1 and start >= 0:
+                if deepest - level > MAX_DEPTH:
+                    spans.append((start, i + 1))
+                start = -1
+            depth -= 1
+    if not spans:
+        return data, []
+    out, names, at = bytearray(), [], 0
+    for begin, end in spans:
+        out += data[at:begin] + b"null"
+        head = data[begin : min(end, begin + 4096)]
+        name, namespace = _NAME.search(head), _NAMESPACE.search(head)
+        label = name.group(1).decode(errors="replace") if name else "?"
+        names.append(f"{namespace.group(1).decode(errors='replace')}/{label}" if namespace and name else label)
+        at = end
+    out += data[at:]
+    return bytes(out), names

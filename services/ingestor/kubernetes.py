@@ -55,6 +55,7 @@ from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
 from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.schemas import events as ev
+from dralloc.schemas.limits import json_problem, without_deep_items
 from dralloc.ingestor import taintrules
 from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
 
@@ -127,14 +128,25 @@ class Reflector(Generic[T]):
                 delay = min(delay * 2, 10.0)
 
     async def _relist(self) -> None:
-        page = msgspec.json.decode(await body_of(self.lister(_preload_content=False)), type=_RawList)
+        body = await body_of(self.lister(_preload_content=False))
+        unreadable: list[str] = []
+        if (problem := json_problem(body)) is not None:  # an item too deep for any decoder: cut it out first
+            body, unreadable = without_deep_items(body)
+            for name in unreadable:
+                self.report(f"{self.what}: {self.item_type.__name__}/{name} skipped: {problem}")
+        page = msgspec.json.decode(body, type=_RawList)
         current: dict[str, T] = {}
+        kept = set(unreadable)  # an object that cannot be read now is not taken for deleted
         for raw in page.items:
+            if len(raw) == 4 and bytes(raw) == b"null":
+                continue  # cut out above, and reported
             obj = self._decode(raw)
             if obj is not None:
                 current[_key(obj)] = obj
+            else:
+                kept.add(_name_of(raw))
         # Deletions that happened while no watch was open are found by comparing with what was known.
-        for key in sorted(self.known.keys() - current.keys()):
+        for key in sorted(self.known.keys() - current.keys() - kept):
             await self.on_change("DELETED", self.known.pop(key))
         for key, obj in current.items():
             kind = "MODIFIED" if key in self.known else "ADDED"
@@ -176,6 +188,10 @@ class Reflector(Generic[T]):
             response.release()
 
     async def _event(self, line: bytes) -> None:
+        if (problem := json_problem(line)) is not None:
+            _, names = without_deep_items(line, level=1)  # (to name the object, when it is too deep)
+            self.report(f"{self.what}: watch event for {self.item_type.__name__}/{(names or ['?'])[0]} skipped: {problem}")
+            return
         try:
             event = msgspec.json.decode(line, type=_RawEvent)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -202,6 +218,9 @@ class Reflector(Generic[T]):
         await self.on_change(event.type, obj)
 
     def _decode(self, raw: msgspec.Raw) -> T | None:
+        if (problem := json_problem(raw)) is not None:
+            self.report(f"{self.what}: {self.item_type.__name__}/{_name_of(raw)} skipped: {problem}")
+            return None
         try:
             return msgspec.json.decode(raw, type=self.item_type)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

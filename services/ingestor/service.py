@@ -22,6 +22,7 @@ import nats.errors
 
 from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
+from dralloc.schemas import events as ev
 
 log = logging.getLogger("dralloc.ingestor")
 
@@ -86,7 +87,11 @@ def _report(problem: str) -> None:
 
 async def publish_until_stored(bus: Bus, event: SourceEvent, stop: asyncio.Event) -> bool:
     """Publish, retrying while NATS is unreachable; False if stopped first. An event that can
-    never be published is reported and skipped."""
+    never be published is reported and skipped, and so is one about a name the API server would
+    refuse (every source: a cluster's objects are checked as the files' are)."""
+    if (problem := ev.identity_problem(event)) is not None:
+        _report(f"not published: {type(event).__name__}: {problem}")
+        return True
     delay = 0.1
     while not stop.is_set():
         try:
