@@ -54,6 +54,7 @@ from dralloc import telemetry
 from dralloc.bus import Permanent
 from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe
 from dralloc.schemas import events as ev
+from dralloc.schemas.limits import json_problem
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
 from dralloc.statuswriter.kube_events import EventRecorder, Involved
 
@@ -268,7 +269,7 @@ class KubernetesSink:
             if exc.status == 404:
                 return None
             raise _classify(exc) from exc
-        return msgspec.json.decode(body, type=ResourceClaim)
+        return _claim_of(body, namespace, name)
 
     async def _patch(self, namespace: str, name: str, current: ResourceClaim, patch: dict[str, Any]) -> bool:
         """Patch `status` if the claim is still at the version read; False on a conflict (re-read and decide again)."""
@@ -293,8 +294,8 @@ class KubernetesSink:
                              "finalizers": [*current.metadata.finalizers, FINALIZER]}}
         v1 = await self._v1()
         try:
-            return msgspec.json.decode(await body_of(v1.patch_namespaced_resource_claim(
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False)), type=ResourceClaim)
+            return _claim_of(await body_of(v1.patch_namespaced_resource_claim(
+                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False)), namespace, name)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return None
@@ -328,6 +329,14 @@ class _NamedMeta(msgspec.Struct):
 
 class _Named(msgspec.Struct):
     metadata: _NamedMeta = msgspec.field(default_factory=_NamedMeta)
+
+
+def _claim_of(body: bytes, namespace: str, name: str) -> ResourceClaim:
+    """The claim the API server answered with; `Permanent` (dead-lettered with the reason, never
+    retried) when no decoder can take it: nested past the limit, an integer outside int64."""
+    if (problem := json_problem(body)) is not None:
+        raise Permanent(f"claim {namespace}/{name} as the cluster holds it cannot be read: {problem}")
+    return msgspec.json.decode(body, type=ResourceClaim)
 
 
 def _classify(exc: ApiException) -> Exception:

@@ -90,3 +90,23 @@ async def test_a_cluster_object_with_a_name_the_api_server_refuses_is_not_publis
         "not published: ClaimSubmitted: metadata.namespace: 'team-a/b' is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
     ]
     json.dumps(reports)  # (plain lines: no traceback, nothing binary)
+
+
+async def test_the_status_writer_refuses_a_cluster_claim_nested_past_the_limit_without_retrying(apiserver: ApiServer, api: Any) -> None:
+    from test_kube_sink import committed
+
+    from dralloc.bus import Permanent
+    from dralloc.statuswriter.kubernetes import KubernetesSink
+
+    sink = KubernetesSink(api=api, report=lambda result: None)
+    stored = apiserver.apply(claim("c"))
+    poisoned = deep_claim("c")
+    poisoned["metadata"] = stored["metadata"]
+    apiserver.apply(poisoned)
+    try:
+        await sink.committed(committed(stored))
+    except Permanent as exc:  # dead-lettered with this reason by the status writer's consumer
+        assert str(exc) == "claim default/c as the cluster holds it cannot be read: nested more than 100 levels deep"
+    else:
+        raise AssertionError("a claim no decoder can take was written")
+    assert "status" not in apiserver.read("resourceclaims", "default", "c")
