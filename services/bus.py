@@ -327,6 +327,9 @@ async def embedded_nats(*, startup_timeout: float = 10.0) -> AsyncIterator[str]:
         "-js", "-sd", str(Path(workdir, "store")), "-l", str(logfile),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        # its own session: a terminal's Ctrl-C reaches dralloc alone, which closes its clients
+        # first and then stops the server (else every client logs reconnect errors meanwhile)
+        start_new_session=True,
     )  # fmt: skip
     try:
         port = await _wait_for_port(proc, logfile, startup_timeout)
@@ -866,8 +869,10 @@ class Bus:
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The most recent dead letters (at most `limit`), oldest first."""
         state = (await self.js.stream_info("DEADLETTER")).state
-        found = []
-        for seq in range(max(state.first_seq, state.last_seq - limit + 1), state.last_seq + 1):
+        found: list[DeadLetter] = []
+        if not state.messages or limit < 1:
+            return found  # an empty stream reports first_seq 0, which no message has
+        for seq in range(max(state.first_seq, state.last_seq - limit + 1, 1), state.last_seq + 1):
             try:
                 msg = await self.js.get_msg("DEADLETTER", seq)
             except nats.js.errors.NotFoundError:

@@ -13,9 +13,12 @@ from typing import Any, NoReturn
 
 import typer
 
+from dralloc.clihelp import Group
 from dralloc.errors import UsageError
 
 app = typer.Typer(
+    cls=Group,
+    rich_markup_mode=None,  # plain help columns, as kubectl prints them (dralloc.clihelp)
     name="dralloc",
     help="Kubernetes DRA (resource.k8s.io/v1) device allocation over NATS JetStream.",
     no_args_is_help=True,
@@ -29,8 +32,18 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"dralloc {version('dralloc')}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."),
+) -> None:
     """Kubernetes DRA (resource.k8s.io/v1) device allocation over NATS JetStream."""
     # A callback keeps `dralloc` a command group even while it has one command.
 
@@ -83,7 +96,7 @@ def discover(
 
 NATS_URL_HELP = "NATS server URL (default: $NATS_URL, else nats://127.0.0.1:4222)."
 
-run_app = typer.Typer(help="Run one service (for containers and compose.yaml); stops on SIGINT/SIGTERM.", no_args_is_help=True)
+run_app = typer.Typer(cls=Group, rich_markup_mode=None, help="Run one service (for containers and compose.yaml); stops on SIGINT/SIGTERM.", no_args_is_help=True)
 app.add_typer(run_app, name="run")
 
 
@@ -159,8 +172,9 @@ def submit(
     paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file or directory (repeatable)."),
     nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
-    wait: float = typer.Option(0.0, "--wait", help="Wait up to this many seconds for each claim's allocation and show it."),
-    gang: str = typer.Option(None, "--gang", help="The claims are one gang (the pods of one job): all allocated inside one topology domain, or none."),
+    wait: float = typer.Option(0.0, "--wait", metavar="SECONDS", help="Wait up to this long for the decisions and show them; returns once every claim is allocated or failed for good."),
+    gang: str = typer.Option(None, "--gang", metavar="NAME", help="The claims are one gang (the pods of one job): all allocated inside one topology domain, or none."),
+    gang_domain: str = typer.Option(None, "--gang-domain", metavar="LABEL", help="With --gang: the node label key whose values are the domains; \"\" for any nodes (default: NVLink clique, else dralloc.dev/rack)."),
 ) -> None:
     """Publish claims (and classes, slices, Pods' claim templates) from files to the bus.
 
@@ -168,9 +182,13 @@ def submit(
     rest is published. Exit 2 when some input was bad; with --wait, 1 when a
     claim was not allocated in time; 1 when the bus cannot be reached; else 0.
     """
-    from dralloc.client.submit import submit_paths
+    from dralloc.client.submit import submit_paths, unsettled_summary
 
-    submission = _publish_files(lambda report: submit_paths(paths, nats_url, report, wait=wait, gang=gang), output)
+    if gang_domain is not None and not gang:
+        fail("--gang-domain needs --gang NAME")
+    submission = _publish_files(lambda report: submit_paths(paths, nats_url, report, wait=wait, gang=gang, gang_domain=gang_domain), output)
+    if submission.decisions is not None and (summary := unsettled_summary(submission.decisions, wait)):
+        print(f"dralloc: {summary}", file=sys.stderr)
     if submission.decisions is not None and any(d.state != "allocated" for d in submission.decisions):
         raise typer.Exit(1)
 
@@ -210,7 +228,7 @@ def _publish_files(run: Callable[[Callable[[str], None]], Awaitable[Any]], outpu
     return submission
 
 
-get_app = typer.Typer(help="Show state kept on the bus.", no_args_is_help=True)
+get_app = typer.Typer(cls=Group, rich_markup_mode=None, help="Show state kept on the bus.", no_args_is_help=True)
 app.add_typer(get_app, name="get")
 
 
@@ -299,7 +317,7 @@ def demo(
     raise typer.Exit(code)
 
 
-schemas_app = typer.Typer(help="The bus contract as language-neutral files.", no_args_is_help=True)
+schemas_app = typer.Typer(cls=Group, rich_markup_mode=None, help="The bus contract as language-neutral files.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
 
 
@@ -517,7 +535,7 @@ def plan(
 
 # --- benchmarks -----------------------------------------------------------------------
 
-bench_app = typer.Typer(help="Benchmarks: workloads built in memory, numbers reported (never asserted).", no_args_is_help=True)
+bench_app = typer.Typer(cls=Group, rich_markup_mode=None, help="Benchmarks: workloads built in memory, numbers reported (never asserted).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
 

@@ -45,9 +45,10 @@ def describe(event: SourceEvent) -> str:
     return f"{kind.get(type(event).__name__, type(event).__name__)}/{getattr(event, 'key', None) or getattr(event, 'name', '')}"
 
 
-def as_gang(events: list[SourceEvent], name: str) -> list[SourceEvent]:
-    """Mark every claim as one gang (the annotations the allocator reads): all of them, or none."""
-    from dralloc.allocator.engine.gang import GANG, GANG_SIZE
+def as_gang(events: list[SourceEvent], name: str, domain: str | None = None) -> list[SourceEvent]:
+    """Mark every claim as one gang (the annotations the allocator reads): all of them, or none.
+    `domain`: the node label key whose values are the gang's domains ("": any nodes; None: the default)."""
+    from dralloc.allocator.engine.gang import GANG, GANG_DOMAIN, GANG_SIZE
 
     size = sum(isinstance(e, ev.ClaimSubmitted) for e in events)
 
@@ -56,23 +57,33 @@ def as_gang(events: list[SourceEvent], name: str) -> list[SourceEvent]:
             return event
         meta = event.claim.metadata
         annotations = {**meta.annotations, GANG: name, GANG_SIZE: str(size)}
+        if domain is not None:
+            annotations[GANG_DOMAIN] = domain
         return ev.ClaimSubmitted(claim=msgspec.structs.replace(event.claim, metadata=msgspec.structs.replace(meta, annotations=annotations)))
 
     return [marked(event) for event in events]
 
 
 async def submit_paths(
-    paths: list[str], url: str | None, report: Report, *, wait: float = 0.0, gang: str | None = None
+    paths: list[str],
+    url: str | None,
+    report: Report,
+    *,
+    wait: float = 0.0,
+    gang: str | None = None,
+    gang_domain: str | None = None,
 ) -> Submission:
     """Read the files and publish what they hold; problems go to `report`, the rest is published.
 
-    With `wait` > 0, also wait up to that many seconds for the allocator's decision on each claim.
-    With `gang`, the claims form one gang: allocated all together inside one topology domain, or not at all.
+    With `wait` > 0, also wait up to that many seconds for the allocator's decision on each claim
+    (`decisions`), returning as soon as every claim is allocated or failed for good (an error).
+    With `gang`, the claims form one gang: allocated all together inside one topology domain
+    (`gang_domain`: a node label key, "" for any nodes), or not at all.
     """
     telemetry.setup("submit")  # each claim's trace starts here
     todo = events_from_manifests(load_paths(paths), report)
     if gang:
-        todo = as_gang(todo, gang)
+        todo = as_gang(todo, gang, gang_domain)
     result = Submission()
     if not todo:
         return result
@@ -108,26 +119,52 @@ async def delete_paths(paths: list[str], url: str | None, report: Report) -> Sub
     return result
 
 
+POLL_SECONDS = 0.2
+"""How often `--wait` reads each claim's latest decision (one direct get per claim)."""
+
+
+def settled(status: ClaimStatus | None) -> bool:
+    """A decision `--wait` need not wait beyond: allocated, or failed for good (an error; the
+    allocator retries an unsatisfiable claim when the inventory changes)."""
+    return status is not None and status.state in ("allocated", "error")
+
+
 async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> list[ClaimStatus]:
-    """The latest decision about each claim (this very object: same uid), polling ALLOCATIONS directly."""
+    """The latest decision about each claim (this very object: same uid), polling ALLOCATIONS
+    directly, until every claim is settled or `wait` seconds have passed."""
     deadline = time.monotonic() + wait
     found: dict[str, ClaimStatus] = {}
     while True:
         for submitted in claims:
-            key, uid = submitted.claim.key, submitted.claim.metadata.uid
+            meta = submitted.claim.metadata
+            key = submitted.claim.key
+            if settled(found.get(key)):
+                continue
             try:
-                msg = await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", *key.split("/", 1)))
+                # the decision's own subject (namespace and name as the allocator writes them)
+                msg = await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", meta.namespace or "default", meta.name))
                 decision = ev.decode(msg.data)
             except (nats.js.errors.NotFoundError, ev.EventDecodeError):
                 continue
-            if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and decision.uid == uid:
+            if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and decision.uid == meta.uid:
                 found[key] = status_of(decision)
-        settled = all(found.get(c.claim.key) is not None and found[c.claim.key].state == "allocated" for c in claims)
-        if settled or time.monotonic() >= deadline:
+        if all(settled(found.get(c.claim.key)) for c in claims) or time.monotonic() >= deadline:
             break
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
     pending = ClaimStatus(claim="", uid="", state="pending", message="no decision yet")
     return [found.get(c.claim.key) or msgspec.structs.replace(pending, claim=c.claim.key, uid=c.claim.metadata.uid or "") for c in claims]
+
+
+def unsettled_summary(decisions: list[ClaimStatus], wait: float) -> str:
+    """One line for the end of a `--wait`: which claims are still unsatisfiable or undecided."""
+    unsatisfiable = [d.claim for d in decisions if d.state == "unsatisfiable"]
+    pending = [d.claim for d in decisions if d.state == "pending"]
+    parts = []
+    if unsatisfiable:
+        parts.append(f"still unsatisfiable: {', '.join(unsatisfiable)}")
+    if pending:
+        parts.append(f"no decision yet: {', '.join(pending)}")
+    return f"after {wait:g}s, {'; '.join(parts)}" if parts else ""
 
 
 def render(submission: Submission, output: str) -> None:

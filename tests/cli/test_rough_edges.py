@@ -1,0 +1,143 @@
+"""The rough edges of issue #14, each against real parts: a real nats-server, the services in-process,
+the CLI as a user runs it (a subprocess, or a pseudo-terminal for Ctrl-C)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dralloc.cli import app
+from dralloc.demo import running
+
+DRALLOC = str(Path(sys.executable).parent / "dralloc")
+CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
+
+
+def dralloc(*args: str, url: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([DRALLOC, *args], env={**os.environ, "NATS_URL": url}, capture_output=True, text=True, timeout=timeout)
+
+
+def claim(name: str, count: int, class_name: str = "gpu.nvidia.com") -> str:
+    return f"""---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: ml}}
+spec: {{devices: {{requests: [{{name: gpus, exactly: {{deviceClassName: {class_name}, count: {count}}}}}]}}}}
+"""
+
+
+async def test_get_deadletters_on_an_empty_stream(bus, nats_url):
+    assert await bus.dead_letters() == []
+    table = await asyncio.to_thread(dralloc, "get", "deadletters", url=nats_url)
+    assert table.returncode == 0, table.stderr
+    assert "0 dead letters" in table.stdout and "Traceback" not in table.stderr
+    as_json = await asyncio.to_thread(dralloc, "get", "deadletters", "-o", "json", url=nats_url)
+    assert json.loads(as_json.stdout) == {"deadLetters": []}
+
+
+async def test_submit_wait_returns_once_every_claim_is_decided_for_good(nats_url, tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text(CLASSES.read_text() + claim("two", 2) + claim("too-many", 64))
+    async with running(nats_url, paths=[], fleet=[("l40s-pcie", 1)]):
+        # --wait is an hour: the command returns because both claims are settled (one allocated,
+        # one an error), not because the time ran out (the subprocess would time out first)
+        out = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "3600", "-o", "json", url=nats_url)
+    assert out.returncode == 1, out.stderr
+    states = {c["claim"]: c["state"] for c in json.loads(out.stdout)["claims"]}
+    assert states == {"ml/two": "allocated", "ml/too-many": "error"}
+    assert "still unsatisfiable" not in out.stderr
+
+
+async def test_submit_wait_names_the_claims_still_unsatisfiable(nats_url, tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text(CLASSES.read_text() + claim("nine", 9) + claim("one", 1))
+    async with running(nats_url, paths=[], fleet=[("l40s-pcie", 1)]):
+        out = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "3", url=nats_url)
+    assert out.returncode == 1
+    assert "dralloc: after 3s, still unsatisfiable: ml/nine" in out.stderr
+    assert "ml/one" in out.stdout and "allocated" in out.stdout
+
+
+async def test_gang_domain_flag_and_the_refusal_that_says_how(nats_url, tmp_path):
+    path = tmp_path / "gang.yaml"
+    path.write_text(claim("worker-0", 8) + claim("worker-1", 8))
+    async with running(nats_url, paths=[], fleet=[("l40s-pcie", 2)]):
+        refused = await asyncio.to_thread(dralloc, "submit", "-f", str(CLASSES), "-f", str(path), "--gang", "job", "--wait", "5", "-o", "json", url=nats_url)
+        messages = [c["message"] for c in json.loads(refused.stdout)["claims"]]
+        assert refused.returncode == 1
+        assert all('to allow any nodes, annotate the claims with dralloc.dev/gang-domain: "" (dralloc submit --gang-domain "")' in m for m in messages), messages
+        await asyncio.to_thread(dralloc, "delete", "-f", str(path), url=nats_url)
+        path.write_text(claim("worker-2", 8) + claim("worker-3", 8))
+        anywhere = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--gang", "job2", "--gang-domain", "", "--wait", "60", "-o", "json", url=nats_url)
+    assert anywhere.returncode == 0, anywhere.stdout + anywhere.stderr
+    nodes = {c["node"] for c in json.loads(anywhere.stdout)["claims"]}
+    assert nodes == {"l40s-pcie-0", "l40s-pcie-1"}
+
+
+def test_gang_domain_needs_a_gang():
+    result = CliRunner().invoke(app, ["submit", "-f", str(CLASSES), "--gang-domain", ""])
+    assert result.exit_code == 2 and "--gang-domain needs --gang NAME" in result.stderr
+
+
+def test_version():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == f"dralloc {version('dralloc')}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["allocate"], ["explain"], ["submit"], ["get", "claims"], ["lint"], ["demo"], ["bench", "engine"]])
+def test_help_has_no_type_labels_and_no_ragged_lines(command):
+    result = CliRunner().invoke(app, [*command, "--help"], terminal_width=80)
+    assert result.exit_code == 0
+    text = result.stdout
+    for label in ("<bool>", "<str>", "<list[str]>", "<float>", "<int>", "│", "╭"):
+        assert label not in text, (label, text)
+    assert all(len(line) <= 80 for line in text.splitlines())
+    options = [line for line in text.splitlines() if line.lstrip().startswith("-")]
+    assert options and all(line.startswith("  -") for line in options)
+
+
+def test_ctrl_c_on_the_demo_is_quiet():
+    """A terminal's Ctrl-C (SIGINT to the whole foreground group) stops the demo without NATS noise."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([DRALLOC, "demo"], stdin=slave, stdout=slave, stderr=subprocess.PIPE, start_new_session=True)
+    os.close(slave)
+    seen = bytearray()
+    live = threading.Event()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+            if b"allocated" in seen:
+                live.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        assert live.wait(120), bytes(seen[-2000:])
+        os.killpg(proc.pid, signal.SIGINT)
+        stderr = proc.stderr.read().decode()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    assert stderr == ""
