@@ -77,7 +77,7 @@ class Cluster:
     def __init__(self, apiserver: ApiServer, bus: Bus, scheduler: SchedulerStandIn) -> None:
         self.apiserver, self.bus, self.scheduler = apiserver, bus, scheduler
 
-    async def bound(self, name: str, timeout: float = 15) -> str:
+    async def bound(self, name: str, timeout: float = 30) -> str:
         """The node the Pod is bound to, once it is."""
         async with asyncio.timeout(timeout):
             while not (node := ((self.apiserver.read("pods", NS, name) or {}).get("spec") or {}).get("nodeName")):
@@ -93,7 +93,7 @@ class Cluster:
             names.append(status["extendedResourceClaimStatus"]["resourceClaimName"])
         return [self.apiserver.read("resourceclaims", NS, n) for n in names]
 
-    async def decision(self, claim_name: str, kind: type, timeout: float = 10) -> Any:
+    async def decision(self, claim_name: str, kind: type, timeout: float = 30) -> Any:
         """The last decision on the bus for the claim, once it is of `kind`."""
         subject = ev.AllocationReleased(namespace=NS, name=claim_name, uid="").subject
         async with asyncio.timeout(timeout):
@@ -106,7 +106,7 @@ class Cluster:
                     pass
                 await asyncio.sleep(0.05)
 
-    async def gone(self, plural: str, name: str, timeout: float = 10) -> None:
+    async def gone(self, plural: str, name: str, timeout: float = 30) -> None:
         async with asyncio.timeout(timeout):
             while self.apiserver.read(plural, NS, name) is not None:
                 await asyncio.sleep(0.05)
@@ -164,7 +164,7 @@ async def test_a_gang_of_pods_is_placed_all_or_nothing(cluster: Cluster) -> None
     api.apply(template("two-gpus", count=2, annotations=gang))
     api.apply(pod("worker-0", templates={"gpus": "two-gpus"}))
     # Alone, the first member is not placed: its gang is not complete.
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         while not cluster.claims_of("worker-0") or cluster.claims_of("worker-0")[0] is None:
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
@@ -303,7 +303,7 @@ async def test_an_unsatisfiable_pod_gets_one_event_with_the_reason(cluster: Clus
     def events_on(kind: str) -> list[dict[str, Any]]:
         return [e for e in api.objects_of("events") if e["involvedObject"]["kind"] == kind]
 
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         while not events_on("Pod") or not events_on("ResourceClaim"):
             await asyncio.sleep(0.05)
     api.apply(node_slice("node-2", gpus=1))  # room changes, still no node with three: tried again, same reason
@@ -333,7 +333,7 @@ async def test_rbac_grants_exactly_what_the_services_call(cluster: Cluster) -> N
     await cluster.bound("everything")
     api.apply(claim("too-big", count=3))
     api.apply(pod("never", claims={"gpu": "too-big"}))
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(30):
         while len(api.objects_of("events")) < 2:
             await asyncio.sleep(0.05)
     api.remove("pods", NS, "everything")
