@@ -84,3 +84,53 @@ def test_a_token_without_a_node_may_write_no_slice(policy):
 
 def test_other_users_are_not_this_policys_business(policy):
     assert admit(policy, request("CREATE", user="system:serviceaccount:nvidia:driver", node=None), slice_on("node-b"), None) == (True, "not matched")
+
+
+INGESTOR = "system:serviceaccount:dralloc:dralloc-ingestor"
+
+
+@pytest.fixture(scope="module")
+def pod_policy() -> dict[str, Any]:
+    objects = render(INFRA)
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "dralloc-ingestor-pod-writes")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    return find(objects, "ValidatingAdmissionPolicy", binding["spec"]["policyName"])
+
+
+def gated_pod(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ml", "labels": {"app": "train"}},
+        "spec": {
+            "containers": [{"name": "main", "image": "trainer:1"}],
+            "schedulingGates": [{"name": "dralloc.dev/allocate"}, {"name": "other.io/gate"}],
+        },
+        "status": {"phase": "Pending", **status},
+    }
+
+
+def pod_request(subresource: str = "") -> dict[str, Any]:
+    return {"operation": "UPDATE", "subResource": subresource, "userInfo": {"username": INGESTOR, "extra": {}}}
+
+
+def test_the_ingestor_may_lift_its_gate_and_record_claims(pod_policy):
+    old = gated_pod()
+    lifted = gated_pod()
+    lifted["spec"]["schedulingGates"] = [{"name": "other.io/gate"}]
+    assert admit(pod_policy, pod_request(), lifted, old)[0]
+    recorded = gated_pod(resourceClaimStatuses=[{"name": "gpu", "resourceClaimName": "p-gpu"}])
+    assert admit(pod_policy, pod_request("status"), recorded, old)[0]
+
+
+def test_the_ingestor_may_not_change_a_pods_image_labels_other_gates_or_status(pod_policy):
+    old = gated_pod()
+    image = gated_pod()
+    image["spec"]["containers"][0]["image"] = "evil:1"
+    assert not admit(pod_policy, pod_request(), image, old)[0]
+    labels = gated_pod()
+    labels["metadata"]["labels"] = {"app": "train", "owned": "yes"}
+    assert not admit(pod_policy, pod_request(), labels, old)[0]
+    other_gate = gated_pod()
+    other_gate["spec"]["schedulingGates"] = [{"name": "dralloc.dev/allocate"}]
+    assert not admit(pod_policy, pod_request(), other_gate, old)[0]
+    allowed, message = admit(pod_policy, pod_request("status"), gated_pod(phase="Failed"), old)
+    assert not allowed and "only record claims" in message
