@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dralloc.manifests import SUFFIXES
 from dralloc.migrate import usage as usage_mod
-from dralloc.migrate.documents import Document, InputError, SourceFile, dump, plain, read
+from dralloc.migrate.documents import Document, InputError, SourceFile, dump, kind_of, plain, read
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
 
 OUTPUTS = ("yaml", "diff", "json")
@@ -128,7 +128,7 @@ def _migrate_file(source: SourceFile, names: Names, report: Report, usage, keep:
             parts.append(("text", doc.text))
             continue
         if not isinstance(data, MutableMapping):
-            raise InputError(f"{where}: expected a Kubernetes object (a mapping), got {type(data).__name__}")
+            raise InputError(f"{where}: expected a Kubernetes object (a mapping), got {kind_of(data)}")
         try:
             if _is_list(data):
                 made = _migrate_list(data, names, report, where, usage, keep)

@@ -161,3 +161,12 @@ def plain(data: Any) -> Any:
     if isinstance(data, (str, int, float, bool)) or data is None:
         return data
     return str(data)  # timestamps and other tagged scalars: as YAML wrote them
+
+
+def kind_of(data: Any) -> str:
+    """What a YAML value is, in YAML's words (for messages)."""
+    if isinstance(data, list):
+        return "a list"
+    if isinstance(data, dict):
+        return "a mapping"
+    return f"a scalar ({str(data)[:40]!r})"

@@ -131,3 +131,26 @@ def _whole_gpu_only(mig: bool) -> None:
 def conjunction(expressions: Sequence[str]) -> str:
     """Several expressions as one (for OR-ing node selector terms)."""
     return " && ".join(f"({e})" for e in expressions) if len(expressions) > 1 else expressions[0]
+
+
+def admits(req: Requirement, *, product: str, architecture: str, compute_major: int) -> bool:
+    """Whether a GPU model passes the requirement (for choosing MIG models when right-sizing);
+    True for labels that do not name the model (memory, driver)."""
+    values = tuple(req.values)
+    if req.key == PRODUCT:
+        actual = product.replace(" ", "-")
+        values = tuple(v[: -len(SHARED_SUFFIX)] if v.endswith(SHARED_SUFFIX) else v for v in values)
+    elif req.key == FAMILY:
+        actual = architecture.lower().replace(" ", "-")
+        values = tuple(v.lower() for v in values)
+    elif req.key == COMPUTE_MAJOR:
+        actual = str(compute_major)
+    else:
+        return True
+    if req.operator == "In":
+        return actual in values
+    if req.operator == "NotIn":
+        return actual not in values
+    if req.operator in ("Gt", "Lt") and req.key == COMPUTE_MAJOR and len(values) == 1 and _INT.match(values[0]):
+        return compute_major > int(values[0]) if req.operator == "Gt" else compute_major < int(values[0])
+    return req.operator == "Exists"

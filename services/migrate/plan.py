@@ -34,7 +34,7 @@ from dralloc.discovery.fleet import FleetError, fleet_inventories, load_fleet
 from dralloc.discovery.slices import build_slices
 from dralloc.migrate import usage as usage_mod
 from dralloc.migrate.command import files
-from dralloc.migrate.documents import InputError, plain, read
+from dralloc.migrate.documents import InputError, kind_of, plain, read
 from dralloc.migrate.podspecs import Path, find_pod_specs
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
 from dralloc.schemas.resource import DeviceClass, ResourceClaim
@@ -103,7 +103,7 @@ def load_workloads(paths: Sequence[str], usage_path: str | None, report: Report)
             if doc.data is None:
                 continue
             if not isinstance(doc.data, Mapping):
-                raise InputError(f"{where}: expected a Kubernetes object (a mapping), got {type(doc.data).__name__}")
+                raise InputError(f"{where}: expected a Kubernetes object (a mapping), got {kind_of(doc.data)}")
             data = plain(doc.data)
             items = data["items"] if str(data.get("kind", "")).endswith("List") and isinstance(data.get("items"), list) else [data]
             for i, obj in enumerate(items):

@@ -31,7 +31,7 @@ from typing import Any
 from dralloc.migrate import gfd, resources
 from dralloc.migrate.podspecs import Path, dotted, find_pod_specs, mappings, role
 from dralloc.migrate.resources import GpuResource
-from dralloc.migrate.usage import MARGIN, Fit, Usage, fit
+from dralloc.migrate.usage import MARGIN, MIG_MODELS, Fit, Usage, fit
 
 POD_CLAIM = "gpu"
 """The pod's `resourceClaims` entry that its GPU containers reference."""
@@ -171,7 +171,10 @@ def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, b
             for ask in c.asks:
                 ask.resource = GpuResource(ask.resource.name, "gpu")
     elif usage is not None:
-        _right_size(asking, usage, namespace, obj_name, report, what)
+        models = tuple(m for m in MIG_MODELS if all(
+            gfd.admits(r, product=m.product_name, architecture=m.architecture, compute_major=int(m.compute_capability.split(".")[0]))
+            for r in _gfd_requirements(spec, path)))
+        _right_size(asking, usage, namespace, obj_name, report, what, models)
     requests = _requests(asking)
     selectors = _node_selection(spec, path, {a.resource.kind == "mig" for c in asking for a in c.asks}, keep, report, what)
     for c in asking:
@@ -264,7 +267,31 @@ def _asks(container: Mapping, path: Path, report: Report, what: str) -> list[_As
     return asks
 
 
-def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, workload: str, report: Report, what: str) -> None:
+def _gfd_requirements(spec: Mapping, path: Path) -> list[gfd.Requirement]:
+    """The GFD requirements every node the pod may run on satisfies (nodeSelector, a single required term)."""
+    reqs = []
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping):
+        reqs += [gfd.Requirement(k, "In", (str(v),)) for k, v in selector.items() if gfd.is_gfd(k)]
+    try:
+        required = _dig(spec, _AFFINITY_PATH)
+    except DecodeError:
+        return reqs  # reported where the affinity is translated
+    terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    if isinstance(terms, list) and len(terms) == 1 and isinstance(terms[0], Mapping):
+        expressions = terms[0].get("matchExpressions")
+        for i, e in enumerate(expressions if isinstance(expressions, list) else []):
+            try:
+                req = _requirement(e, (*path, "affinity", i))
+            except DecodeError:
+                continue
+            if gfd.is_gfd(req.key):
+                reqs.append(req)
+    return reqs
+
+
+def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, workload: str, report: Report, what: str,
+                models: tuple = MIG_MODELS) -> None:
     """Move one-GPU app containers whose observed peak fits a MIG partition onto it (each change reported)."""
     for c in asking:
         if c.init or len(c.asks) != 1:
@@ -280,7 +307,7 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
         if ask.count != 1:
             report.changes.append(f"{who}: kept {ask.count} whole GPUs (right-sizing moves one-GPU containers only)")
             continue
-        answer = fit(peak)
+        answer = fit(peak, models)
         if isinstance(answer, str):
             report.changes.append(f"{who}: kept a whole GPU: {answer}")
             continue

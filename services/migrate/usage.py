@@ -153,12 +153,14 @@ def _number(cell: str, where: str, line: int, column: str) -> float:
     return value
 
 
-def fit(peak: Peak) -> Fit | str:
-    """The smallest MIG profile per GPU model that holds `peak` with the margin, or why none does."""
+def fit(peak: Peak, models: tuple[GpuModel, ...] = MIG_MODELS) -> Fit | str:
+    """The smallest MIG profile per GPU model (of `models`) that holds `peak` with the margin, or why none does."""
     need_mib = math.ceil(peak.memory_mib * (1 + MARGIN))
     need_percent = min(100.0, peak.utilization * (1 + MARGIN))
+    if not models:
+        return "the pod's GPU labels select no MIG-capable GPU model"
     chosen: list[tuple[str, str]] = []
-    for model in MIG_MODELS:
+    for model in models:
         whole = max(model.mig_profiles, key=lambda p: p.multiprocessors)
         candidates = [
             p for p in model.mig_profiles

@@ -50,8 +50,8 @@ def test_nothing_is_right_sized_without_data(tmp_path):
 
 
 def test_multi_gpu_and_busy_containers_keep_whole_gpus_with_a_reason(tmp_path):
-    text = (EXAMPLES / "raycluster.yaml").read_text() + "---\n" + (EXAMPLES / "pytorchjob.yaml").read_text()
-    usage = HEADER + "inference,ray-batch-inference-l40s-workers-abcde,ray-worker,30500,85\ntraining,llama-finetune-worker-0,pytorch,100,1\n"
+    text = (EXAMPLES / "vllm-deployment.yaml").read_text() + "---\n" + (EXAMPLES / "pytorchjob.yaml").read_text()
+    usage = HEADER + "inference,vllm-llama3-abcde,vllm,30500,85\ntraining,llama-finetune-worker-0,pytorch,100,1\n"
     result, out = request_of(text, usage, tmp_path)
     assert all(r["exactly"]["deviceClassName"] == "gpu.nvidia.com"
                for d in out if d["kind"] == "ResourceClaimTemplate" for r in d["spec"]["spec"]["devices"]["requests"])
@@ -81,3 +81,16 @@ def test_dcgm_column_names_and_ratio_are_accepted():
 def test_bad_usage_files_name_the_line(text, message):
     with pytest.raises(UsageFileError, match=message):
         parse(text, "u.csv")
+
+
+def test_right_sizing_respects_the_gpu_models_the_labels_select(tmp_path):
+    text = (EXAMPLES / "vllm-deployment.yaml").read_text()
+    usage = HEADER + "inference,vllm-llama3-1,vllm,7600,9\n"
+    l40s = text.replace("NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S")  # no MIG on an L40S: keeps its whole GPU
+    result, out = request_of(l40s, usage, tmp_path)
+    assert out[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert "select no MIG-capable GPU model" in result.report.changes[0]
+    ((_, node, _),) = allocate(out).values()
+    assert node.startswith("l40s")
+    h100 = request_of(text, usage, tmp_path)[1][0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert "NVIDIA H200" not in h100["selectors"][-1]["cel"]["expression"]  # only the labelled model's profile
