@@ -418,7 +418,7 @@ def explain(
         outcomes = [o for o in outcomes if o.claim == key]
         if not outcomes:
             fail(f"no pending claim {key} in the inputs")
-    render_explain(outcomes, output, Console(soft_wrap=True))
+    render_explain(outcomes, output, Console(soft_wrap=True), result.holders, result.pods)
     raise typer.Exit(exit_code(outcomes))
 
 

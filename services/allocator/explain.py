@@ -7,10 +7,20 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from dralloc.allocator.engine import Outcome
+from dralloc.allocator.verdicts_text import Group, group_nodes, names
+
+MESSAGE_MAX = 300
+"""Longer messages are cut when printed for people (a 10 KB expression is never repeated in full)."""
+
+
+def cut(text: str, limit: int = MESSAGE_MAX) -> str:
+    """`text` as printed in a table or line: whole when short, else its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 CEL_ERROR_RULE = (
     "CEL runtime errors: a selector that fails at run time (a missing attribute, a type mismatch) on a device "
@@ -43,49 +53,71 @@ def render_allocate(outcomes: Sequence[Outcome], output: str, console: Console, 
     else:
         pods = pods or {}
         with_pods = any(o.claim in pods for o in outcomes)
-        table = Table(title="allocations")
+        table = Table(title="allocations", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("claim", *(["pod"] if with_pods else []), "status", "node", "devices", "message"):
             table.add_column(column)
         for o in outcomes:
             devices = "\n".join(f"{r.request}: {r.driver}/{r.pool}/{r.device}" for r in o.allocation.devices.results) if o.allocation else ""
             style = {"allocated": "green", "unsatisfiable": "yellow", "error": "red"}[o.status]
             pod = [pods.get(o.claim, "")] if with_pods else []
-            table.add_row(o.claim, *pod, f"[{style}]{o.status}[/]", o.node or "", devices, o.message)
+            table.add_row(o.claim, *pod, f"[{style}]{o.status}[/]", o.node or "", devices, cut(o.message))
         console.print(table)
 
 
-def explain_document(outcomes: Sequence[Outcome]) -> dict:
-    return {
-        "rules": {"celRuntimeErrors": CEL_ERROR_RULE},
-        "claims": [
-            {**o.contract(), "explanation": msgspec.to_builtins(o.explanation) if o.explanation is not None else None}
-            for o in outcomes
-        ],
-    }
+Holders = Mapping[str, Mapping[str | None, Sequence[str]]]
+"""claim -> node -> the claims holding devices on that node when the claim was decided."""
 
 
-def render_explain(outcomes: Sequence[Outcome], output: str, console: Console) -> None:
+def _groups(o: Outcome, holders: Holders) -> list[Group]:
+    if o.explanation is None or o.status == "allocated":
+        return []
+    return group_nodes(o.explanation, o.claim, holders.get(o.claim, {}))
+
+
+def explain_document(outcomes: Sequence[Outcome], holders: Holders | None = None, pods: Mapping[str, str] | None = None) -> dict:
+    """The `explain -o json` document: each claim's result, the engine's explanation, and for a claim
+    not allocated its nodes grouped by verdict (`groups`: nodes, verdict, holders)."""
+    claims = []
+    for o in outcomes:
+        entry = {**_entry(o, pods or {}), "explanation": msgspec.to_builtins(o.explanation) if o.explanation is not None else None}
+        groups = _groups(o, holders or {})
+        if groups:
+            entry["groups"] = [{"nodes": g.nodes, "verdict": g.verdict, "holders": g.holders} for g in groups]
+        claims.append(entry)
+    return {"rules": {"celRuntimeErrors": CEL_ERROR_RULE}, "claims": claims}
+
+
+def render_explain(outcomes: Sequence[Outcome], output: str, console: Console, holders: Holders | None = None, pods: Mapping[str, str] | None = None) -> None:
+    """Each claim: its status and message; nodes with the same verdict grouped under one sentence and
+    one table (a claim allocated: its node's table, why these devices)."""
     if output == "json":
-        console.file.write(json.dumps(explain_document(outcomes), indent=2) + "\n")
+        console.file.write(json.dumps(explain_document(outcomes, holders, pods), indent=2) + "\n")
         return
     if output == "yaml":
-        console.file.write(yaml.safe_dump(explain_document(outcomes), sort_keys=False))
+        console.file.write(yaml.safe_dump(explain_document(outcomes, holders, pods), sort_keys=False))
         return
     for o in outcomes:
         style = {"allocated": "green", "unsatisfiable": "yellow", "error": "red"}[o.status]
-        console.print(f"[bold]{o.claim}[/]: [{style}]{o.status}[/]" + (f" on {o.node}" if o.node else ""))
+        pod = f" (Pod {pods[o.claim]})" if pods and o.claim in pods else ""
+        console.print(f"[bold]{o.claim}[/]{pod}: [{style}]{o.status}[/]" + (f" on {o.node}" if o.node else ""))
         if o.message:
-            console.print(f"  {o.message}")
+            console.print(f"  {cut(o.message)}")
         if o.explanation is None:
             if o.status == "error":
                 console.print(f"  [dim]{CEL_ERROR_RULE}[/]" if "CEL runtime error" in o.message else "")
             continue
         for note in o.explanation.notes:
-            console.print(f"  note: {note}")
-        for node in o.explanation.nodes:
+            console.print(f"  note: {cut(note)}")
+        groups = _groups(o, holders or {})
+        shown = [(g.report, g) for g in groups] if groups else [(node, None) for node in o.explanation.nodes]
+        for node, group in shown:
+            assert node is not None
             requests = [r for r in node.requests if r.claim == o.claim]
-            title = f"node {node.node or '(any)'}" + (f": {node.verdict}" if node.verdict else "")
-            table = Table(title=title, title_justify="left")
+            if group is not None:
+                title = f"{group.verdict}\n  nodes: {names(group.nodes, 8)}"
+            else:
+                title = f"node {node.node or '(any)'}" + (f": {cut(node.verdict)}" if node.verdict else "")
+            table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
             table.add_column("devices left after")
             for r in requests:
                 table.add_column(f"{r.request} (wants {r.wanted})", justify="right")

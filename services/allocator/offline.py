@@ -20,6 +20,9 @@ from dralloc.pods import EXTENDED_RESOURCES_ENTRY, PodError, is_workload, offlin
 from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Node, Object, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from dralloc.schemas.validation import validate
 
+EXPLAIN_NODES = 512
+"""`dralloc explain` reports (and groups) up to this many nodes for a claim that is not allocated."""
+
 NO_NODE_HINT = "add --profile h100-sxm:4 or --fleet FILE (simulated nodes; `dralloc discover --list-profiles`)"
 
 
@@ -36,6 +39,8 @@ class Run:
     """claim `namespace/name` -> the Pod (`namespace/name`) it was allocated for."""
     nodes: int = 0
     """How many nodes were known (from Node objects, slices, --profile, --fleet)."""
+    holders: dict[str, dict[str | None, list[str]]] = field(default_factory=dict)
+    """With explain: for each claim not allocated, the claims holding devices on each node when it was decided."""
 
 
 @dataclass(slots=True)
@@ -93,6 +98,9 @@ def run(
     manifests = load(paths)
     objects, warnings = _in_order(paths, manifests)
     engine = Engine()
+    if explain:
+        engine.explain_nodes = EXPLAIN_NODES  # explain groups the nodes by verdict: report many,
+        engine.explain_untried = True  # and say why the nodes not tried could not hold the claim
     every = [obj for _, obj in objects] + list(extra)
     nodes = sorted((o for o in every if isinstance(o, Node)), key=lambda n: n.metadata.name)
     classes = [o for o in every if isinstance(o, DeviceClass)]
@@ -134,14 +142,34 @@ def run(
         claims = [c for unit in units for c in unit.claims]
         failed = [e for unit in units for e in unit.errors]
         result.outcomes = _errors(claims, failed) if failed else engine.allocate(claims, node=node, together=True, explain=explain)
+        _note_holders(result, result.outcomes, explain)
     else:
         for unit in units:
-            result.outcomes += _allocate_unit(engine, unit, node, explain)
+            outcomes = _allocate_unit(engine, unit, node, explain)
+            _note_holders(result, outcomes, explain)
+            result.outcomes += outcomes
     if not names:
         for outcome in result.outcomes:
             if outcome.status == "unsatisfiable" and "no node is known" in outcome.message:
                 outcome.message = f"{outcome.message.rstrip('.')}; {NO_NODE_HINT}"
     return result
+
+
+def holders_by_node(engine: Engine) -> dict[str | None, list[str]]:
+    """node -> the claims holding devices there (None: devices usable from every node), sorted."""
+    by_node: dict[str | None, list[str]] = {}
+    for key, record in engine.ledger.claims.items():
+        by_node.setdefault(record.node, []).append(key)
+    return {node: sorted(keys) for node, keys in by_node.items()}
+
+
+def _note_holders(result: Run, outcomes: Sequence[Outcome], explain: bool) -> None:
+    """Who held what when these claims were decided (what explain names as blocking them)."""
+    if explain and any(o.status != "allocated" for o in outcomes):
+        snapshot = holders_by_node(result.engine)
+        for outcome in outcomes:
+            if outcome.status != "allocated":
+                result.holders[outcome.claim] = snapshot
 
 
 def _units(

@@ -125,6 +125,10 @@ class Engine:
         self.verdicts = Verdicts(self.inventory)
         self.budget = budget
         self.cel_budget = cel_budget
+        self.explain_nodes = 3
+        """How many nodes an explanation of a refusal reports (`dralloc explain` groups many)."""
+        self.explain_untried = False
+        """Whether it also reports nodes not tried (too few free or matching devices), after the tried ones."""
         """Selector evaluation budget per allocation unit (verdicts.py; None: unlimited)."""
         # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
         self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
@@ -627,7 +631,11 @@ class Engine:
         for pool in list(self.inventory.unusable.values())[:5]:
             why = f"invalid: {pool.invalid}" if pool.invalid else f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
             explanation.notes.append(f"pool {pool.label} is not used: {why}")
-        shown = [node] if node is not None else (nodes[:3] or self.inventory.nodes()[:3] or [None])
+        k = self.explain_nodes
+        if node is None and self.explain_untried:
+            tried = set(nodes)
+            nodes = [*nodes, *(n for n in self.inventory.nodes() if n not in tried)]
+        shown = [node] if node is not None else (nodes[:k] or self.inventory.nodes()[:k] or [None])
         reason_of = dict(reasons)
         for candidate in shown:
             mask, order = self._mask(candidate)
