@@ -116,7 +116,12 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
             resolved = pod_claims(obj, templates, invalid=invalid_templates, offline=False)
             for error in resolved.errors:
                 report(f"{item.source}: Pod/{obj.metadata.name}: {error}")
-            claims += [ev.ClaimSubmitted(claim=with_identity(claim)) for claim in resolved.made]
+            for claim in resolved.made:  # a claim made from a template is named after its Pod: checked too
+                made = ev.ClaimSubmitted(claim=with_identity(claim))
+                if (problem := ev.identity_problem(made)) is not None:
+                    report(f"{item.source}: Pod/{obj.metadata.name}: its claim is not published: {problem}")
+                else:
+                    claims.append(made)
     return inventory + claims
 
 

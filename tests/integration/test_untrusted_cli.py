@@ -79,3 +79,28 @@ async def test_submit_refuses_poison_and_bad_names_with_a_reason_each_and_publis
     published = json.loads(out.stdout)["published"]
     assert [p["object"] for p in published] == ["ResourceClaim/ml/good"]
     assert (await bus.js.stream_info("CLAIMS")).state.messages == 1
+
+
+def test_a_claim_made_from_a_pods_template_with_a_name_the_api_server_refuses_is_reported_not_published():
+    from dralloc.ingestor.sources import events_from_manifests
+    from dralloc.manifests import load_text
+
+    text = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: t, namespace: ml}
+spec:
+  spec:
+    devices:
+      requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: ml}
+spec:
+  resourceClaims: [{name: "My GPUs", resourceClaimTemplateName: t}, {name: gpus, resourceClaimTemplateName: t}]
+"""
+    reports: list[str] = []
+    made = [e.claim.metadata.name for e in events_from_manifests(load_text(text, "pod.yaml"), reports.append)]
+    assert len(made) == 1 and made[0].startswith("trainer-gpus-")
+    (report,) = reports
+    assert report.startswith("pod.yaml (document 2): Pod/trainer: its claim is not published: metadata.name: 'trainer-My GPUs-")
