@@ -12,9 +12,11 @@ manifest files) asks here first and refuses with a reason:
   usual message has fewer brackets than the depth limit and no run of 19 digits,
   and is passed after two C-speed scans.
 - `tree_problem(doc)`: an already parsed document (YAML's builtins), iteratively.
+- `without_deep_items(data)`: a Kubernetes list `json_problem` refused, with the items
+  that are too deep cut out (and named), so that the others can still be read.
 - `slice_problem(slice)`: a decoded ResourceSlice against the API's size limits, cheaply.
 
-Both return None when the input is within limits, or one line naming the problem.
+The checks return None when the input is within limits, or one line naming the problem.
 Kubernetes stores every integer field as int64, so a larger integer is refused
 (the API server would refuse it too); depth is limited to `MAX_DEPTH`, far beyond
 what any resource.k8s.io object needs (about 12 levels, inside an event envelope)
