@@ -15,6 +15,7 @@ canonical spellings (ties: decimal), which round-trips what people write
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal
 
@@ -88,7 +89,19 @@ def parse_quantity_format(value: str | int | float) -> tuple[Q, Format]:
 
 
 def parse_quantity(value: str | int | float) -> Q:
-    """Parse a Kubernetes quantity ("80Gi", "500m", "1.5", 8) into nano-units."""
+    """Parse a Kubernetes quantity ("80Gi", "500m", "1.5", 8) into nano-units.
+
+    Strings are memoised (errors are not cached): a fleet's slices repeat the same
+    few capacity and counter strings hundreds of thousands of times, and the engine
+    parses them on every pool rebuild (`dralloc plan` on 1,000 nodes spent a third
+    of its time here)."""
+    if type(value) is str:
+        return _parse_string(value)
+    return parse_quantity_format(value)[0]
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse_string(value: str) -> Q:
     return parse_quantity_format(value)[0]
 
 
