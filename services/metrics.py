@@ -35,6 +35,9 @@ Instruments (meter ``dralloc``):
   share of the class's free node-local devices that sit on nodes partly used
   (some device of the class taken), i.e. free devices a whole-node request
   cannot have. Best fit keeps it low; 0 when nothing is free;
+- ``dralloc.devices.reserved`` (gauge): devices held for a large claim or gang
+  that waits (services/allocator/reservations.py), per ``node``; other claims
+  take them last;
 - ``dralloc.consumer.lag`` (gauge): messages of a stream not yet acked by a
   durable consumer (pending + delivered unacked), per ``stream`` and
   ``consumer``; reported by the process consuming (`report_lag`): the
@@ -78,6 +81,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
 
     from dralloc.allocator.engine import Engine
+    from dralloc.allocator.reservations import Reservations
     from dralloc.bus import Bus
 
 log = logging.getLogger("dralloc.metrics")
@@ -135,6 +139,11 @@ class AllocatorMetrics:
         self.claims = meter.create_counter("dralloc.claims", description="decisions written, by outcome")
         self._held: dict[str, Counter[tuple[str, str]]] = {}  # claim -> (node, class) -> devices
         self.fleet: FleetView | None = None
+        self.reservations: Reservations | None = None
+        """The leading term's reservations (set by the allocator at rebuild)."""
+        meter.create_observable_gauge(
+            "dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits"
+        )
         meter.create_observable_gauge("dralloc.devices.allocated", [self._observe_allocated], description="devices held by committed claims")
         meter.create_observable_gauge("dralloc.devices.free", [self._observe_free], description="devices free for a device class")
         meter.create_observable_gauge(
@@ -171,6 +180,10 @@ class AllocatorMetrics:
         for held in list(self._held.values()):
             total.update(held)
         return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in sorted(total.items())]
+
+    def _observe_reserved(self, options: CallbackOptions) -> Iterable[Observation]:
+        held = self.reservations.per_node() if self.reservations is not None else {}
+        return [Observation(n, {"node": node}) for node, n in sorted(held.items())]
 
     def _snapshot(self) -> Snapshot:
         return self.fleet.snapshot() if self.fleet is not None else Snapshot()

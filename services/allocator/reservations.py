@@ -145,6 +145,17 @@ class Reservations:
         self.deadlines.pop(unit, None)
         return self.held.pop(unit, None) is not None
 
+    def per_node(self) -> dict[str, int]:
+        """Node -> devices held there (for the `dralloc.devices.reserved` gauge)."""
+        inv = self.engine.inventory
+        out: dict[str, int] = {}
+        for reservation in list(self.held.values()):
+            for i in iter_bits(reservation.devices):
+                rec = inv.devices[i] if i < len(inv.devices) else None
+                if rec is not None and rec.local_node is not None:
+                    out[rec.local_node] = out.get(rec.local_node, 0) + 1
+        return out
+
     def next_deadline(self) -> float | None:
         """When the next reservation held ends (None: none held)."""
         return min((r.until for r in self.held.values()), default=None)

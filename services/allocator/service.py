@@ -196,6 +196,7 @@ class Allocator:
                 log.error("allocator: rebuild: %s", refused)
         decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
         allocator_metrics().rebuilding(self.engine)
+        allocator_metrics().reservations = self.book.reservations
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
             self.book.replayed(event)

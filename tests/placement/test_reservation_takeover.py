@@ -17,6 +17,7 @@ from dralloc.bus import Bus
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
+from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 
@@ -81,6 +82,8 @@ async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the
     held = successor.book.reservations.held["ml/big"]
     assert (held.nodes, held.until) == (("n-0",), failure.reserved_until)
     assert len(await decisions(bus)) == written  # nothing new to say: the stream already says it
+    gauge = allocator_metrics()._observe_reserved(None)  # dralloc.devices.reserved
+    assert [(o.value, dict(o.attributes)) for o in gauge] == [(8, {"node": "n-0"})]
 
     # A small claim decided by the successor avoids the held node (best fit alone would take n-0).
     small = submitted("small", 2)
@@ -94,6 +97,7 @@ async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the
     placed = (await decisions(bus))[-1]
     assert isinstance(placed, ev.AllocationCommitted) and placed.key == "ml/big" and placed.node == "n-0"
     assert successor.book.reservations.held == {} and successor.engine.placement.reserved == 0
+    assert allocator_metrics()._observe_reserved(None) == []
 
 
 async def test_a_deleted_claim_holds_nothing_and_a_successor_rebuilds_no_reservation(fleet_bus: Bus):
