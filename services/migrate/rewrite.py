@@ -183,14 +183,18 @@ def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, b
     body: list[dict] = []
     config: list[dict] = []
     for name, ask in requests:
-        exactly: dict[str, Any] = {"deviceClassName": ask.resource.device_class, "count": ask.count}
-        expressions = list(selectors[ask.resource.kind == "mig" or ask.fit is not None])
         if ask.fit is not None:
-            expressions.append(ask.fit.selector())
-        elif ask.resource.kind == "mig":
+            # right-sized: the MIG slice first, the whole GPU it had where no such slice is free
+            # (so the pod still runs everywhere it ran before: nodes without MIG, other models)
+            body.append({"name": name, "firstAvailable": [
+                _device_request("mig", resources.MIG_CLASS, 1, [*selectors[True], ask.fit.selector()]),
+                _device_request("gpu", resources.GPU_CLASS, 1, selectors[False]),
+            ]})
+            continue
+        expressions = list(selectors[ask.resource.kind == "mig"])
+        if ask.resource.kind == "mig":
             expressions.append(f"device.attributes['gpu.nvidia.com'].profile == '{ask.resource.profile}'")
-        if expressions:
-            exactly["selectors"] = [{"cel": {"expression": e}} for e in expressions]
+        exactly = _device_request(None, ask.resource.device_class, ask.count, expressions)
         body.append({"name": name, "exactly": exactly})
         if ask.resource.kind == "shared":
             config.append({"requests": [name], "opaque": {"driver": resources.GPU_CLASS, "parameters": dict(TIME_SLICING_CONFIG)}})
@@ -201,6 +205,15 @@ def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, b
     if namespace:
         metadata["namespace"] = namespace
     return {"apiVersion": TEMPLATE_API, "kind": "ResourceClaimTemplate", "metadata": metadata, "spec": {"spec": {"devices": devices}}}
+
+
+def _device_request(name: str | None, device_class: str, count: int, expressions: list[str]) -> dict[str, Any]:
+    """An `exactly` request, or a `firstAvailable` subrequest when named."""
+    request: dict[str, Any] = {"name": name} if name else {}
+    request.update({"deviceClassName": device_class, "count": count})
+    if expressions:
+        request["selectors"] = [{"cel": {"expression": e}} for e in expressions]
+    return request
 
 
 def _containers(spec: Mapping, path: Path, report: Report, what: str) -> list[_Container]:
@@ -314,7 +327,7 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
         ask.resource = GpuResource(resources.GPU, "mig")
         ask.fit = answer
         report.changes.append(
-            f"{who}: 1 GPU -> MIG {answer.describe()}: peak {peak.memory_mib:g} MiB / "
+            f"{who}: 1 GPU -> MIG {answer.describe()} (a whole GPU where none is free): peak {peak.memory_mib:g} MiB / "
             f"{peak.utilization:g}% fits {answer.need_mib} MiB / {answer.need_percent:g}% with {MARGIN:.0%} headroom"
         )
 

@@ -69,7 +69,9 @@ def template_counts(docs: Iterable[dict]) -> dict[tuple[str, str, str], int]:
                     n = 0
                     for ref in (c.get("resources") or {}).get("claims") or []:
                         requests = claims[ref["name"]]["spec"]["spec"]["devices"]["requests"]
-                        n += next(r["exactly"]["count"] for r in requests if r["name"] == ref["request"])
+                        request = next(r for r in requests if r["name"] == ref["request"])
+                        # a right-sized request: MIG slice or whole GPU, one device either way
+                        n += request["exactly"]["count"] if "exactly" in request else request["firstAvailable"][0]["count"]
                     if n:
                         counts[(obj["metadata"]["name"], str(path), c["name"])] = n
     return counts
@@ -119,7 +121,7 @@ def allocate(docs: Iterable[dict], fleet: Iterable[tuple[str, int]] = FLEET) -> 
                 assert outcome.status == "allocated", outcome.message
                 node = outcome.node
                 for r in outcome.allocation.devices.results:
-                    results.setdefault(r.request, []).append(r.device)
+                    results.setdefault(r.request.split("/")[0], []).append(r.device)  # "<request>/<subrequest>"
             for key in ("initContainers", "containers"):
                 for c in spec.get(key) or []:
                     devices = [d for ref in (c.get("resources") or {}).get("claims") or [] for d in results.get(ref["request"], [])]

@@ -33,8 +33,9 @@ def test_smallest_profile_holding_memory_and_compute_with_the_margin():
 def test_a_right_sized_container_gets_a_mig_device_and_the_reason_is_reported(tmp_path):
     text = (EXAMPLES / "vllm-deployment.yaml").read_text()
     result, out = request_of(text, HEADER + "inference,vllm-llama3-7c9d8f6b5-x2kqp,vllm,7600,9\n", tmp_path)
-    request = out[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
-    assert request["deviceClassName"] == "mig.nvidia.com" and request["count"] == 1
+    mig, whole = out[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    assert (mig["name"], mig["deviceClassName"], mig["count"]) == ("mig", "mig.nvidia.com", 1)
+    assert (whole["name"], whole["deviceClassName"], whole["count"]) == ("gpu", "gpu.nvidia.com", 1)
     (change,) = result.report.changes
     assert "1 GPU -> MIG 1g.10gb on NVIDIA H100 80GB HBM3" in change and "7600 MiB" in change and "20% headroom" in change
     ((n, node, devices),) = allocate(out).values()  # the example's product label keeps it on H100
@@ -92,5 +93,12 @@ def test_right_sizing_respects_the_gpu_models_the_labels_select(tmp_path):
     assert "select no MIG-capable GPU model" in result.report.changes[0]
     ((_, node, _),) = allocate(out).values()
     assert node.startswith("l40s")
-    h100 = request_of(text, usage, tmp_path)[1][0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    h100 = request_of(text, usage, tmp_path)[1][0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]
     assert "NVIDIA H200" not in h100["selectors"][-1]["cel"]["expression"]  # only the labelled model's profile
+
+
+def test_a_right_sized_container_falls_back_to_a_whole_gpu(tmp_path):
+    text = (EXAMPLES / "vllm-deployment.yaml").read_text().replace("nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.family: hopper")
+    _, out = request_of(text, HEADER + "inference,vllm-llama3-1,vllm,7600,9\n", tmp_path)
+    ((n, node, devices),) = allocate(out, [("h100-sxm", 1)]).values()  # H100s published without MIG partitions
+    assert n == 1 and node == "h100-sxm-0" and "-mig-" not in devices[0]
