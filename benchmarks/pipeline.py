@@ -57,7 +57,7 @@ import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from dralloc.allocator import leader
-from dralloc.bus import Bus, _die_with_parent, _wait_for_port, nats_server_binary
+from dralloc.bus import Bus, LocalCluster, _die_with_parent, _wait_for_port, nats_server_binary, wait_for_jetstream
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -190,9 +190,16 @@ class Stack:
     """Per service (discovery, ingestor, statuswriter, allocator): more variables, e.g. its NATS user."""
     nats_config: str | None = None
     nats_env: dict[str, str] = field(default_factory=dict)
+    cluster: int = 1
+    """nats-servers: more than one is a JetStream cluster on loopback (`dralloc.bus.LocalCluster`), the
+    streams replicated on 3 of them (or all, if fewer), and a restart restarts one server at a time."""
 
     def __post_init__(self) -> None:
-        self.nats = NatsServer(self.root, self.nats_config, self.nats_env)
+        if self.cluster > 1:
+            self.nats = LocalCluster(self.root, self.cluster, self.nats_config, self.nats_env)
+            self.env = {"DRALLOC_REPLICAS": str(min(3, self.cluster)), **self.env}
+        else:
+            self.nats = NatsServer(self.root, self.nats_config, self.nats_env)
         self.services: dict[str, Service] = {}
 
     async def __aenter__(self) -> Stack:
@@ -200,6 +207,8 @@ class Stack:
         fleet.write_text(yaml.safe_dump([{"profile": "h100-sxm", "count": self.nodes, "prefix": "node"}]))
         await self.nats.start()
         url = self.nats.url
+        if self.cluster > 1 and self.nats_config is None:  # (under auth the services wait for JetStream themselves)
+            await wait_for_jetstream(url)
         env = {"DRALLOC_ALLOCATOR_LEASE_TTL": "2", "DRALLOC_ALLOCATOR_ACK_WAIT": "10", **self.env}
         specs = {
             "discovery": (["discovery"], {"DRALLOC_DISCOVERY_SOURCE": "fleet", "DRALLOC_DISCOVERY_FLEET": str(fleet),
@@ -237,7 +246,7 @@ class Stack:
 
     async def ready(self, bus: Bus, timeout: float = 120.0) -> None:
         """The fleet is on the bus and a leader has rebuilt: a probe claim gets committed."""
-        await bus.ensure_streams()
+        await bus.check_streams()  # made by the allocator (the stream owner), with the deployment's replicas
         async with asyncio.timeout(timeout):
             classes = sum(1 for doc in yaml.safe_load_all(CLASSES.read_text()) if doc)
             while True:

@@ -357,6 +357,130 @@ async def _wait_for_port(proc: asyncio.subprocess.Process, logfile: Path, timeou
     raise BusError(f"nats-server did not start within {timeout:.0f}s")
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` TCP ports free on 127.0.0.1 now (for servers that must know each other's ports before
+    they start, as a cluster's routes do)."""
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class LocalCluster:
+    """A JetStream cluster of `size` nats-servers on loopback, in `root` (one store directory each),
+    for tests and benchmarks of what replication changes: streams with ``DRALLOC_REPLICAS=3`` survive
+    one server's loss. Each server can be stopped and restarted on its own ports and store.
+
+    `config` (a server configuration's text, e.g. ``include ./auth.conf``) is written beside each
+    server's generated one; `env` holds the variables it references. ``url`` lists every server,
+    comma-separated (as `Bus.connect` and ``--nats-url`` take it)."""
+
+    def __init__(self, root: Path, size: int = 3, config: str | None = None, env: dict[str, str] | None = None) -> None:
+        if size < 1:
+            raise BusError(f"a cluster of {size} servers")
+        self.root, self.size, self.config, self.env = root, size, config, env or {}
+        ports = free_ports(2 * size)
+        self.client_ports, self.route_ports = ports[:size], ports[size:]
+        self.procs: list[asyncio.subprocess.Process | None] = [None] * size
+        self.starts = [0] * size
+        self.restarts = 0
+        """`restart` calls so far (the next restarts server ``restarts % size``)."""
+
+    @property
+    def url(self) -> str:
+        return ",".join(f"nats://127.0.0.1:{port}" for port in self.client_ports)
+
+    def _conf(self, i: int) -> Path:
+        routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for j, p in enumerate(self.route_ports) if j != i)
+        text = (
+            f'server_name: "dralloc-{i}"\n'
+            f'listen: "127.0.0.1:{self.client_ports[i]}"\n'
+            f'jetstream {{ store_dir: "{self.root / f"store-{i}"}" }}\n'
+            f'cluster {{ name: "dralloc", listen: "127.0.0.1:{self.route_ports[i]}", routes: [{routes}] }}\n'
+        )
+        if self.config is not None:
+            (self.root / "extra.conf").write_text(self.config)
+            text += "include ./extra.conf\n"
+        path = self.root / f"server-{i}.conf"
+        path.write_text(text)
+        return path
+
+    async def start_one(self, i: int, timeout: float = 15.0) -> None:
+        self.starts[i] += 1
+        logfile = self.root / f"nats-server-{i}.{self.starts[i]}.log"
+        self.procs[i] = await asyncio.create_subprocess_exec(
+            nats_server_binary(), "-c", str(self._conf(i)), "-l", str(logfile),
+            env={**os.environ, **self.env}, cwd=str(self.root),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )  # fmt: skip
+        await _wait_for_port(self.procs[i], logfile, timeout)  # type: ignore[arg-type]
+
+    async def stop_one(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self.start_one(i) for i in range(self.size)))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(self.stop_one(i) for i in range(self.size)))
+
+    async def restart(self) -> None:
+        """Restart one server (the next in turn), the others keep serving: a rolling restart's step."""
+        i = self.restarts % self.size
+        self.restarts += 1
+        await self.stop_one(i)
+        await self.start_one(i)
+
+
+@contextlib.asynccontextmanager
+async def embedded_cluster(size: int = 3) -> AsyncIterator[LocalCluster]:
+    """A private JetStream cluster of `size` servers on loopback (free ports, a temp directory);
+    yields it once JetStream answers with a meta leader; stops it and removes its files on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="dralloc-cluster-"))
+    cluster = LocalCluster(workdir, size)
+    try:
+        await cluster.start()
+        await wait_for_jetstream(cluster.url)
+        yield cluster
+    finally:
+        await cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def wait_for_jetstream(url: str, timeout: float = 30.0) -> None:
+    """Wait until JetStream at `url` answers account requests (a cluster has elected its meta leader)."""
+    deadline = time.monotonic() + timeout
+    nc = nats.NATS()
+    await nc.connect([u for u in url.split(",") if u], connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        while True:
+            try:
+                await nc.jetstream().account_info()
+                return
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise BusError(f"JetStream at {natsauth.redact(url)} did not become ready within {timeout:g}s") from None
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
 # --- the client ----------------------------------------------------------------------
 
 
@@ -414,7 +538,7 @@ class Bus:
             # gets `timeout` seconds in all.
             await asyncio.wait_for(
                 nc.connect(
-                    url,
+                    [u.strip() for u in url.split(",") if u.strip()],  # a cluster: several URLs, comma-separated
                     name=f"dralloc-{name}",
                     connect_timeout=timeout,
                     allow_reconnect=True,
@@ -899,6 +1023,21 @@ class Bus:
             return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history, replicas=replicas_from_env()))
 
 
+async def _until_jetstream_answers(bus: Bus, name: str, stop: asyncio.Event, step: Callable[[], Awaitable[None]], timeout: float = 60.0) -> None:
+    """Run `step` (the streams' setup or check), again while JetStream cannot answer yet (a cluster
+    electing its leaders, a server starting), for up to `timeout` seconds; `BusError` passes at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await step()
+            return
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise BusError(f"{name}: JetStream did not answer: {natsauth.redact(str(exc) or type(exc).__name__)}") from None
+            log.warning("%s: JetStream not ready (%s); retrying", name, natsauth.redact(str(exc) or type(exc).__name__))
+            await asyncio.sleep(1.0)
+
+
 STREAM_OWNER = "allocator"
 """The service that creates and configures the streams (`Bus.ensure_streams`); the others only check
 them (`Bus.check_streams`): infra/nats/auth.conf gives no other service user the right."""
@@ -924,10 +1063,7 @@ async def run_service(name: str, serve: Callable[..., Awaitable[None]], config: 
         async with probes.serve_probes(bus, ready) as port:
             if port is not None:
                 log.info("%s: probes on port %d (/livez, /readyz)", name, port)
-            if name == STREAM_OWNER:
-                await bus.ensure_streams()
-            else:
-                await bus.check_streams(stop)
+            await _until_jetstream_answers(bus, name, stop, bus.ensure_streams if name == STREAM_OWNER else lambda: bus.check_streams(stop))
             where = bus.nc.connected_url.geturl() if bus.nc.connected_url else (url or "")
             log.info("%s: serving (NATS %s)", name, natsauth.redact(where))
             ready.set()
