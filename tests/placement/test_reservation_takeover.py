@@ -20,6 +20,8 @@ from dralloc.manifests import load_paths
 from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
+from dralloc.statuswriter.service import apply
+from dralloc.statuswriter.sinks import KVSink, read_all
 
 CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
 
@@ -75,6 +77,12 @@ async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the
     assert failure.reserved_nodes == ["n-0"] and began + 600 <= failure.reserved_until <= time.time() + 600
     assert "node n-0 reserved for it" in failure.message
     written = len(await decisions(bus))
+    # `dralloc get claims` shows it: the status writer keeps the failure's message
+    kv = await bus.key_value("reservation-status")
+    for event in await decisions(bus):
+        await apply(KVSink(kv), event)
+    (status,) = [s for s in await read_all(kv) if s.claim == "ml/big"]
+    assert status.state == "unsatisfiable" and "node n-0 reserved for it" in status.message
 
     # The leader is gone; a successor rebuilds from the streams: the same node, the same end.
     successor = Allocator(bus)
