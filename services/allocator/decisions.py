@@ -71,8 +71,11 @@ class PodPlan:
     or `failures` (every claim not yet allocated fails with the unit's reason; none holds devices)."""
 
     pod: str
-    batch: list[ev.AllocationCommitted] = field(default_factory=list)
+    batch: list[ev.AllocationEvent] = field(default_factory=list)
     failures: list[ev.AllocationFailed] = field(default_factory=list)
+    given_back: list[ResourceClaim] = field(default_factory=list)
+    """Claims dralloc committed for this Pod that the batch releases (first) and places again: their
+    node no longer fits the claims the cluster holds (a write of the unit lost to kube-scheduler)."""
 
 
 @dataclass(slots=True)
@@ -157,6 +160,14 @@ class Decisions:
         """Pods waiting for dralloc (pod key -> its unit), until allocated, deleted or ungated."""
         self.pods_waiting: set[str] = set()
         """Pods whose unit is complete but did not fit: tried again when room changes."""
+        self.decided_pods: dict[str, ev.PodSubmitted] = {}
+        """Pods whose unit was committed (until the Pod is deleted): decided again if the cluster
+        takes one of its claims elsewhere."""
+        self.made_for: dict[str, str] = {}
+        """Claim key -> the Pod whose unit dralloc committed it with."""
+        self.given_back: dict[str, AllocationResult] = {}
+        """Claim key -> dralloc's own allocation it gave back to place the claim again: the cluster
+        still showing it is a stale view, not someone else's allocation."""
         self.reserved: dict[str, list[ResourceClaimConsumerReference]] = {}
         """Claim key -> the Pod a commit reserves it for (`status.reservedFor`), from its unit."""
         self.seen: set[str] = set()
@@ -301,6 +312,7 @@ class Decisions:
     def deleted(self, key: str, uid: str) -> ev.AllocationReleased | None:
         """A claim deleted (`uid` empty: whichever object has that name): it stops waiting; returns
         the release to write if it is committed (then `release_stored`)."""
+        self.given_back.pop(key, None)
         unused = self.unused.get(key)
         if unused is not None and (not uid or unused.metadata.uid == uid):
             del self.unused[key]
@@ -473,12 +485,19 @@ class Decisions:
         return self._pod_step(pod.key)
 
     def pod_deleted(self, key: str, uid: str) -> None:
-        """The Pod is gone or no longer gated: its unit is forgotten (its claims are released by
-        their own deletion; a shared claim stays allocated, as in Kubernetes)."""
-        pod = self.pods.get(key)
-        if pod is not None and (not uid or pod.uid == uid):
-            del self.pods[key]
+        """The Pod is gone: its unit is forgotten (its claims are released by their own deletion; a
+        shared claim stays allocated, as in Kubernetes)."""
+        for units in (self.pods, self.decided_pods):
+            pod = units.get(key)
+            if pod is not None and (not uid or pod.uid == uid):
+                del units[key]
+        if key not in self.pods:
             self.pods_waiting.discard(key)
+
+    def _pod_done(self, key: str) -> None:
+        """Nothing left to decide for the Pod now (kept, in case the cluster takes a claim elsewhere)."""
+        self.decided_pods[key] = self.pods.pop(key)
+        self.pods_waiting.discard(key)
 
     def _pod_using(self, claim_key: str) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
         """A claim waiting for a Pod arrived: the first Pod waiting for it whose unit it completes."""
@@ -504,15 +523,15 @@ class Decisions:
             if claim is None:
                 return None  # not here yet: the claim's own event completes the unit
             pending.append(claim)
-        if not pending:
-            self.pod_deleted(key, "")  # every claim allocated: nothing left to decide for it
+        if not pending and len(self._unit_nodes(pod)) <= 1:
+            self._pod_done(key)  # every claim allocated, on one node: nothing left to decide for it
             return None
         for claim in pending:
             self.reserved[claim.key] = [ResourceClaimConsumerReference(resource="pods", name=pod.name, uid=pod.uid)]
-        gang = gang_of(pending[0])
+        gang = gang_of(pending[0]) if pending else None
         if len(pending) == 1 and gang is not None and gang[1] > 1:
             del self.unused[pending[0].key]
-            self.pod_deleted(key, "")
+            self._pod_done(key)
             return self._collect(pending[0], *gang, None)
         return AllocatePod(key)
 
@@ -524,16 +543,29 @@ class Decisions:
         keys = [f"{pod.namespace}/{name}" for name in pod.claims]
         pending = [self.unused[k] for k in keys if k not in self.committed]
         plan = PodPlan(step.pod)
-        nodes = {self.engine.ledger.claims[k].node for k in keys if k in self.committed and k in self.engine.ledger.claims}
-        nodes.discard(None)
+        nodes = self._unit_nodes(pod)
+        if len(nodes) > 1:
+            # The cluster holds a claim of the unit elsewhere (kube-scheduler's write landed first):
+            # what dralloc placed for this Pod is given back and placed again next to it.
+            plan.given_back = [self.committed[k].claim for k in keys if self.made_for.get(k) == step.pod and k in self.committed]
+            for claim in plan.given_back:
+                self.engine.release(claim.key)
+                self.reserved[claim.key] = list(claim.status.reserved_for) if claim.status else []
+            pending += [msgspec.structs.replace(c, status=None) for c in plan.given_back]
+            nodes = self._unit_nodes(pod, without={c.key for c in plan.given_back})
         if len(nodes) > 1:
             message = f"Pod {pod.key}: its claims are already allocated on different nodes ({', '.join(sorted(nodes))}); it can never run"
             outcomes = [Outcome(claim=c.key, status="error", message=message) for c in pending]
         else:
             outcomes = self.engine.allocate(pending, node=next(iter(nodes), None), together=True)
         if all(o.status == "allocated" for o in outcomes):
-            plan.batch = [ev.AllocationCommitted(claim=self._decided(c, o), node=o.node) for c, o in zip(pending, outcomes)]
+            plan.batch = [ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name,
+                                                uid=c.metadata.uid or "") for c in plan.given_back]
+            plan.batch += [ev.AllocationCommitted(claim=self._decided(c, o), node=o.node) for c, o in zip(pending, outcomes)]
             return plan
+        for claim in plan.given_back:  # no better place: they keep what they had
+            self.engine.restore(self.committed[claim.key].claim)
+        plan.given_back = []
         for claim, outcome in zip(pending, outcomes):  # (the engine commits a unit whole or not at all)
             message = outcome.message if outcome.message.startswith(f"Pod {pod.key}") else f"Pod {pod.key}: {outcome.message}"
             failure = failure_event(claim, outcome.status, message, pod.name)
@@ -543,17 +575,36 @@ class Decisions:
         return plan
 
     def pod_stored(self, plan: PodPlan) -> None:
+        for claim in plan.given_back:
+            if claim.status is not None and claim.status.allocation is not None:
+                self.given_back[claim.key] = claim.status.allocation
+            self._forget(claim.key)
         for event in plan.batch:
-            self.unused.pop(event.key, None)
-            self._record(event)
-            self._stop_waiting(event.key)
-        self.pod_deleted(plan.pod, "")
+            if isinstance(event, ev.AllocationCommitted):
+                self.unused.pop(event.key, None)
+                self._record(event)
+                self.made_for[event.key] = plan.pod
+                self._stop_waiting(event.key)
+        self._pod_done(plan.pod)
 
     def pod_refused(self, plan: PodPlan) -> None:
-        """None of the batch was stored: the engine gives the devices back (the Pod is tried again)."""
+        """None of the batch was stored: the engine gives the devices back, what was given back is
+        held again (the Pod is tried again)."""
         for event in plan.batch:
-            self.engine.release(event.key)
+            if isinstance(event, ev.AllocationCommitted):
+                self.engine.release(event.key)
+        for claim in plan.given_back:
+            self.engine.restore(self.committed[claim.key].claim)
         self.pods_waiting.add(plan.pod)
+
+    def _unit_nodes(self, pod: ev.PodSubmitted, without: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        """The nodes the Pod's committed claims (but `without`) are allocated on (network-attached: none)."""
+        nodes = set()
+        for name in pod.claims:
+            record = self.engine.ledger.claims.get(f"{pod.namespace}/{name}")
+            if record is not None and record.node is not None and record.claim not in without and record.claim in self.committed:
+                nodes.add(record.node)
+        return nodes
 
     def _cluster_truth(self, claim: ResourceClaim) -> ev.AllocationReleased | None:
         """A committed claim as the cluster holds it now: a release of dralloc's decision when the
@@ -563,11 +614,20 @@ class Decisions:
         key = claim.key
         have = _allocation(claim)
         ours = self.committed[key].allocation
+        stale = self.given_back.get(key)
+        if have is not None and ours is not None and _same(have, ours):
+            self.given_back.pop(key, None)  # the cluster has caught up with the re-placement
+        if have is not None and stale is not None and _same(have, stale):
+            return None  # dralloc's earlier write, seen before its release: not news
         if have is not None:
             if ours is not None and _same(have, ours):
                 self.seen.add(key)
                 return None
             self.seen.discard(key)
+            pod = self.made_for.get(key)
+            if pod is not None and pod in self.decided_pods:  # its unit's other claims must follow it
+                self.pods[pod] = self.decided_pods.pop(pod)
+                self.pods_waiting.add(pod)
             return self.deleted(key, claim.metadata.uid or "")
         if key in self.seen:
             self.seen.discard(key)
@@ -605,6 +665,7 @@ class Decisions:
 
     def _forget(self, key: str) -> None:
         self.seen.discard(key)
+        self.made_for.pop(key, None)
         gang = gang_of(self.committed.pop(key).claim)
         if gang is not None and (held := self.gang_held.get(gang[0])) is not None:
             held.discard(key)

@@ -42,7 +42,7 @@ from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.kube import body_of, describe
 from dralloc.pods import EXTENDED_RESOURCE_CLAIM_ANNOTATION, PodError, extended_resource_claim, request_mappings
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import DeviceClass, OwnerReference, Pod, PodSpec, ResourceClaim, to_builtins
+from dralloc.schemas.resource import AllocationResult, DeviceClass, OwnerReference, Pod, PodSpec, ResourceClaim, to_builtins
 
 log = logging.getLogger("dralloc.ingestor.podgate")
 
@@ -98,6 +98,22 @@ def template_claim_names(pod: GatedPod) -> list[str] | None:
                 return None
             names.append(made)
     return names
+
+
+def allowed_nodes(allocation: AllocationResult) -> set[str] | None:
+    """The node names an allocation's node selector allows, when it names nodes (``metadata.name``
+    or ``kubernetes.io/hostname`` In ...); None when it does not say (network-attached, or labels)."""
+    selector = allocation.node_selector
+    if selector is None:
+        return None
+    nodes: set[str] = set()
+    for term in selector.node_selector_terms:
+        names = [r for r in [*term.match_fields, *term.match_expressions]
+                 if r.key in ("metadata.name", "kubernetes.io/hostname") and r.operator == "In"]
+        if not names:
+            return None  # a term that selects by other labels: any node may match it
+        nodes |= set(names[0].values)
+    return nodes
 
 
 def cluster_extended_claim(pod: GatedPod, classes: Iterable[DeviceClass]) -> ResourceClaim | None:
@@ -168,10 +184,16 @@ class PodGate:
             return
         pod, names = unit
         known = {c.metadata.name: c for c in self.claims() if c.metadata.namespace == pod.metadata.namespace}
+        nodes: set[str] | None = None
         for name in names:
             claim = known.get(name)
             if claim is None or claim.status is None or claim.status.allocation is None:
                 return
+            allowed = allowed_nodes(claim.status.allocation)
+            if allowed is not None:
+                nodes = allowed if nodes is None else nodes & allowed
+        if nodes is not None and not nodes:
+            return  # allocated on different nodes (a write lost to kube-scheduler): dralloc places the rest again
         rest = [{"name": g.name} for g in pod.spec.scheduling_gates if g.name != GATE]
         patch = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": {"schedulingGates": rest or None}}
         try:

@@ -101,3 +101,34 @@ def test_a_deallocation_by_the_cluster_is_mirrored_but_our_write_in_flight_is_no
     assert isinstance(release, ev.AllocationReleased)
     book.release_stored(release.key)
     assert book.submitted(c, cluster=True, needs_pod=True) is None and "ml/c" in book.unused  # waits for a Pod again
+
+
+def test_a_unit_split_by_the_cluster_is_placed_again_and_a_stale_view_of_it_is_not_news() -> None:
+    book = book_over(TWO_NODES)
+    a, b = claim("a"), claim("b")
+    book.submitted(a, needs_pod=True)
+    book.submitted(b, needs_pod=True)
+    first = {c.key: c for c in store(book, book.pod_submitted(pod("pair", "a", "b")))}
+    here = first["ml/a"].node
+    # kube-scheduler took `a` on the other node before dralloc's write: release, adopt, the Pod comes back.
+    there = "n-1" if here == "n-0" else "n-0"
+    selector = msgspec.convert({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [there]}]}]},
+                               type(first["ml/a"].allocation.node_selector))
+    theirs_alloc = msgspec.structs.replace(first["ml/a"].allocation, node_selector=selector, devices=msgspec.structs.replace(
+        first["ml/a"].allocation.devices, results=[msgspec.structs.replace(first["ml/a"].allocation.devices.results[0], pool=there)]))
+    theirs = msgspec.structs.replace(a, status=ResourceClaimStatus(allocation=theirs_alloc))
+    release = book.submitted(theirs, cluster=True, needs_pod=True)
+    assert isinstance(release, ev.AllocationReleased)
+    book.release_stored(release.key)
+    adopt = book.submitted(theirs, cluster=True, needs_pod=True)
+    assert isinstance(adopt, Adopt)
+    book.commit_written(adopt.commit)
+    assert "ml/pair" in book.pods_waiting
+    plan = book.decide_pod(book.pod_submitted(book.pods["ml/pair"]))
+    assert [type(e).__name__ for e in plan.batch] == ["AllocationReleased", "AllocationCommitted"]
+    assert plan.batch[1].key == "ml/b" and plan.batch[1].node == there
+    book.pod_stored(plan)
+    # The cluster's older views of `b` (before dralloc's first write landed, then that write) arrive late.
+    assert book.submitted(b, cluster=True, needs_pod=True) is None
+    assert book.submitted(first["ml/b"].claim, cluster=True, needs_pod=True) is None
+    assert book.committed["ml/b"].node == there

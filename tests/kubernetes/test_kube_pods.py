@@ -233,6 +233,33 @@ async def test_a_status_write_lost_to_kube_scheduler_releases_dralloc_decision_a
         await cluster.bound(f"more-{i}")
 
 
+async def test_a_unit_split_by_a_lost_write_is_placed_again_beside_the_cluster_allocation(cluster: Cluster) -> None:
+    api = cluster.apiserver
+    raced: list[tuple[str, str]] = []
+
+    def kube_scheduler_takes_one_claim_elsewhere(subresource: str, key: Any, body: Any) -> None:
+        if raced or not key[2].startswith("pair-") or subresource != "status" or "allocation" not in (body or {}).get("status", {}):
+            return
+        ours = body["status"]["allocation"]["devices"]["results"][0]
+        pool = "node-1" if ours["pool"] == "node-0" else "node-0"
+        raced.append((key[2], pool))
+        current = api.read("resourceclaims", NS, key[2])
+        api.apply({**current, "status": {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]}}}})
+
+    api.before_write.append(kube_scheduler_takes_one_claim_elsewhere)
+    api.apply(template("one-gpu"))
+    api.apply(pod("pair", templates={"a": "one-gpu", "b": "one-gpu"}))
+    node = await cluster.bound("pair")
+    ((taken, pool),) = raced
+    assert node == pool  # the claim dralloc had placed beside the lost one followed it
+    assert {node_of(c) for c in cluster.claims_of("pair")} == {pool}
+    (other,) = [c["metadata"]["name"] for c in cluster.claims_of("pair") if c["metadata"]["name"] != taken]
+    decided = await cluster.decision(other, ev.AllocationCommitted)
+    assert {r.pool for r in decided.claim.status.allocation.devices.results} == {pool}  # the bus agrees
+
+
 async def test_a_claim_allocated_by_the_cluster_later_is_adopted_and_its_deallocation_mirrored(cluster: Cluster) -> None:
     api = cluster.apiserver
     api.apply(claim("contested"))
