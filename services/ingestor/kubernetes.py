@@ -18,11 +18,17 @@ slow and not what the bus carries); an object that does not decode is reported
 and skipped, the watch goes on.
 
 What is published:
-- a claim -> `ClaimSubmitted`; a claim deleted (or given a deletionTimestamp)
-  -> `ClaimDeleted`. A claim that already has an allocation (another
-  allocator's, or dralloc's written back by the status writer) is submitted
-  with it: the allocator adopts its devices as in use, so its ledger counts
-  them, and never decides it again (its uid is already committed).
+- a claim -> `ClaimSubmitted` with ``cluster`` set: the claim as the cluster
+  holds it, status included, on every change of the object (the message id
+  carries its resourceVersion), so an allocation written or cleared by anyone
+  reaches the allocator, which follows it (adopts an allocation made
+  elsewhere, releases its own decision when the cluster holds another one or
+  none any more). ``needs_pod`` (unless `KubeSourceOptions.unused_claims` is
+  ``allocate``): the claim is allocated only with a gated Pod that uses it.
+  A claim deleted (or given a deletionTimestamp) -> `ClaimDeleted`.
+- a Pod carrying dralloc's scheduling gate -> `PodSubmitted` (its claims, one
+  unit), its deletion -> `PodDeleted`; the gate is lifted once its claims are
+  allocated (`dralloc.ingestor.podgate`).
 - DeviceClass / ResourceSlice / DeviceTaintRule -> `...Published` / `...Removed`
   (DeviceTaintRules through `taintrules`: the v1 kind the generated client lacks).
 Every event's `Nats-Msg-Id` is its content identity (claim uid + generation),
