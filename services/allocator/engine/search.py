@@ -140,7 +140,7 @@ class Search:
         rank = self.rank
         merged = sorted((rec for i in covered for rec in cands[i]), key=(lambda r: (rank.get(r.id, len(rank)), r.order)) if rank else (lambda r: r.order))
         for rec in merged:
-            for v in rec.values(attr) or ():
+            for v in _elements(rec, attr):
                 if forced is None or v in forced:
                     seen.setdefault(v, None)
         order = list(seen)
@@ -149,7 +149,8 @@ class Search:
             self._tick()
             ok = True
             for i in covered:
-                kept = [rec for rec in saved[i] if value in rec.values(attr)]  # type: ignore[operator]
+                # a scalar attribute equals the value (the common case, one comparison); a list contains it
+                kept = [rec for rec in saved[i] if (a := rec.attribute(attr)) == value or (a[0] in LIST_KINDS and value in rec.values(attr))]  # type: ignore[index,operator]
                 slot = self.slots[i]
                 if not slot.alt.all_mode and not _enough(kept, slot.alt.count):
                     ok = False
@@ -231,7 +232,7 @@ class Search:
                     return False
         for cid, constraint in slot.distinct:
             seen = self.distinct.get(cid)
-            if seen and any(v in seen for v in rec.values(constraint.attribute) or ()):
+            if seen and any(v in seen for v in _elements(rec, constraint.attribute)):
                 return False
         return True
 
@@ -253,7 +254,7 @@ class Search:
             self.busy.setdefault(rid, []).append(slot.claim)
         for cid, constraint in slot.distinct:
             seen = self.distinct.setdefault(cid, {})
-            for value in rec.values(constraint.attribute) or ():
+            for value in _elements(rec, constraint.attribute):
                 seen[value] = seen.get(value, 0) + 1
         slot.chosen.append(rec)
 
@@ -266,7 +267,7 @@ class Search:
             del self.holders[rid]
         for cid, constraint in slot.distinct:
             seen = self.distinct[cid]
-            for value in rec.values(constraint.attribute) or ():
+            for value in _elements(rec, constraint.attribute):
                 seen[value] -= 1
                 if not seen[value]:
                     del seen[value]
@@ -292,6 +293,18 @@ class Search:
                         self.counters[key] = left
                     else:
                         del self.counters[key]
+
+
+LIST_KINDS = frozenset(("strings", "ints", "bools", "versions"))
+
+
+def _elements(rec: DeviceRec, attr: str) -> tuple:
+    """The typed values a device's attribute holds: one for a scalar (without the cached set
+    lookup: scalars are the common case), a list's distinct entries, none when it lacks it."""
+    a = rec.attribute(attr)
+    if a is None:
+        return ()
+    return rec.values(attr) if a[0] in LIST_KINDS else (a,)  # type: ignore[return-value]
 
 
 def _enough(cands: list[DeviceRec], count: int) -> bool:
