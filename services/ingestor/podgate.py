@@ -149,10 +149,13 @@ class PodGate:
     async def on_pod(self, kind: str, pod: GatedPod) -> None:
         key = f"{pod.metadata.namespace}/{pod.metadata.name}"
         if kind == "DELETED" or pod.metadata.deletion_timestamp or not gated(pod) or pod.spec.node_name:
-            self.units.pop(key, None)
+            waiting = self.units.pop(key, None) is not None
             deleted = ev.PodDeleted(namespace=pod.metadata.namespace or "default", name=pod.metadata.name, uid=pod.metadata.uid or "")
-            if (kind == "DELETED" or pod.metadata.deletion_timestamp) and self.submitted(deleted.subject):
-                await self.publish(deleted)  # the unit, decided or not, is over: CLAIMS lets it go
+            gone = kind == "DELETED" or bool(pod.metadata.deletion_timestamp)
+            # Gone: the unit, decided or not, is over (CLAIMS lets it go). Still waiting but ungated by
+            # someone else: kube-scheduler has it now, dralloc must not allocate for it any more.
+            if (gone and self.submitted(deleted.subject)) or waiting:
+                await self.publish(deleted)
             return
         names = template_claim_names(pod)
         if names is None:

@@ -345,6 +345,32 @@ async def test_an_unsatisfiable_pod_gets_one_event_with_the_reason(cluster: Clus
     assert api.read("pods", NS, "greedy")["spec"]["schedulingGates"] == [{"name": GATE}]  # still dralloc's
 
 
+async def test_a_pod_ungated_by_someone_else_is_left_to_kube_scheduler(cluster: Cluster) -> None:
+    api = cluster.apiserver
+    api.apply(template("four-gpus", count=4))
+    api.apply(pod("impatient", templates={"gpus": "four-gpus"}))
+    async with asyncio.timeout(30):  # dralloc has the unit (and cannot place it: no node has four)
+        while not [e for e in api.objects_of("events") if e["involvedObject"]["name"] == "impatient"]:
+            await asyncio.sleep(0.05)
+    current = api.read("pods", NS, "impatient")
+    api.apply({**current, "spec": {**current["spec"], "schedulingGates": []}})  # an operator lifts the gate
+    subject = ev.PodDeleted(namespace=NS, name="impatient").subject
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                if isinstance(ev.decode((await cluster.bus.js.get_last_msg("CLAIMS", subject)).data), ev.PodDeleted):
+                    break
+            except Exception:  # noqa: BLE001 - not there yet
+                pass
+            await asyncio.sleep(0.05)
+    api.apply(node_slice("node-big", gpus=4))  # room: kube-scheduler allocates, not dralloc
+    assert await cluster.bound("impatient") == "node-big"
+    (made,) = cluster.claims_of("impatient")
+    assert cluster.scheduler.allocated == [made["metadata"]["name"]]
+    adopted = await cluster.decision(made["metadata"]["name"], ev.AllocationCommitted)  # and dralloc adopts it
+    assert {r.pool for r in adopted.claim.status.allocation.devices.results} == {"node-big"}
+
+
 def _verb(request: Any) -> str:
     method = request.method.value.upper()
     if method == "GET":
