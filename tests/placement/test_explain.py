@@ -13,6 +13,23 @@ def test_explain_compares_the_choice_with_the_next_best_node():
     assert notes[0] == "placement on node l40s-pcie-0: same PCIe switch (l40s-pcie-0/pcie-switch-1); node 12% full (1 of 8 matching devices in use before)"
     assert notes[1] == "locality: same PCIe switch (the tightest this node's hardware allows)"
     assert notes[2] == "next best: node l40s-pcie-1: same PCIe switch; node 0% full (0 of 8 matching devices in use before)"
+    assert notes[3] == "hole left: 5 of 8 matching devices free (awkward: not a power of two; best fit prefers nodes it leaves a power of two free, at equal fullness)"
+
+
+def test_explain_says_what_hole_the_choice_leaves_and_that_a_reserved_node_was_taken_last():
+    engine = make_engine([("l40s-pcie", 2)])
+    devices(engine.allocate([claim("six", 6)], node="l40s-pcie-0")[0])  # 2 free
+    devices(engine.allocate([claim("seven", 7)], node="l40s-pcie-1")[0])  # 1 free
+    outcome = engine.allocate([claim("one", 1)], explain=True)[0]
+    assert outcome.node == "l40s-pcie-1" and outcome.explanation.notes[-1] == "hole left: none (all 8 matching devices of the node in use)"
+    # l40s-pcie-0 held for a claim that waits: a 2-GPU claim fits nowhere else, takes it, and says so
+    inv = engine.inventory
+    engine.reserve(sum(1 << rec.id for rec in inv.devices if rec is not None and rec.local_node == "l40s-pcie-0"))
+    outcome = engine.allocate([claim("two", 2)], explain=True)[0]
+    assert outcome.node == "l40s-pcie-0"
+    assert outcome.explanation.notes[-1] == (
+        "reserved: node l40s-pcie-0 holds devices reserved for a claim that waits; taken because no node without one could hold this claim"
+    )
 
 
 def test_explain_says_when_the_hardware_allowed_better():
@@ -26,6 +43,7 @@ def test_explain_says_when_the_hardware_allowed_better():
     assert outcome.explanation.notes[1:] == [
         "locality: same NUMA node (the hardware allows same PCIe switch, but not enough of it is free)",
         "next best: none; no other node could hold it now",
+        "hole left: 2 of 8 matching devices free (a useful block: a power of two)",
     ]
 
 

@@ -543,7 +543,24 @@ class Placement:
             lines.append(f"next best: node {name}: {_WORDS[level]}; {self._fullness(name, demand, [])}")
         else:
             lines.append("next best: none; no other node could hold it now")
+        if demand:
+            lines.append(self._hole(node, demand, ids))
+        if node is not None and (self.reserved_nodes >> self.inv.node_rank.get(node, 0)) & 1 and node in self.inv.node_rank:
+            lines.append(f"reserved: node {node} holds devices reserved for a claim that waits; taken because no node without one could hold this claim")
         return lines
+
+    def _hole(self, node: str, demand: Demand, chosen: list[int]) -> str:
+        """What the choice leaves free on the node of the first request's devices, in words
+        (`_hole_order`: a block of a power of two is a useful hole, other sizes awkward)."""
+        alt = demand[0][0]
+        mask, _ = self.inv.node_mask(node)
+        matched = self.verdicts.get(alt, mask).matched & mask
+        left = self._free_count(node, alt, matched, chosen) - len([i for i in chosen if (matched >> i) & 1])
+        total = matched.bit_count()
+        if left <= 0:
+            return f"hole left: none (all {total} matching devices of the node in use)"
+        useful = left & (left - 1) == 0
+        return f"hole left: {left} of {total} matching devices free" + (" (a useful block: a power of two)" if useful else " (awkward: not a power of two; best fit prefers nodes it leaves a power of two free, at equal fullness)")
 
     def _closeness(self, topo: NodeTopology, ids: list[int]) -> str:
         if len(ids) == 1:

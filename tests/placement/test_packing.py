@@ -1,0 +1,53 @@
+"""Size-aware packing: partly used nodes before whole ones, and among partly used nodes the one
+the claim leaves with a useful hole (a power of two free) before one it leaves with an awkward
+hole, at the cost of pure best fit (engine/placement.py `_hole_order`)."""
+
+from __future__ import annotations
+
+from conftest import claim, make_engine
+
+from dralloc.allocator.engine.placement import _hole_order
+
+
+def used(engine, node: str, gpus: int, name: str) -> None:
+    assert engine.allocate([claim(name, gpus)], node=node)[0].status == "allocated"
+
+
+def test_one_gpu_goes_where_it_leaves_four_free_not_three():
+    # l40s-pcie-0: 4 free; l40s-pcie-1: 5 free; l40s-pcie-2: whole
+    engine = make_engine([("l40s-pcie", 3)])
+    used(engine, "l40s-pcie-0", 4, "a")
+    used(engine, "l40s-pcie-1", 3, "b")
+    outcome = engine.allocate([claim("one", 1)])[0]
+    assert outcome.node == "l40s-pcie-1"  # leaves 4 there (and 4 on l40s-pcie-0): two 4-GPU holes
+    assert engine.allocate([claim("four-a", 4)])[0].node in {"l40s-pcie-0", "l40s-pcie-1"}
+    assert engine.allocate([claim("four-b", 4)])[0].node in {"l40s-pcie-0", "l40s-pcie-1"}
+    assert engine.placement.kinds.free[("gpu.nvidia.com", "gpu")]["l40s-pcie-2"] == 8  # the whole node stays whole
+
+
+def test_pure_best_fit_would_have_left_a_three_gpu_hole():
+    """The same fleet with scoring off (Kubernetes' order) shows what the rule avoids: the first
+    node (4 free) is left with 3, and the second 4-GPU claim breaks the whole node."""
+    engine = make_engine([("l40s-pcie", 3)], scoring=False)
+    used(engine, "l40s-pcie-0", 4, "a")
+    used(engine, "l40s-pcie-1", 3, "b")
+    assert engine.allocate([claim("one", 1)])[0].node == "l40s-pcie-0"
+    assert engine.allocate([claim("four-a", 4)])[0].node == "l40s-pcie-1"
+    assert engine.allocate([claim("four-b", 4)])[0].node == "l40s-pcie-2"
+
+
+def test_partly_used_nodes_fill_before_a_whole_node_is_broken():
+    engine = make_engine([("l40s-pcie", 3)])
+    used(engine, "l40s-pcie-1", 7, "a")  # one GPU free
+    used(engine, "l40s-pcie-2", 6, "b")  # two free
+    assert engine.allocate([claim("one", 1)])[0].node == "l40s-pcie-1"  # the fullest: leaves none
+    assert engine.allocate([claim("two", 1)])[0].node == "l40s-pcie-2"
+    assert engine.allocate([claim("three", 1)])[0].node == "l40s-pcie-2"
+    assert engine.allocate([claim("four", 1)])[0].node == "l40s-pcie-0"  # only now is a whole node broken
+
+
+def test_hole_order():
+    # a unit of one: leaves 0, 1, 2, then 4 (from 5 free), before the awkward 3, 5, 6
+    assert _hole_order(1, 8) == (1, 2, 3, 5, 4, 6, 7)
+    # a unit of two: 2 (leaves 0), 3, 4, 6 (leaves 4), then 5, 7; counts below two last
+    assert _hole_order(2, 8) == (2, 3, 4, 6, 5, 7, 1)
