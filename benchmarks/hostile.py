@@ -36,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-from pipeline import NAMESPACE, Stack, StreamReader, check, claim_event
 
-from dralloc import natsauth
-from dralloc.bus import Bus
-from dralloc.schemas import events as ev
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # pipeline.py beside this file (also when run by `dralloc bench`)
+from pipeline import NAMESPACE, Stack, StreamReader, check, claim_event  # noqa: E402
+
+from dralloc import natsauth  # noqa: E402
+from dralloc.bus import Bus  # noqa: E402
+from dralloc.schemas import events as ev  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 AUTH = REPO / "infra" / "nats" / "auth.conf"
@@ -73,16 +75,21 @@ class Credentials:
 
     def url(self, base: str, user: str) -> str:
         """`base` with `user`'s credentials in it (as an operator might configure NATS_URL)."""
-        scheme, rest = base.split("://", 1)
-        return f"{scheme}://{user}:{self.passwords[user]}@{rest}"
+        urls = []
+        for one in base.split(","):  # a cluster: every server's URL
+            scheme, rest = one.split("://", 1)
+            urls.append(f"{scheme}://{user}:{self.passwords[user]}@{rest}")
+        return ",".join(urls)
 
 
-def secured_stack(nodes: int, allocators: int, credentials: Credentials, root: Path | None = None) -> Stack:
-    """`pipeline.Stack` under infra/nats/auth.conf (with `NODE_USER`'s discovery user), each service as its user."""
+def secured_stack(nodes: int, allocators: int, credentials: Credentials, root: Path | None = None, cluster: int = 1) -> Stack:
+    """`pipeline.Stack` under infra/nats/auth.conf (with `NODE_USER`'s discovery user), each service as its
+    user; `cluster` nats-servers (3: a JetStream cluster with R3 streams)."""
     extra: dict[str, Any] = {} if root is None else {"root": root}
     stack = Stack(
         nodes=nodes,
         allocators=allocators,
+        cluster=cluster,
         nats_config="include ./auth.conf\n",
         nats_env=credentials.server_env(),
         service_env=credentials.service_env(),
@@ -486,10 +493,10 @@ ATTACKS: dict[str, Attack] = {
 
 
 @contextlib.asynccontextmanager
-async def harness(nodes: int = 2, allocators: int = 2, running: int = 4):
+async def harness(nodes: int = 2, allocators: int = 2, running: int = 4, cluster: int = 1):
     """A secured stack, ready, with `running` valid claims committed; yields the `Harness`."""
     credentials = Credentials()
-    async with secured_stack(nodes, allocators, credentials) as stack:
+    async with secured_stack(nodes, allocators, credentials, cluster=cluster) as stack:
         admin = await Bus.connect(credentials.url(stack.nats.url, "admin"), name="hostile-admin")
         try:
             await stack.ready(admin)
@@ -505,21 +512,34 @@ async def harness(nodes: int = 2, allocators: int = 2, running: int = 4):
 # --- the benchmark -------------------------------------------------------------------------------
 
 
-async def run(*, valid_rate: float = 5.0, nodes: int = 4) -> dict[str, Any]:
+LIVE_VALID = 8
+"""Valid claims of the benchmark's normal load alive at once."""
+
+
+async def run(*, valid_rate: float = 5.0, nodes: int = 4, cluster: int = 1) -> dict[str, Any]:
     """The corpus interleaved with valid claims at `valid_rate` per second; the report of `--hostile`."""
-    async with harness(nodes=nodes, allocators=2) as h:
+    async with harness(nodes=nodes, allocators=2, cluster=cluster) as h:
         running = await h.holders()
         stop = asyncio.Event()
         offered: list[str] = []
 
         async def normal_load() -> None:
+            # Claims come and go (each deleted once `LIVE_VALID` newer ones exist), so the fleet never
+            # runs out and every valid claim's one outcome is a commit.
             i = 0
+            live: list[ev.ClaimSubmitted] = []
             while not stop.is_set():
                 name = f"valid-{i}"
                 offered.append(name)
                 h.valid.add(name)
+                event = claim_event(name)
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    await h.admin.publish(claim_event(name))
+                    await h.admin.publish(event)
+                    live.append(event)
+                if len(live) > LIVE_VALID:
+                    gone = live.pop(0).claim.metadata
+                    with contextlib.suppress(nats.errors.Error, TimeoutError):
+                        await h.admin.publish(ev.ClaimDeleted(namespace=NAMESPACE, name=gone.name, uid=gone.uid or ""))
                 i += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1 / valid_rate)
@@ -552,6 +572,7 @@ async def run(*, valid_rate: float = 5.0, nodes: int = 4) -> dict[str, Any]:
             "duplicated": verdict.duplicated,
             "double_allocated_devices": verdict.double_allocated_devices,
             "services_restarted": len(h.restarted),
+            "nats_servers": cluster,
             "problems": problems,
         }
 

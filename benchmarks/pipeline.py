@@ -77,6 +77,8 @@ class Options:
     kill_every: float = 3.0
     restart_every: float = 7.0
     allocators: int = 1
+    cluster: int = 1
+    """nats-servers (3: a JetStream cluster, R3 streams, `--chaos` restarting one server at a time)."""
     settle_timeout: float = 120.0
     """After offering, how long to wait for every claim's outcome."""
 
@@ -445,7 +447,7 @@ async def run(options: Options) -> dict[str, Any]:
     nodes = math.ceil(total * 1.1 / GPUS_PER_NODE)  # room for every claim: outcomes are commits
     allocators = max(options.allocators, 2 if options.chaos else 1)
     events: list[str] = []
-    async with Stack(nodes=nodes, allocators=allocators) as stack:
+    async with Stack(nodes=nodes, allocators=allocators, cluster=options.cluster) as stack:
         bus = await Bus.connect(stack.nats.url, name="bench")
         try:
             await stack.ready(bus)
@@ -479,6 +481,7 @@ async def run(options: Options) -> dict[str, Any]:
         "nodes": nodes,
         "gpus": nodes * GPUS_PER_NODE,
         "allocators": allocators,
+        "nats_servers": options.cluster,
         "peak_rss_mb": peak_rss,
     }
     if options.chaos:

@@ -631,22 +631,34 @@ def bench_pipeline(
     kill_every: float = typer.Option(3.0, "--kill-every", help="With --chaos: seconds between kills of the active allocator."),
     restart_every: float = typer.Option(7.0, "--restart-every", help="With --chaos: seconds between nats-server restarts."),
     allocators: int = typer.Option(1, "--allocators", help="Allocator processes (at least 2 with --chaos)."),
+    hostile: bool = typer.Option(False, "--hostile", help="Under infra/nats/auth.conf, send a fixed hostile corpus (benchmarks/hostile.py) interleaved with valid claims; report what got through."),
+    cluster: int = typer.Option(1, "--cluster", help="nats-servers: 3 runs a JetStream cluster on loopback (R3 streams; --chaos restarts one server at a time)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """nats-server and the four services as separate processes, claims offered at a rate: claims/s sustained,
     p50/p99 from ClaimSubmitted to AllocationCommitted (server timestamps); with --chaos also
-    submitted, outcomes, lost, duplicated, double_allocated_devices."""
+    submitted, outcomes, lost, duplicated, double_allocated_devices; with --hostile hostile_sent,
+    valid_submitted, valid_decided, max_stall_s, lost, duplicated, double_allocated_devices, services_restarted."""
     import asyncio
     import logging
 
     from dralloc.bus import BusError
 
-    if rate <= 0 or duration <= 0 or burst < 2 or allocators < 1:
-        fail("--rate and --duration must be positive, --burst at least 2, --allocators at least 1")
+    if rate <= 0 or duration <= 0 or burst < 2 or allocators < 1 or not 1 <= cluster <= 5:
+        fail("--rate and --duration must be positive, --burst at least 2, --allocators at least 1, --cluster 1 to 5")
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)  # NATS restarts under --chaos are expected, not news
+    if hostile:
+        try:
+            result = asyncio.run(_benchmarks_module("hostile").run(cluster=cluster))
+        except (BusError, TimeoutError, RuntimeError) as exc:
+            fail(f"bench pipeline --hostile: {exc or 'the system did not get ready in time'}", 1)
+        rows = [(key, str(value)) for key, value in result.items() if key != "problems"]
+        _print_bench(result, as_json, "dralloc bench pipeline --hostile", rows)
+        return
     module = _benchmarks_module("pipeline")
     options = module.Options(
-        rate=rate, duration=duration, burst=burst, chaos=chaos, kill_every=kill_every, restart_every=restart_every, allocators=allocators
+        rate=rate, duration=duration, burst=burst, chaos=chaos, kill_every=kill_every, restart_every=restart_every, allocators=allocators,
+        cluster=cluster,
     )
     try:
         result = asyncio.run(module.run(options))
