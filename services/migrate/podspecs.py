@@ -4,14 +4,17 @@
 (MIGRATE-CONTRACT.md): so a Deployment's `spec.template.spec`, a CronJob's
 `spec.jobTemplate.spec.template.spec`, a PyTorchJob's replica templates, a
 RayCluster's head and worker groups and a JobSet's nested Job templates are all
-found the same way, without a list of kinds. Works on plain mappings (dicts,
-ruamel's round-trip maps); nothing here mutates.
+found the same way, without a list of kinds (`dralloc.pods` finds them). Works on
+plain mappings (dicts, ruamel's round-trip maps); nothing here mutates.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from dralloc.pods import find_pod_specs as _find_pod_specs
 
 Path = tuple[str | int, ...]
 
@@ -20,31 +23,44 @@ _GENERIC = {"spec", "template", "jobtemplate", "podspec", "podtemplate", "leader
 _SUFFIXES = ("groupspecs", "groupspec", "replicaspecs", "specs", "spec", "templates", "template")
 
 
-def is_pod_spec(value: Any) -> bool:
-    """True for a mapping whose `containers` is a non-empty list of mappings that all have a string `name`."""
-    if not isinstance(value, Mapping):
-        return False
-    containers = value.get("containers")
-    return (
-        isinstance(containers, list)
-        and bool(containers)
-        and all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in containers)
-    )
+def find_pod_specs(obj: Any) -> Iterator[tuple[Path, Mapping]]:
+    """Every pod spec in `obj`, depth first in document order, with its path as keys and indices.
+
+    The finding is `dralloc.pods.find_pod_specs` (one definition of a PodSpec for the
+    project); its `spec.workers[1].template.spec` paths are resolved back against `obj`
+    here, so keys that hold dots stay whole."""
+    for text, spec in _find_pod_specs(obj):
+        yield _resolve(obj, text, spec), spec
 
 
-def find_pod_specs(obj: Any, path: Path = ()) -> Iterator[tuple[Path, Mapping]]:
-    """Every pod spec in `obj`, depth first in document order; a pod spec's own fields are not searched further."""
-    if is_pod_spec(obj):
-        yield path, obj
-        return
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            if isinstance(value, (Mapping, list)):
-                yield from find_pod_specs(value, (*path, str(key)))
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            if isinstance(value, (Mapping, list)):
-                yield from find_pod_specs(value, (*path, i))
+_TOKEN = re.compile(r"\[(\d+)\]|([^.\[]+)")
+
+
+def _resolve(obj: Any, text: str, spec: Mapping) -> Path:
+    tokens = [int(i) if i else key for i, key in _TOKEN.findall(text)]
+    path: list[str | int] = []
+    node = obj
+    k = 0
+    while k < len(tokens):
+        token = tokens[k]
+        if isinstance(token, int) and isinstance(node, list) and token < len(node):
+            node = node[token]
+            path.append(token)
+            k += 1
+            continue
+        # a mapping key may itself hold dots: take the shortest run of tokens that names a key
+        found = False
+        for end in range(k + 1, len(tokens) + 1):
+            if not isinstance(tokens[end - 1], str) or not isinstance(node, Mapping):
+                break
+            key = ".".join(tokens[k:end])
+            if key in node:
+                node, found, k = node[key], True, end
+                path.append(key)
+                break
+        if not found:
+            return ()
+    return tuple(path) if node is spec else ()
 
 
 def mappings(obj: Any, path: Path = (), skip: frozenset[int] = frozenset()) -> Iterator[tuple[Path, Mapping]]:
