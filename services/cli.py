@@ -232,27 +232,82 @@ get_app = typer.Typer(cls=Group, rich_markup_mode=None, help="Show state kept on
 app.add_typer(get_app, name="get")
 
 
-@get_app.command("claims")
-def get_claims(
-    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
-    bucket: str = typer.Option(None, "--bucket", help="KV bucket of the local store (default dralloc-claims)."),
-    output: str = typer.Option("table", "--output", "-o", help="table or json."),
-) -> None:
-    """Each claim's latest allocation (node, devices) from the status writer's local store."""
+_GET_OUTPUT_HELP = "table (default), wide, json, yaml or name."
+
+
+def _get(kind: str, name: str | None, namespace: str | None, all_namespaces: bool, output: str, watch: bool, nats_url: str | None, bucket: str | None = None) -> None:
+    """Shared by the `get` commands: fetch from the bus, print, or exit 1 (bus, not found) / 2 (bad argument)."""
     import asyncio
 
     from dralloc.bus import BusError
-    from dralloc.client.show import fetch_claims, render
+    from dralloc.client.get import GetError, console_for, run_get
 
-    if output not in ("table", "json"):
-        fail(f"--output must be table or json, not {output!r}")
+    if all_namespaces and namespace is not None:
+        fail("-n/--namespace and -A/--all-namespaces exclude each other")
+    if watch and output not in ("table", "wide"):
+        fail("--watch prints tables: use -o table or -o wide")
+    console = console_for(sys.stdout.isatty())
+    warn = lambda line: typer.echo(f"warning: {line}", err=True)  # noqa: E731 - one bad record never breaks a listing
     try:
-        statuses, unreadable = asyncio.run(fetch_claims(nats_url, bucket))
+        asyncio.run(run_get(nats_url, kind, name, namespace=namespace, output=output, console=console, watch=watch, bucket=bucket, warn=warn))
+    except GetError as exc:
+        fail(f"get {kind}: {exc}", 1 if "not found" in str(exc) else 2)
     except BusError as exc:
         fail(str(exc), 1)
-    for problem in unreadable:  # one bad record is reported, never fatal for the listing
-        typer.echo(f"warning: skipped {problem}", err=True)
-    render(statuses, output)
+
+
+@get_app.command("claims")
+def get_claims(
+    name: str = typer.Argument(None, metavar="NAME", show_default=False, hidden=True),
+    namespace: str = typer.Option(None, "-n", "--namespace", metavar="NAMESPACE", help="Only claims in this namespace (default: every namespace)."),
+    all_namespaces: bool = typer.Option(False, "-A", "--all-namespaces", help="Every namespace (the default; for kubectl habits)."),
+    output: str = typer.Option("table", "--output", "-o", metavar="FORMAT", help=_GET_OUTPUT_HELP),
+    watch: bool = typer.Option(False, "-w", "--watch", help="After the table, print each claim whose decision changes (Ctrl-C stops)."),
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    bucket: str = typer.Option(None, "--bucket", help="KV bucket of the local store (default dralloc-claims)."),
+) -> None:
+    """Each claim's latest decision (status, node, devices, message, AGE since the decision) from the
+    status writer's store; NAME: only that claim (name, or namespace/name)."""
+    _get("claims", name, namespace, all_namespaces, output, watch, nats_url, bucket)
+
+
+def _get_command(kind: str, what: str) -> None:
+    def command(
+        name: str = typer.Argument(None, metavar="NAME", show_default=False, hidden=True),
+        output: str = typer.Option("table", "--output", "-o", metavar="FORMAT", help=_GET_OUTPUT_HELP),
+        watch: bool = typer.Option(False, "-w", "--watch", help="After the table, print each row that changes (Ctrl-C stops)."),
+        nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    ) -> None:
+        _get(kind, name, None, False, output, watch, nats_url)
+
+    command.__doc__ = f"{what} NAME: only that one."
+    get_app.command(kind)(command)
+
+
+_get_command("nodes", "Nodes with their GPUs used, partitioned (MIG) and free, fragmentation, NVLink domains; then each NVLink domain.")
+_get_command("devices", "Every node-local device: kind, product, free / used / partitioned, and the claim holding it.")
+_get_command("slices", "The ResourceSlices on the bus: driver, pool, node, devices, generation.")
+_get_command("classes", "DeviceClasses with how many devices each matches, how many are used and free.")
+
+
+@app.command()
+def top(
+    nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
+    once: bool = typer.Option(False, "--once", help="Print the view once and exit (also when not on a terminal)."),
+) -> None:
+    """A live view of the fleet: GPUs used and free by class, the most fragmented nodes and NVLink domains,
+    pending claims with their reason, decisions per second. Refreshed from the bus; Ctrl-C stops."""
+    import asyncio
+
+    from rich.console import Console
+
+    from dralloc.bus import BusError
+    from dralloc.client.top import run_top
+
+    try:
+        asyncio.run(run_top(nats_url, Console(), once=once or not sys.stdout.isatty()))
+    except BusError as exc:
+        fail(str(exc), 1)
 
 
 @get_app.command("deadletters")

@@ -11,8 +11,8 @@ addresses, SR-IOV fields).
 
 Three questions, each a pure function over that fleet:
 
-- `unknown_references`: attributes or capacities a selector names that no
-  known driver publishes, with the closest real name and, where the name is
+- `unknown_references` (static tables, no fleet): attributes or capacities
+  a selector names that no known driver publishes, with the closest real name and, where the name is
   published under another domain (`gpu.nvidia.com` -> `dralloc.dev` for
   `nvlink`), an expression that uses it;
 - `selects`: how many devices of the fleet an expression matches, and
@@ -40,15 +40,31 @@ PUBLISHERS = {
     "resource.kubernetes.io": "Kubernetes' standard attributes",
 }
 
-# Real attributes the simulated fleet does not publish (type as CEL sees it).
-_EXTRA_ATTRIBUTES: dict[str, dict[str, str]] = {
-    "gpu.nvidia.com": {"index": "int", "minor": "int"},
-    "dra.net": {
-        "mac": "string", "mtu": "int", "virtual": "bool", "pciVendor": "string", "pciDevice": "string",
-        "ipv4": "string", "encapsulation": "string", "alias": "string", "state": "string", "type": "string",
-        "sriov": "bool", "sriovVfs": "int",
+ATTRIBUTES: dict[str, dict[str, str]] = {
+    "gpu.nvidia.com": {
+        "architecture": "string", "brand": "string", "cudaComputeCapability": "version", "cudaDriverVersion": "version",
+        "driverVersion": "version", "index": "int", "minor": "int", "parentUUID": "string", "productName": "string",
+        "profile": "string", "type": "string", "uuid": "string",
     },
+    "dra.net": {
+        "alias": "string", "encapsulation": "string", "ifName": "string", "ipv4": "string", "mac": "string", "mtu": "int",
+        "numaNode": "int", "pciAddress": "string", "pciDevice": "string", "pciVendor": "string", "rdma": "bool",
+        "sriov": "bool", "sriovVfs": "int", "state": "string", "type": "string", "virtual": "bool",
+    },
+    "dralloc.dev": {
+        "linkSpeedGbps": "int", "numaNode": "int", "nvlink": "bool", "nvlinkClique": "string", "nvlinkDomain": "string",
+        "pcieSwitch": "string", "productName": "string",
+    },
+    "resource.kubernetes.io": {"pciBusID": "string", "pcieRoot": "string"},
 }
+"""domain -> attribute -> type: what the drivers of `PUBLISHERS` publish. Everything dralloc's
+simulated fleet publishes (a test keeps the two in step), plus real attributes it does not
+simulate (NVIDIA's index and minor; DraNet's MAC, MTU, addresses, SR-IOV fields)."""
+
+CAPACITIES: dict[str, set[str]] = {
+    "gpu.nvidia.com": {"copyEngines", "decoders", "encoders", "jpegEngines", "memory", "multiprocessors", "ofaEngines"},
+}
+"""domain -> capacity names."""
 
 NVLINK_CONSTRAINT = "constraints: [{requests: [<request>], matchAttribute: dralloc.dev/nvlinkDomain}]"
 """What "NVLink-connected devices" means in resource.k8s.io/v1: one NVLink domain for all of them."""
@@ -57,9 +73,9 @@ NVLINK_CONSTRAINT = "constraints: [{requests: [<request>], matchAttribute: drall
 @dataclass(frozen=True, slots=True)
 class Catalog:
     attributes: dict[str, dict[str, str]]
-    """domain -> attribute name -> type (int, bool, string, version, or a list type)."""
+    """domain -> attribute name -> type (int, bool, string, version, or a list type) the fleet publishes."""
     capacities: dict[str, set[str]]
-    """domain -> capacity names."""
+    """domain -> capacity names the fleet publishes."""
     devices: tuple[tuple[str, str, Device], ...]
     """(node, driver, device) of the representative fleet."""
     envs: tuple[DeviceEnv, ...]
@@ -72,7 +88,7 @@ def catalog() -> Catalog:
     from dralloc.discovery.profiles import PROFILES
     from dralloc.simulated import simulated_objects
 
-    attributes: dict[str, dict[str, str]] = {d: dict(names) for d, names in _EXTRA_ATTRIBUTES.items()}
+    attributes: dict[str, dict[str, str]] = {}
     capacities: dict[str, set[str]] = {}
     devices: list[tuple[str, str, Device]] = []
     for obj in simulated_objects(sorted(PROFILES)):
@@ -213,10 +229,9 @@ def unknown_references(expression: str) -> list[Unknown]:
     published under exactly one other domain, or a single close spelling
     exists in the same domain.
     """
-    cat = catalog()
     out: list[Unknown] = []
     for ref in references(expression):
-        table: dict[str, object] = cat.attributes if ref.kind == "attributes" else cat.capacities  # type: ignore[assignment]
+        table: dict[str, object] = ATTRIBUTES if ref.kind == "attributes" else CAPACITIES  # type: ignore[assignment]
         if ref.domain not in table:
             close = difflib.get_close_matches(ref.domain, list(table), n=1, cutoff=0.85)
             if close:

@@ -159,54 +159,46 @@ def _class_selectors(cls: DeviceClass | None) -> tuple[str, ...]:
 
 
 def _hardware_problems(where: str, field: str, expression: str, found: list[Problem], within: Sequence[str], *, is_class: bool) -> list[Problem]:
-    """Re-judge one selector with what real drivers publish.
+    """Re-judge one selector on a representative fleet (one node of each hardware profile).
 
-    The CEL diagnosis's suggestion (if any) is kept only when, after names no
-    driver publishes are corrected, it compiles and selects devices on the
-    representative fleet without run-time errors; otherwise the hint says
-    why there is none. A selector that compiles is a problem when it names
-    attributes no driver publishes or, for a DeviceClass (which sees every
-    device), fails at run time on the fleet's devices.
+    A suggested expression is kept only when it selects devices there without
+    run-time errors (within the request's class, when the class is known);
+    otherwise the hint says why there is none. A DeviceClass selector that
+    compiles cleanly is a problem when it fails at run time on the fleet's
+    devices (a class sees every device).
     """
     from dralloc import hardware
 
-    hints = [h for p in found for h in p.hints]
-    suggestion = next((h.removeprefix(SUGGESTED) for h in hints if h.startswith(SUGGESTED)), None)
-    hints = [h for h in hints if not h.startswith(SUGGESTED) and not h.startswith("replace <driver>")]
-    target = suggestion if suggestion is not None else expression
-    unknown = hardware.unknown_references(target)
-    hints += [u.hint for u in unknown]
-    candidate = hardware.corrected(target, unknown) or suggestion
-    if hardware.mentions_nvlink(expression) or hardware.mentions_nvlink(target):
-        hints.append(
-            "NVLink between the devices of a claim is a constraint, not a device attribute: "
-            f"{hardware.NVLINK_CONSTRAINT} in the claim or its ResourceClaimTemplate "
-            "(a DeviceClass cannot carry constraints); dralloc.dev/nvlink only says that a GPU has NVLink"
+    if not found:
+        if not (is_class and _known_domains_only(expression)):
+            return []
+        selection = hardware.selects(expression)
+        if selection is None or not selection.errors:
+            return []
+        hints = (
+            f"for example: {cut(selection.errors[0], 2 * MAX_SHOWN)}",
+            "test the driver first: device.driver == '<driver>' && ... (CEL's && skips the rest when the left side is false)",
         )
-    message = found[0].message if found else ""
-    if not found and unknown:
-        message = "names attributes or capacities no driver publishes: allocation fails with 'no such key' on every device it reaches"
-    if not found and not unknown and is_class and _known_domains_only(target):
-        selection = hardware.selects(target)
-        if selection is not None and selection.errors:
-            message = "fails at run time on devices of other drivers (a DeviceClass sees every device)"
-            hints.append(f"for example: {selection.errors[0]}")
-            hints.append("test the driver first: device.driver == '<driver>' && ... (CEL's && skips the rest when the left side is false)")
-    if not message:
-        return found
-    if candidate is not None:
-        selection = hardware.selects(candidate, within)
-        ok = selection is not None and selection.matched > 0 and (not selection.errors or (not is_class and not within))
-        if ok:
-            hints.append(f"{SUGGESTED}{cut(candidate, 2 * MAX_SHOWN)}")
-            hints.append(f"(it selects {selection.matched} of {selection.candidates} devices on a representative fleet: one node of each hardware profile)")
-        elif selection is None:
-            hints.append("no corrected expression: the correction does not compile either")
-        elif selection.matched == 0:
-            hints.append("no corrected expression: the correction selects no device on a representative fleet")
-        else:
-            hints.append(f"no corrected expression: the correction fails at run time ({cut(selection.errors[0])})")
-    return [Problem(where, field, message, tuple(dict.fromkeys(hints)))]
+        return [Problem(where, field, "fails at run time on devices of other drivers (a DeviceClass sees every device)", hints)]
+    out = []
+    for problem in found:
+        hints = [h for h in problem.hints if not h.startswith(SUGGESTED)]
+        suggestion = next((h.removeprefix(SUGGESTED) for h in problem.hints if h.startswith(SUGGESTED)), None)
+        if suggestion is not None and not suggestion.endswith(" characters)"):
+            selection = hardware.selects(suggestion, within)
+            if selection is not None and selection.matched > 0 and (not selection.errors or (not is_class and not within)):
+                hints.append(f"{SUGGESTED}{suggestion}")
+                hints.append(f"(it selects {selection.matched} of {selection.candidates} devices on a representative fleet: one node of each hardware profile)")
+            elif selection is None:
+                hints.append("no corrected expression: the correction does not compile either")
+            elif selection.matched == 0:
+                hints.append("no corrected expression: the correction selects no device on a representative fleet")
+            else:
+                hints.append(f"no corrected expression: the correction fails at run time ({cut(selection.errors[0])})")
+        elif suggestion is not None:
+            hints.append(f"{SUGGESTED}{suggestion}")
+        out.append(Problem(problem.where, problem.field, problem.message, tuple(hints)))
+    return out
 
 
 def _known_domains_only(expression: str) -> bool:
@@ -314,18 +306,52 @@ def _selectors(obj: object) -> list[tuple[str, DeviceSelector, str | None]]:
 
 
 def _cel_problems(where: str, field: str, selector: DeviceSelector) -> list[Problem]:
+    """The CEL diagnosis of one selector, with the names real drivers publish (dralloc.hardware's
+    tables: no fleet needed, so the ingestor reports the same): unknown names get the closest real
+    one, the suggestion uses the right domain, NVLink points to the constraint."""
+    from dralloc import hardware
+
     if selector.cel is None:
         return []
     expression = selector.cel.expression
-    hints = tuple(diagnose(expression))
+    hints = list(diagnose(expression))
+    message = ""
     try:
         compile_selector(expression)
     except CelError as exc:
         # diagnose() restates the compile error first; the message already says it.
-        hints = tuple(h for h in hints if not h.startswith("does not compile"))
-        reason = str(exc).removeprefix(f"{expression}: ")
-        return [Problem(where, field, f"invalid CEL: {reason}", hints)]
-    if hints:
+        hints = [h for h in hints if not h.startswith("does not compile")]
+        message = f"invalid CEL: {cut(str(exc).removeprefix(f'{expression}: '), 2 * MAX_SHOWN)}"
+    suggestion = next((h.removeprefix(SUGGESTED) for h in hints if h.startswith(SUGGESTED)), None)
+    hints = [h for h in hints if not h.startswith(SUGGESTED)]
+    target = suggestion if suggestion is not None else (None if message else expression)
+    unknown = hardware.unknown_references(target) if target is not None else []
+    hints += [u.hint for u in unknown]
+    candidate = hardware.corrected(target, unknown) if target is not None else None
+    if candidate is not None and not _compiles(candidate):
+        candidate = None
+    candidate = candidate or suggestion
+    if (message or hints) and (hardware.mentions_nvlink(expression) or (target is not None and hardware.mentions_nvlink(target))):
+        hints.append(
+            "NVLink between the devices of a claim is a constraint, not a device attribute: "
+            f"{hardware.NVLINK_CONSTRAINT} in the claim or its ResourceClaimTemplate "
+            "(a DeviceClass cannot carry constraints); dralloc.dev/nvlink only says that a GPU has NVLink"
+        )
+    if not message and unknown:
+        message = "names attributes or capacities no driver publishes: allocation fails with 'no such key' on every device it reaches"
+    elif not message and hints:
         # It compiles, but it cannot mean what it says in the v1 device environment.
-        return [Problem(where, field, "this selector cannot match as written in resource.k8s.io/v1", hints)]
-    return []
+        message = "this selector cannot match as written in resource.k8s.io/v1"
+    if not message:
+        return []
+    if candidate is not None:
+        hints.append(f"{SUGGESTED}{cut(candidate, 2 * MAX_SHOWN)}")
+    return [Problem(where, field, message, tuple(dict.fromkeys(hints)))]
+
+
+def _compiles(expression: str) -> bool:
+    try:
+        compile_selector(expression)
+    except CelError:
+        return False
+    return True

@@ -183,3 +183,14 @@ def test_long_expressions_are_cut_in_suggestions():
     (problem,) = lint(load_text(class_doc(expression), "class.yaml"))
     assert all(len(h) < 1000 for h in problem.hints)
     assert any("characters)" in h for h in problem.hints if h.startswith(SUGGESTED))
+
+
+def test_the_static_name_tables_cover_what_the_fleet_publishes():
+    """The ingestor checks names without a fleet (hardware.ATTRIBUTES); they must not fall behind discovery."""
+    from dralloc import hardware
+
+    fleet = hardware.catalog()
+    for domain, names in fleet.attributes.items():
+        assert names.items() <= hardware.ATTRIBUTES[domain].items(), domain
+    for domain, names in fleet.capacities.items():
+        assert names <= hardware.CAPACITIES[domain], domain

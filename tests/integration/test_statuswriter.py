@@ -79,7 +79,7 @@ async def test_store_keeps_the_latest_decision_per_claim(bus: Bus, nats_url: str
     table = await asyncio.to_thread(
         subprocess.run, [DRALLOC, "get", "claims"], env=env, capture_output=True, text=True, timeout=60
     )
-    rows = [line.split() for line in table.stdout.splitlines()]
+    rows = [line.split()[:4] for line in table.stdout.splitlines()]  # an AGE column follows
     assert ["ml/b", "allocated", "node-1", "gpu-1"] in rows
     assert ["ml/c", "error", "bad", "CEL"] in rows
 
