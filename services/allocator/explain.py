@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 import yaml
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -53,7 +52,7 @@ def render_allocate(outcomes: Sequence[Outcome], output: str, console: Console, 
     else:
         pods = pods or {}
         with_pods = any(o.claim in pods for o in outcomes)
-        table = Table(title="allocations", title_justify="left", box=box.SIMPLE_HEAD)
+        table = Table(title="allocations", title_justify="left", box=None, header_style="bold")
         for column in ("claim", *(["pod"] if with_pods else []), "status", "node", "devices", "message"):
             table.add_column(column)
         for o in outcomes:
@@ -117,7 +116,7 @@ def render_explain(outcomes: Sequence[Outcome], output: str, console: Console, h
                 title = f"{group.verdict}\n  nodes: {names(group.nodes, 8)}"
             else:
                 title = f"node {node.node or '(any)'}" + (f": {cut(node.verdict)}" if node.verdict else "")
-            table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+            table = Table(title=title, title_justify="left", box=None, header_style="bold")
             table.add_column("devices left after")
             for r in requests:
                 table.add_column(f"{r.request} (wants {r.wanted})", justify="right")

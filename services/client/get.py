@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 
 import msgspec
 import yaml
-from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -37,8 +36,7 @@ class GetError(ValueError):
 
 def table(*columns: str, title: str | None = None, caption: str | None = None) -> Table:
     """The one table style of dralloc's views: no box, bold headers (kubectl's look)."""
-    t = Table(*columns, title=title, caption=caption, box=None, header_style="bold", title_justify="left", pad_edge=False)
-    return t
+    return Table(*columns, title=title, caption=caption, box=None, header_style="bold", title_justify="left", pad_edge=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,13 +232,13 @@ async def run_get(
         assert state is not None
         return select(VIEWS[kind](state, wide=wide, now=now), name, columns=(0, 1) if kind == "devices" else (0,))
 
+    if kind == "claims" and not watch:
+        statuses, unreadable = await fetch_claims(url, bucket)
+        for problem in unreadable:
+            warn(f"skipped {problem}")
+        render(view_of(None, statuses), kind, output, console)
+        return
     async with await Bus.connect(url, name="get") as bus:
-        if kind == "claims" and not watch:
-            statuses, unreadable = await fetch_claims(url, bucket)
-            for problem in unreadable:
-                warn(f"skipped {problem}")
-            render(view_of(None, statuses), kind, output, console)
-            return
         state, last = await snapshot(bus)
         view = view_of(state, _decisions(state))
         render(view, kind, output, console)

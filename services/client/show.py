@@ -1,10 +1,9 @@
-"""`dralloc get claims`: the local store, for people (a table) and machines (JSON)."""
+"""The status writer's local store as the CLI reads it: every claim's status, and the claims table
+of the demo and `submit --wait` (`dralloc get claims` renders with dralloc.client.get)."""
 
 from __future__ import annotations
 
 from collections import Counter
-
-import msgspec
 
 from dralloc.bus import Bus
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all_checked
@@ -32,12 +31,3 @@ def claims_table(statuses: list[ClaimStatus], title: str | None = None):
         devices = ", ".join(r.device if r.pool == s.node else f"{r.pool}/{r.device}" for r in results)
         table.add_row(s.claim, f"[{styles.get(s.state, '')}]{s.state}[/]", s.node or "", devices, s.message)
     return table
-
-
-def render(statuses: list[ClaimStatus], output: str) -> None:
-    if output == "json":
-        print(msgspec.json.format(msgspec.json.encode({"claims": statuses}), indent=2).decode())
-        return
-    from rich.console import Console
-
-    Console().print(claims_table(statuses))

@@ -39,6 +39,7 @@ def test_28_nodes_with_the_same_verdict_are_one_group(tmp_path):
         "split the claim, or use a gang (several claims allocated together: dralloc submit --gang)"
     )
     assert table.stdout.count("devices left after") == 1  # one table for the group, not 28
+    assert not any(ch in table.stdout for ch in "│┃━─┏")  # one table style everywhere: no box, bold headers
     assert "nodes: h100-sxm-0, h100-sxm-1" in table.stdout and "and 20 more" in table.stdout
 
 
