@@ -22,6 +22,10 @@ from ruamel.yaml.scalarbool import ScalarBoolean
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """A file larger than this is refused rather than parsed (the limit `dralloc lint` and `allocate` use)."""
+MAX_NODES = 1_000_000
+"""Values in one document counted with YAML aliases expanded (an alias bomb is refused, not walked)."""
+MAX_DEPTH = 200
+"""Nesting deeper than this is refused (no Kubernetes object comes close)."""
 
 _MARKER = re.compile(r"^---(?:[ \t].*)?\r?\n?$")
 
@@ -74,6 +78,9 @@ def parse(text: str, path: str, *, is_json: bool = False) -> SourceFile:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        except RecursionError:
+            raise InputError(f"{path}: nested deeper than {MAX_DEPTH} levels") from None
+        _check_size(data, f"{path} (document 1)")
         return SourceFile(path, text, [Document(1, text, data, "")], is_json=True)
     documents: list[Document] = []
     line_offset = 0
@@ -82,6 +89,7 @@ def parse(text: str, path: str, *, is_json: bool = False) -> SourceFile:
         marker = lines[0] if lines and _MARKER.match(lines[0]) else ""
         number = len(documents) + 1
         data = _load(chunk, path, number, line_offset)
+        _check_size(data, f"{path} (document {number})")
         documents.append(Document(number, chunk, data, marker, _indent(chunk) if data is not None else (2, 2, 0)))
         line_offset += len(lines)
     return SourceFile(path, text, documents)
@@ -116,6 +124,25 @@ def _load(chunk: str, path: str, number: int, line_offset: int) -> Any:
         raise InputError(f"{path} (document {number}): invalid YAML{where}: {exc.problem or exc.context}") from None
     except YAMLError as exc:
         raise InputError(f"{path} (document {number}): invalid YAML: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{path} (document {number}): nested deeper than {MAX_DEPTH} levels") from None
+
+
+def _check_size(data: Any, where: str) -> None:
+    """Refuse documents too deep or too large once aliases are expanded, before anything walks them."""
+    stack = [(data, 0)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise InputError(f"{where}: more than {MAX_NODES} values (with YAML aliases expanded)")
+        if depth > MAX_DEPTH:
+            raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
 
 
 _KEY_OPENS_BLOCK = re.compile(r"^(\s*)(?:- )?[^\s#][^:]*:\s*(?:#.*)?$")

@@ -209,3 +209,17 @@ spec: {spec: {devices: {requests: [{name: x, exactly: {deviceClassName: gpu.nvid
     result = cli("-f", "-", stdin=existing + "---\n" + GPU_POD + "---\n" + job)
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(result.stdout) if d["kind"] == "ResourceClaimTemplate"]
     assert names == ["cuda-gpu", "cuda-2-gpu", "cuda-3-gpu"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(7)), "aliases expanded"),
+        ("a: " + "[" * 300 + "]" * 300 + "\n", "nested deeper"),
+    ],
+    ids=["alias-bomb", "deep"],
+)
+def test_hostile_documents_are_refused_quickly(text, message):
+    result = cli("-f", "-", stdin=text)
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
