@@ -11,5 +11,5 @@ The contract is `../shared/MIGRATE-CONTRACT.md`. The parts, each with one job:
 - `documents`: YAML/JSON text split into documents, loaded and dumped round-trip
   (ruamel.yaml: comments, key order and quotes kept);
 - `command`: the CLI shell's work (read, rewrite, render yaml|diff|json, --in-place);
-- `plan`: `dralloc plan`, device plugin vs DRA on a simulated fleet.
+- `plan`: `dralloc plan`, device plugin vs DRA on a simulated fleet (`plan_render`: its table and chart).
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dralloc.manifests import SUFFIXES
 from dralloc.migrate import usage as usage_mod
-from dralloc.migrate.documents import Document, InputError, SourceFile, dump, kind_of, plain, read
+from dralloc.migrate.documents import InputError, SourceFile, dump, kind_of, plain, read
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
 
 OUTPUTS = ("yaml", "diff", "json")
@@ -220,4 +220,4 @@ def _diff(m: _Migrated) -> str:
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
-__all__ = ["InputError", "OUTPUTS", "Result", "run", "Document"]
+__all__ = ["InputError", "OUTPUTS", "Result", "run"]
