@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from dralloc.allocator.engine.cel import CelError, compile_selector, diagnose
+from dralloc.allocator.engine.cel import CelError, compile_selector, diagnose, shown
 from dralloc.manifests import Manifests
 from dralloc.pods import PodError, class_for_extended_resources, is_dra_extended_resource_name, is_workload, workload_pods
 from dralloc.schemas.resource import (
@@ -321,7 +321,7 @@ def _cel_problems(where: str, field: str, selector: DeviceSelector) -> list[Prob
     except CelError as exc:
         # diagnose() restates the compile error first; the message already says it.
         hints = [h for h in hints if not h.startswith("does not compile")]
-        message = f"invalid CEL: {cut(str(exc).removeprefix(f'{expression}: '), 2 * MAX_SHOWN)}"
+        message = f"invalid CEL: {cut(str(exc).removeprefix(f'{shown(expression)}: '), 2 * MAX_SHOWN)}"
     suggestion = next((h.removeprefix(SUGGESTED) for h in hints if h.startswith(SUGGESTED)), None)
     hints = [h for h in hints if not h.startswith(SUGGESTED)]
     target = suggestion if suggestion is not None else (None if message else expression)

@@ -141,3 +141,25 @@ def test_ctrl_c_on_the_demo_is_quiet():
             proc.wait()
         os.close(master)
     assert stderr == ""
+
+
+def test_long_expressions_are_cut_in_messages(tmp_path):
+    """A 10 KB selector that fails is named by its start and length, never repeated whole."""
+    long_or = " || ".join(f"device.attributes['gpu.nvidia.com'].productName == 'model-{i}'" for i in range(150))
+    expression = f"({long_or}) && ("  # a syntax error at the very end
+    assert len(expression) > 9000
+    path = tmp_path / "claim.yaml"
+    path.write_text(CLASSES.read_text() + f"""---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: long, namespace: ml}}
+spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.nvidia.com, selectors: [{{cel: {{expression: {json.dumps(expression)}}}}}]}}}}]}}}}
+""")
+    allocated = CliRunner().invoke(app, ["allocate", "-f", str(path), "--profile", "l40s-pcie", "-o", "json"])
+    (entry,) = json.loads(allocated.stdout)["results"]
+    assert entry["status"] == "error"
+    assert len(entry["message"]) < 1500 and f"({len(expression)} characters)" in entry["message"]
+    linted = CliRunner().invoke(app, ["lint", "-f", str(path)])
+    assert all(len(line) < 1500 for line in linted.stdout.splitlines())
+    explained = CliRunner().invoke(app, ["explain", "-f", str(path), "--profile", "l40s-pcie", "-o", "table"], terminal_width=200)
+    assert all(len(line) < 1500 for line in explained.stdout.splitlines())

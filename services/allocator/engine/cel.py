@@ -77,6 +77,17 @@ MAX_COST = 1_000_000  # resource.k8s.io CELSelectorExpressionMaxCost
 _CACHE_SIZE = 4096
 
 
+SHOWN_MAX = 200
+"""Error messages show at most this much of an expression (a 10 KB selector is never repeated whole)."""
+
+
+def shown(expression: str) -> str:
+    """An expression as an error message shows it: whole when short, else its start and its length."""
+    if len(expression) <= SHOWN_MAX:
+        return expression
+    return f"{expression[:SHOWN_MAX]}... ({len(expression)} characters)"
+
+
 class CelError(Exception):
     """A problem with a CEL selector; ``str(e)`` is a message a person can act on."""
 
@@ -284,15 +295,15 @@ class Selector:
         try:
             result = Interpreter(cost_limit).run(self.ast, device.value)
         except CostLimitExceeded as e:
-            raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name})") from None
+            raise CelRuntimeError(f"{shown(self.expression)}: {e} (device {device.driver}/{device.name})") from None
         except EvalError as e:
-            raise CelRuntimeError(f"{self.expression}: {e} (device {device.driver}/{device.name}){_hint(e)}") from None
+            raise CelRuntimeError(f"{shown(self.expression)}: {e} (device {device.driver}/{device.name}){_hint(e)}") from None
         except RecursionError:
-            raise CelRuntimeError(f"{self.expression}: evaluation nested too deeply") from None
+            raise CelRuntimeError(f"{shown(self.expression)}: evaluation nested too deeply") from None
         if result is True or result is False:
             return result
         raise CelRuntimeError(
-            f"{self.expression}: must evaluate to bool, got {rt.type_name(result)} "
+            f"{shown(self.expression)}: must evaluate to bool, got {rt.type_name(result)} "
             f"(device {device.driver}/{device.name})")
 
     def __repr__(self) -> str:
@@ -392,10 +403,10 @@ def _compile(expression: str) -> Selector:
         raise CelCompileError("expression is empty")
     ast, checker, info = check_expression(expression)
     if info.type not in ("bool", "dyn"):
-        raise CelCompileError(f"{expression}: must evaluate to bool or the unknown type, not {type_str(info.type)}")
+        raise CelCompileError(f"{shown(expression)}: must evaluate to bool or the unknown type, not {type_str(info.type)}")
     if info.cost > MAX_COST:
         raise CelCompileError(
-            f"{expression}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
+            f"{shown(expression)}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
             "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)")
     checked = _Emitter(checker.types, True)
     try:
@@ -411,16 +422,16 @@ def check_expression(expression: str) -> tuple[Node, Checker, Info]:
     try:
         ast = parse(expression)
     except CelSyntaxError as e:
-        raise CelCompileError(f"{expression}: syntax error at column {e.pos + 1}: {e}") from None
+        raise CelCompileError(f"{shown(expression)}: syntax error at column {e.pos + 1}: {e}") from None
     except RecursionError:
-        raise CelCompileError(f"{expression}: expression nested too deeply") from None
+        raise CelCompileError(f"{shown(expression)}: expression nested too deeply") from None
     checker = Checker()
     try:
         info = checker.check(ast, {})
     except CheckError as e:
-        raise CelCompileError(f"{expression}: {e}") from None
+        raise CelCompileError(f"{shown(expression)}: {e}") from None
     except RecursionError:
-        raise CelCompileError(f"{expression}: expression nested too deeply") from None
+        raise CelCompileError(f"{shown(expression)}: expression nested too deeply") from None
     return ast, checker, info
 
 

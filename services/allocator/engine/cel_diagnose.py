@@ -296,7 +296,9 @@ def diagnose(expression: str, compile_check: Callable[[str], object]) -> list[st
     try:
         compile_check(expression)
     except Exception as e:  # noqa: BLE001 - CelCompileError; kept generic to avoid an import cycle
-        problems.append(f"does not compile: {str(e).removeprefix(expression + ': ')}")
+        from .cel import shown  # errors name the expression as shown() cuts it
+
+        problems.append(f"does not compile: {str(e).removeprefix(shown(expression) + ': ')}")
     quote = "'" if expression.count("'") > expression.count('"') else '"'
     fixer = _Fixer(quote)
     fixed = fixer.run(ast)
