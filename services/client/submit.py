@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -178,16 +179,14 @@ def render(submission: Submission, output: str) -> None:
             doc["claims"] = msgspec.to_builtins(submission.decisions)
         print(json.dumps(doc, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
+    from dralloc.client.get import console_for, table
     from dralloc.client.show import claims_table
 
-    console = Console()
+    console = console_for(sys.stdout.isatty())  # piped: names are never cut
     if submission.decisions is not None:
         console.print(claims_table(submission.decisions))
         return
-    table = Table("OBJECT", "EVENT", "RESULT", box=None, header_style="bold")
+    rows = table("OBJECT", "EVENT", "RESULT")
     for r in submission.published:
-        table.add_row(r.object, r.event, "unchanged (already published)" if r.duplicate else f"published (seq {r.sequence})")
-    console.print(table)
+        rows.add_row(r.object, r.event, "unchanged (already published)" if r.duplicate else f"published (seq {r.sequence})")
+    console.print(rows)

@@ -163,3 +163,13 @@ spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.nvidi
     assert all(len(line) < 1500 for line in linted.stdout.splitlines())
     explained = CliRunner().invoke(app, ["explain", "-f", str(path), "--profile", "l40s-pcie", "-o", "table"], terminal_width=200)
     assert all(len(line) < 1500 for line in explained.stdout.splitlines())
+
+
+async def test_piped_submit_tables_keep_full_names(nats_url, tmp_path):
+    long = "a-claim-name-long-enough-that-an-eighty-column-table-would-have-to-cut-it"
+    path = tmp_path / "claims.yaml"
+    path.write_text(CLASSES.read_text() + claim(long, 1))
+    async with running(nats_url, paths=[], fleet=[("l40s-pcie", 1)]):
+        out = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "60", url=nats_url)
+    assert out.returncode == 0, out.stderr
+    assert f"ml/{long}" in out.stdout
