@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dralloc.manifests import SUFFIXES
 from dralloc.migrate import usage as usage_mod
-from dralloc.migrate.documents import InputError, SourceFile, dump, kind_of, plain, read
+from dralloc.migrate.documents import MAX_FILE_BYTES, InputError, SourceFile, dump, kind_of, plain, read
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
 
 OUTPUTS = ("yaml", "diff", "json")
@@ -71,16 +71,7 @@ def run(paths: Sequence[str], *, output: str = "yaml", in_place: bool = False, u
     if names.count("-") > 1:
         raise InputError("-f - (standard input) can be given once")
     sources = [read(p, stdin_text) for p in names]
-    usage = None
-    if usage_path is not None:
-        try:
-            text = Path(usage_path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"--usage {usage_path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-        try:
-            usage = usage_mod.parse(text, f"--usage {usage_path}")
-        except usage_mod.UsageFileError as exc:
-            raise InputError(str(exc)) from None
+    usage = load_usage(usage_path) if usage_path is not None else None
     templates = Names()
     for source in sources:
         for doc in source.documents:
@@ -99,6 +90,21 @@ def run(paths: Sequence[str], *, output: str = "yaml", in_place: bool = False, u
         value = documents[0] if len(documents) == 1 else {"apiVersion": "v1", "kind": "List", "items": documents}
         result.stdout = json.dumps(value, indent=2) + "\n"
     return result
+
+
+def load_usage(path: str) -> usage_mod.Usage:
+    """The --usage CSV read and parsed; InputError (exit 2) names the file and line."""
+    where = f"--usage {path}"
+    try:
+        if Path(path).stat().st_size > MAX_FILE_BYTES:
+            raise InputError(f"{where}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return usage_mod.parse(text, where)
+    except usage_mod.UsageFileError as exc:
+        raise InputError(str(exc)) from None
 
 
 def _reserve_existing(data: object, names: Names) -> None:

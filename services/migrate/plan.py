@@ -32,8 +32,7 @@ import msgspec
 from dralloc.allocator.engine import Engine
 from dralloc.discovery.fleet import FleetError, fleet_inventories, load_fleet
 from dralloc.discovery.slices import build_slices
-from dralloc.migrate import usage as usage_mod
-from dralloc.migrate.command import files
+from dralloc.migrate.command import files, load_usage
 from dralloc.migrate.documents import InputError, kind_of, plain, read
 from dralloc.migrate.podspecs import Path, find_pod_specs
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
@@ -84,15 +83,7 @@ class ModeResult:
 
 def load_workloads(paths: Sequence[str], usage_path: str | None, report: Report) -> list[Workload]:
     """Every object asking for NVIDIA GPUs, migrated twice (as the device plugin sees it, and for DRA)."""
-    usage = None
-    if usage_path is not None:
-        try:
-            with open(usage_path, encoding="utf-8") as handle:
-                usage = usage_mod.parse(handle.read(), f"--usage {usage_path}")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"--usage {usage_path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-        except usage_mod.UsageFileError as exc:
-            raise InputError(str(exc)) from None
+    usage = load_usage(usage_path) if usage_path is not None else None
     workloads: list[Workload] = []
     for path in files(paths):
         if path == "-":
