@@ -58,7 +58,8 @@ Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_D
 ``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3), ``DRALLOC_ALLOCATOR_MAX_WAIT`` (how long a
 large waiting claim or gang holds a reservation unless its ``dralloc.dev/max-wait`` says; "600",
 "10m"; default 0: only claims that say so; reservations.py), ``DRALLOC_CEL_BUDGET`` (cost units a claim's
-selector evaluations may spend, default 5,000,000; engine.py).
+selector evaluations may spend, default 5,000,000; engine.py), ``DRALLOC_CEL_BUDGET_SECONDS``
+(seconds they may take, default 2).
 
 Engine work (selector evaluation, search) runs in a worker thread (`Allocator._engine_work`), one
 at a time under `lock`, so the lease is renewed and a stop is seen while a claim is evaluated; a
@@ -71,6 +72,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import os
 import time
 import uuid
@@ -89,6 +91,11 @@ from dralloc.allocator import leader
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
+
+DEFAULT_CEL_SECONDS = 2.0
+"""A claim's selector evaluations may take this long (the benchmark fleets' claims take at most tens
+of milliseconds; the reference interpreter can take seconds on one device of a selector Kubernetes
+accepts)."""
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.allocator.reservations import parse_wait
 from dralloc.bus import MAX_BATCH, Bus, Permanent
@@ -108,6 +115,8 @@ class Config:
     """A standby takes over this long after the leader's last renewal."""
     cel_budget: int = DEFAULT_CEL_BUDGET
     """Cost units a claim's selector evaluations may spend before it ends as an error (engine.py)."""
+    cel_seconds: float = DEFAULT_CEL_SECONDS
+    """Seconds a claim's selector evaluations may take before it ends as an error (verdicts.py)."""
     max_wait: float = 0.0
     """Seconds a large claim or gang that does not fit holds a reservation (reservations.py) unless its
     `dralloc.dev/max-wait` says otherwise; 0: only claims that say so."""
@@ -120,6 +129,7 @@ class Config:
             max_deliver=int(env.get("DRALLOC_ALLOCATOR_MAX_DELIVER", "5")),
             lease_ttl=float(env.get("DRALLOC_ALLOCATOR_LEASE_TTL", str(leader.DEFAULT_TTL))),
             cel_budget=_cel_budget(env.get("DRALLOC_CEL_BUDGET", str(DEFAULT_CEL_BUDGET))),
+            cel_seconds=_cel_seconds(env.get("DRALLOC_CEL_BUDGET_SECONDS", str(DEFAULT_CEL_SECONDS))),
             max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
         )
         for key, value in overrides.items():
@@ -132,6 +142,16 @@ def _cel_budget(text: str) -> int:
     if not (text.isascii() and text.isdigit() and 0 < len(text) <= 15 and int(text) > 0):
         raise ValueError(f"DRALLOC_CEL_BUDGET must be a positive whole number of cost units, not {text[:40]!r}")
     return int(text)
+
+
+def _cel_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= 3600:
+        raise ValueError(f"DRALLOC_CEL_BUDGET_SECONDS must be a number of seconds in (0, 3600], not {text[:40]!r}")
+    return seconds
 
 
 class Fenced(Exception):
@@ -528,7 +548,8 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
     lease = leader.Lease(await bus.key_value(leader.BUCKET), ttl=config.lease_ttl)
     try:
         while await lease.acquire(stop):
-            allocator = Allocator(bus, engine or Engine(cel_budget=config.cel_budget), lease=lease, max_wait=config.max_wait)
+            engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.perf_counter, config.cel_seconds))
+            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
                 await _lead(bus, config, stop, allocator)

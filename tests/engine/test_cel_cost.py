@@ -183,3 +183,33 @@ def test_the_default_budget_is_far_above_what_the_example_claims_spend() -> None
     engine = _engine(budget=Engine().cel_budget, devices=128)
     (outcome,) = engine.allocate([_claim("everyday", 'device.attributes["gpu.example.com"].index >= 100')])
     assert outcome.status == "allocated"
+
+
+def test_a_claim_out_of_evaluation_time_ends_as_an_error() -> None:
+    """The allocator's time budget (a clock and seconds): each device looked at takes one tick of this
+    clock, so five seconds end the claim after a few devices, whatever the cost units left."""
+    ticks = iter(range(10**6))
+    engine = _engine(budget=None)
+    engine.cel_seconds = (lambda: float(next(ticks)), 5.0)
+    (outcome,) = engine.allocate([_claim("costly", COSTLY)])
+    assert outcome.status == "error" and "ran out of its time budget" in outcome.message
+    engine.cel_seconds = None
+    (outcome,) = engine.allocate([_claim("costly-again", COSTLY + " || false")])
+    assert outcome.status == "error" and "no such key: missing" in outcome.message
+
+
+def test_the_interpreter_stops_part_way_at_its_deadline() -> None:
+    """One evaluation of the reference interpreter can take seconds: the deadline stops it inside."""
+    from dralloc.allocator.engine.cel_eval import OutOfTime
+
+    selector = compile_selector(_nested(64, FAILING_LOOKUP))
+    calls = []
+
+    def clock() -> float:
+        calls.append(1)
+        return float(len(calls))
+
+    interpreter = Interpreter(MAX_COST, (clock, 3.0))
+    with pytest.raises(OutOfTime):
+        interpreter.run(selector.ast, _gpu_env().value)
+    assert interpreter.cost < 10_000  # a few looks at the clock, ~1,000 cost units apart

@@ -55,6 +55,7 @@ import functools
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cel as _fast
@@ -71,6 +72,9 @@ from .semver import parse_semver
 
 if TYPE_CHECKING:
     from dralloc.schemas.resource import Device, DeviceAttribute
+
+Deadline = tuple[Callable[[], float], float]
+"""(clock, time on it) an evaluation must end by."""
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # resource.k8s.io CELSelectorExpressionMaxLength
 MAX_COST = 1_000_000  # resource.k8s.io CELSelectorExpressionMaxCost
@@ -263,17 +267,18 @@ class Selector:
             self._program_versions = self._program if sources[1] == sources[0] else _fast.compile(sources[1])
             self._needs = _needs(*sources)
 
-    def matches(self, device: DeviceEnv, cost_limit: int = MAX_COST) -> bool:
+    def matches(self, device: DeviceEnv, cost_limit: int = MAX_COST, deadline: Deadline | None = None) -> bool:
         """Does the device satisfy the selector? Raises CelRuntimeError, also when the evaluation
         costs more than `cost_limit` (Kubernetes' runtime limit, CELSelectorExpressionMaxCost).
         The fast core counts nothing: it runs only when the estimate (an upper bound of every
-        evaluation's cost) is within the limit; otherwise the counting interpreter decides."""
+        evaluation's cost) is within the limit; otherwise the counting interpreter decides.
+        `deadline` (clock, time): the interpreter stops past it with `OutOfTime` (not a verdict)."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
         if self._tests is not None and (settled := _settle(self._tests, device.value)) is not None:
             return settled
         if self.cost > cost_limit:
-            return self.evaluate(device, cost_limit)
+            return self.evaluate(device, cost_limit, deadline)
         program = self._program
         if device.version_paths and (self._compared is None or not self._compared.isdisjoint(device.version_paths)):
             program = self._program_versions
@@ -285,15 +290,15 @@ class Selector:
             else:
                 if result is True or result is False:
                     return result
-        return self.evaluate(device, cost_limit)
+        return self.evaluate(device, cost_limit, deadline)
 
-    def evaluate(self, device: DeviceEnv, cost_limit: int | None = MAX_COST) -> bool:
+    def evaluate(self, device: DeviceEnv, cost_limit: int | None = MAX_COST, deadline: Deadline | None = None) -> bool:
         """The reference interpreter alone (cel-go semantics, cost counted and limited to
         `cost_limit`; None: no limit); what ``matches`` falls back to."""
         if device.error is not None:
             raise CelRuntimeError(device.error)
         try:
-            result = Interpreter(cost_limit).run(self.ast, device.value)
+            result = Interpreter(cost_limit, deadline).run(self.ast, device.value)
         except CostLimitExceeded as e:
             raise CelRuntimeError(f"{shown(self.expression)}: {e} (device {device.driver}/{device.name})") from None
         except EvalError as e:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 import msgspec
@@ -119,17 +119,23 @@ class _Failure(Exception):
 
 
 class Engine:
-    def __init__(self, *, budget: int = DEFAULT_BUDGET, scoring: bool = True, cel_budget: int | None = DEFAULT_CEL_BUDGET) -> None:
+    def __init__(
+        self, *, budget: int = DEFAULT_BUDGET, scoring: bool = True, cel_budget: int | None = DEFAULT_CEL_BUDGET,
+        cel_seconds: tuple[Callable[[], float], float] | None = None,
+    ) -> None:
         self.inventory = Inventory()
         self.ledger = Ledger(self.inventory)
         self.verdicts = Verdicts(self.inventory)
         self.budget = budget
         self.cel_budget = cel_budget
+        """Selector evaluation budget per allocation unit (verdicts.py; None: unlimited)."""
+        self.cel_seconds = cel_seconds
+        """(clock, seconds) an allocation unit may spend evaluating selectors, on that clock (the
+        allocator's; None: no time limit, so that results do not depend on the machine's speed)."""
         self.explain_nodes = 3
         """How many nodes an explanation of a refusal reports (`dralloc explain` groups many)."""
         self.explain_untried = False
         """Whether it also reports nodes not tried (too few free or matching devices), after the tried ones."""
-        """Selector evaluation budget per allocation unit (verdicts.py; None: unlimited)."""
         # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
         self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
 
@@ -268,7 +274,7 @@ class Engine:
         for plan in plans:
             if plan.error:
                 return [Outcome(claim=p.key, status="error", message=plan.error) for p in plans]
-        self.verdicts.begin(self.cel_budget)
+        self.verdicts.begin(self.cel_budget, self.cel_seconds)
         try:
             return self._place_unit(plans, node, explain)
         except SelectorBudgetExceeded as exc:

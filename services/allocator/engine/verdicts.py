@@ -22,7 +22,11 @@ Budget: each evaluation of a selector on a device is charged the selector's
 estimated cost (cel-go's units; the bound of what that evaluation may cost).
 The engine gives each allocation unit a budget (`begin`); when a unit's
 evaluations have spent it, `SelectorBudgetExceeded` ends the unit (an `error`
-outcome). Verdicts already known cost nothing. Selectors of other recent keys
+outcome). A unit may also be given seconds of evaluation on a clock (the
+allocator's time budget, `DRALLOC_CEL_BUDGET_SECONDS`): the reference
+interpreter is ~20x slower per cost unit than the fast core, so units alone do
+not bound the time; when they are spent the unit ends the same way, looked at
+between devices and inside the interpreter. Verdicts already known cost nothing. Selectors of other recent keys
 are evaluated along (on environments built anyway) only when they are cheap
 (`ALONG_MAX_COST`), on no unit's account: no claim pays for another's selector.
 """
@@ -31,9 +35,11 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dralloc.allocator.engine import cel
+from dralloc.allocator.engine.cel_eval import OutOfTime
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, bits_of, iter_bits
 from dralloc.allocator.engine.plan import Alt
 
@@ -104,11 +110,15 @@ class Verdicts:
         self._envs: dict[int, object] = {}
         self.budget: int | None = None
         """Cost units the current allocation unit may still spend on evaluations (None: no limit)."""
+        self.timer: tuple[Callable[[], float], float] | None = None
+        """(clock, seconds) the current unit may still spend evaluating (None: no limit)."""
         self.interrupted = False
 
-    def begin(self, budget: int | None) -> None:
-        """A new allocation unit: it may spend `budget` cost units on evaluations (None: no limit)."""
+    def begin(self, budget: int | None, timer: tuple[Callable[[], float], float] | None = None) -> None:
+        """A new allocation unit: it may spend `budget` cost units and `timer` (clock, seconds) on
+        evaluations (None: no limit)."""
         self.budget = budget
+        self.timer = timer
 
     def interrupt(self) -> None:
         """Abandon evaluations from now on (`Interrupted`); safe to call from another thread."""
@@ -143,13 +153,13 @@ class Verdicts:
                 self._ensure(spec, todo)
                 if self._envs:
                     built = bits_of(list(self._envs))
-                    budget, self.budget = self.budget, None  # along: on no unit's account
+                    budget, timer, self.budget, self.timer = self.budget, self.timer, None, None  # along: on no unit's account
                     try:
                         for other in list(self._recent.values()):
                             if other is not spec and other.cheap:
                                 self._ensure(other, built)
                     finally:
-                        self.budget = budget
+                        self.budget, self.timer = budget, timer
             finally:
                 self._envs.clear()
         return full
@@ -219,10 +229,17 @@ class Verdicts:
         matched: list[int] = []
         failed: list[int] = []
         done: list[int] = []
+        timer = self.timer
+        deadline: cel.Deadline | None = None
+        if timer is not None:
+            began = timer[0]()
+            deadline = (timer[0], began + timer[1])
         try:
             for i in iter_bits(todo):
                 if self.interrupted:
                     raise Interrupted("selector evaluation interrupted")
+                if deadline is not None and deadline[0]() > deadline[1]:
+                    raise SelectorBudgetExceeded(_out_of_time(owner, len(done)))
                 rec: DeviceRec = devices[i]  # type: ignore[assignment]
                 env = envs.get(i)
                 if env is None:
@@ -238,9 +255,11 @@ class Verdicts:
                                 "(fewer or shorter loops) or narrow it with cheap tests first")
                         self.budget -= selector.cost
                     try:
-                        if not selector.matches(env):
+                        if not selector.matches(env, deadline=deadline):
                             ok = False
                             break
+                    except OutOfTime:
+                        raise SelectorBudgetExceeded(_out_of_time(f"{owner}selector #{n + offset} ({_short(selector.expression)}): ", len(done))) from None
                     except cel.CelRuntimeError as exc:
                         failed.append(i)
                         entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {exc}"
@@ -250,6 +269,8 @@ class Verdicts:
                     matched.append(i)
                 done.append(i)
         finally:  # what was evaluated stays known, also when the budget ends the unit part way
+            if timer is not None:
+                self.timer = (timer[0], timer[1] - (timer[0]() - began))
             entry.evaluated |= todo if len(done) == todo.bit_count() else bits_of(done)
             entry.matched |= bits_of(matched)
             entry.failed |= bits_of(failed)
@@ -264,6 +285,11 @@ def _estimate(exprs: tuple[str, ...]) -> int:
         except cel.CelCompileError:
             return 2**63
     return total
+
+
+def _out_of_time(what: str, devices: int) -> str:
+    return (f"{what}this claim's selector evaluation ran out of its time budget after {devices} devices here: "
+            "simplify the selectors (fewer or shorter loops) or narrow them with cheap tests first")
 
 
 def _short(expression: str, limit: int = 80) -> str:
