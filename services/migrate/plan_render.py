@@ -58,8 +58,9 @@ def chart(result: dict, path: str, fmt: str) -> None:
     nodes = [result["device_plugin_nodes"], result["dra_nodes"]]
     x = range(len(modes))
     bars = left.bar([i - 0.2 for i in x], gpus, width=0.4, label="GPUs", color=["#9e9e9e", "#76b900"])
-    left.bar([i + 0.2 for i in x], nodes, width=0.4, label="nodes", color=["#cfcfcf", "#b5e06a"])
+    node_bars = left.bar([i + 0.2 for i in x], nodes, width=0.4, label="nodes", color=["#cfcfcf", "#b5e06a"])
     left.bar_label(bars)
+    left.bar_label(node_bars)
     left.set_xticks(list(x), modes)
     left.set_title(f"{result['gpus_saved']} GPUs saved for {result['workloads']} workloads ({result['pods']} pods)")
     left.legend()
