@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dralloc.discovery.nvml import GpuLost, QueryError
+from dralloc.schemas.limits import json_problem
 
 
 class ReplayError(ValueError):
@@ -47,7 +48,10 @@ class ReplaySource:
     @classmethod
     def from_file(cls, path: str | Path) -> ReplaySource:
         try:
-            return cls(json.loads(Path(path).read_text()))
+            text = Path(path).read_text()
+            if (problem := json_problem(text)) is not None:  # before json recurses through it
+                raise ReplayError(problem)
+            return cls(json.loads(text))
         except OSError as exc:
             raise ReplayError(f"{path}: cannot read: {exc.strerror or exc}") from None
         except json.JSONDecodeError as exc:

@@ -143,6 +143,9 @@ def test_bad_capture_files_are_clear_errors(tmp_path) -> None:
         ReplaySource.from_file(tmp_path / "y.json")
     with pytest.raises(ReplayError, match="cannot read"):
         ReplaySource.from_file(tmp_path / "missing.json")
+    (tmp_path / "deep.json").write_text('{"devices": [' + "[" * 5000 + "]" * 5000 + "]}")  # json would recurse
+    with pytest.raises(ReplayError, match="deep.json: nested more than 100 levels deep"):
+        ReplaySource.from_file(tmp_path / "deep.json")
 
 
 def test_a_gpu_lost_during_link_queries_does_not_stop_the_scan(capture) -> None:
