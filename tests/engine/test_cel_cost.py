@@ -35,6 +35,8 @@ FAILING_LOOKUP = ' && device.attributes["gpu.example.com"].missing == 1'
     ("[1,2,3,4,5].map(x, x).filter(x, x % 2 == 0).size() > 0", 177 + 2),
     # device fields: driver names are at most 63 characters, so == traverses at most 14 (ceil(1.4))
     ('device.driver == "gpu.nvidia.com"', 4),
+    # a literal list's items are as long as they are (cel-go's entry sizes): == traverses 1 character
+    ('["a", "b"].exists(x, x == device.attributes["d"].s)', 31),
     # cel.bind: an empty list (10) and its value (a list: 10) once, then the body
     ("cel.bind(x, [1, 2], x.all(y, y > 0))", 32),
     # the expression: 3 per iteration of `all` (loop condition 2, accumulator 1) makes it 2.2M

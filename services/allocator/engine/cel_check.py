@@ -68,6 +68,9 @@ class Info:
     type: Type
     cost: int  # upper bound of the evaluation cost of this subtree
     size: int  # upper bound of the value's size (string length, list/map elements)
+    elem: int | None = None
+    """Upper bound of a list literal's items' or a map literal's keys' sizes (cel-go's entry size);
+    None: what the element type allows (`_elem_size`)."""
 
 
 NUMERIC = ("int", "uint", "double")
@@ -251,7 +254,7 @@ class Checker:
             case Ident(name):
                 if name in scope:
                     var = scope[name]
-                    return Info(var.type, 1, var.size)
+                    return Info(var.type, 1, var.size, var.elem)
                 if name == "device":
                     return Info("device", 1, 4)
                 if name in TYPE_NAMES:
@@ -290,16 +293,18 @@ class Checker:
                 elem: Type | None = None
                 for i in infos:
                     elem = _homogeneous(elem, i.type)
-                return Info(("list", elem or "dyn"), 10 + sum(i.cost for i in infos), len(items))
+                return Info(("list", elem or "dyn"), 10 + sum(i.cost for i in infos), len(items),
+                            max((i.size for i in infos), default=0))
             case MapLit(entries):
-                cost, key, val = 30, None, None
+                cost, key, val, key_size = 30, None, None, 0
                 for k, v in entries:
                     ki, vi = self.check(k, scope), self.check(v, scope)
+                    key_size = max(key_size, ki.size)
                     if ki.type not in ("string", "int", "uint", "bool", "dyn"):
                         raise CheckError(f"unsupported map key type: {type_str(ki.type)}")
                     key, val = _homogeneous(key, ki.type), _homogeneous(val, vi.type)
                     cost += ki.cost + vi.cost
-                return Info(("map", key or "dyn", val or "dyn"), cost, len(entries))
+                return Info(("map", key or "dyn", val or "dyn"), cost, len(entries), key_size)
             case Comp():
                 return self._comprehension(node, scope)
             case Bind(var, init, body):
@@ -450,7 +455,8 @@ class Checker:
             raise CheckError(
                 f"expression of type '{type_str(t)}' cannot be the range of a comprehension "
                 "(must be a list, a map, or dynamic)")
-        inner = {**scope, node.var: Info(var_type, 1, _elem_size(var_type) if t != "dyn" else ATTRIBUTE_MAX_LENGTH)}
+        size = r.elem if r.elem is not None else (_elem_size(var_type) if t != "dyn" else ATTRIBUTE_MAX_LENGTH)
+        inner = {**scope, node.var: Info(var_type, 1, size)}
         p = self.check(node.pred, inner)
         n = r.size
         step = p.cost + STEP_COST[node.kind]
@@ -481,8 +487,10 @@ class Checker:
             raise CheckError(
                 f"expression of type '{type_str(t)}' cannot be the range of a comprehension "
                 "(must be a list, a map, or dynamic)")
-        inner = {**scope, node.var: Info(key_type, 1, _elem_size(key_type)),
-                 node.var2: Info(value_type, 1, _elem_size(value_type))}
+        list_range = isinstance(t, tuple) and t[0] == "list"
+        key_size = r.elem if r.elem is not None and not list_range else _elem_size(key_type)
+        value_size = r.elem if r.elem is not None and list_range else _elem_size(value_type)
+        inner = {**scope, node.var: Info(key_type, 1, key_size), node.var2: Info(value_type, 1, value_size)}
         first = self.check(node.pred, inner)
         n, step = r.size, first.cost + STEP_COST[node.kind]
         transformed = first
