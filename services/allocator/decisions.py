@@ -368,6 +368,11 @@ class Decisions:
                         out.append(failure)
         return out
 
+    def may_hold(self, claim: ResourceClaim) -> bool:
+        """Whether the claim may hold a reservation at all (a max wait above 0): only then does its
+        failure call for `reserve_waiting` at once (otherwise the next retry round does)."""
+        return self.reservations.max_wait(claim) > 0
+
     def _as_holder(self, unit: str, work, *args, **kwargs):
         """Run engine `work` for `unit`: its own reservation is no penalty to it (every other unit's is)."""
         if self.reservations.held.get(unit) is None:

@@ -408,7 +408,7 @@ class Allocator:
             if outcome.node:
                 span.set_attribute("dralloc.node", outcome.node)
         if event is None:
-            if outcome.status == "unsatisfiable":
+            if outcome.status == "unsatisfiable" and self.book.may_hold(claim):
                 await self._reserve_waiting()  # (it may hold a node now: its failure says so)
             await self._send_failure(self.book.failure(claim, outcome.status, outcome.message), began)
             return
@@ -454,7 +454,7 @@ class Allocator:
         attributes = {"dralloc.gang": complete.name, "dralloc.gang.size": complete.size}
         with telemetry.tracer().start_as_current_span("allocate gang", attributes=attributes):
             plan = await self._engine_work(self.book.decide_gang, complete)
-        if plan.unplaced:
+        if plan.unplaced and self.book.may_hold(plan.unplaced[0][0]):
             await self._reserve_waiting()  # (the gang may hold a domain's nodes now: the failures say so)
         for member, outcome in plan.unplaced:  # all wait, none holds devices
             await self._send_failure(self.book.failure(member, outcome.status, outcome.message))
