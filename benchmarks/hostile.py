@@ -473,6 +473,46 @@ async def secrets_in_urls(h: Harness) -> Outcome:
     return out
 
 
+def mutations(valid: bytes, limit: int) -> list[bytes]:
+    """Mutated copies of a valid event's JSON: cut short, emptied, wrong types, a huge string, a
+    400-digit integer, another event type, and padded to just under the server's limit."""
+    text = valid.decode()
+    return [
+        valid[: len(valid) // 2],
+        b"",
+        b"null",
+        b"[]",
+        text.replace('"schemaVersion":1', '"schemaVersion":"1"').encode(),
+        text.replace('"schemaVersion":1', '"schemaVersion":' + "9" * 400).encode(),
+        text.replace('"type":"', '"type":"X', 1).encode(),
+        text.replace('"type":"ClaimSubmitted"', '"type":"AllocationReleased"').encode(),
+        (text[:-1] + ', "junk": "' + "z" * (limit - len(text) - 600) + '"}').encode(),
+    ]
+
+
+async def mutated_everywhere(h: Harness) -> Outcome:
+    """Mutated and oversized events on every stream's subjects, with each service's credential (what
+    the server lets through must be survived by every consumer and every rebuild)."""
+    out = Outcome()
+    valid = json.dumps({"type": "ClaimSubmitted", "schemaVersion": 1, "claim": hostile_claim("mutant")}, separators=(",", ":")).encode()
+    targets = {
+        "CLAIMS": claim_subject(HOSTILE, "mutant"),
+        "INVENTORY": f"dra.inventory.gpu%2Envidia%2Ecom.{NODE_USER}.mutant",
+        "ALLOCATIONS": ev.subject("allocations", HOSTILE, "mutant"),
+    }
+    for user in (*SERVICES, f"discovery-{NODE_USER}"):
+        async with await h.connect_as(user) as bus:
+            for subject in targets.values():
+                batch = mutations(valid, bus.nc.max_payload)
+                if not await send_raw(bus, subject, batch[0], out):  # the server refuses by subject: one try tells
+                    out.sent += len(batch) - 1
+                    out.refused += [subject] * (len(batch) - 1)
+                    continue
+                for data in batch[1:]:
+                    await send_raw(bus, subject, data, out)
+    return out
+
+
 Attack = Callable[[Harness], Awaitable[Outcome]]
 
 ATTACKS: dict[str, Attack] = {
@@ -487,6 +527,7 @@ ATTACKS: dict[str, Attack] = {
     "adopted-conflict": adopted_conflict,
     "slow-selector": slow_selector,
     "secrets-in-urls": secrets_in_urls,
+    "mutated-everywhere": mutated_everywhere,
     "rebuild": rebuild,
 }
 """The fixed corpus, in the order the benchmark sends it (the rebuild last: it replays the rest)."""

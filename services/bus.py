@@ -949,7 +949,12 @@ class Bus:
         await self.js.publish(f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}", data, headers=headers)
 
     async def replay(self, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
-        """The last decodable event per subject now in `stream`, in stream order, and the stream's last sequence."""
+        """The last usable event per subject now in `stream`, in stream order, and the stream's last sequence.
+
+        Usable: decodable, and belonging in the stream under that subject (`streamcheck.misplaced`);
+        anything else is skipped and reported (`_skip_in_replay`). When a subject's last message is
+        not usable, the last usable one before it counts (in a stream that keeps history, as
+        ALLOCATIONS does): junk published after a decision must not hide the decision."""
         info = await self.js.stream_info(stream)
         last_seq = info.state.last_seq
         if info.state.messages == 0:
@@ -962,8 +967,26 @@ class Bus:
             # "last per subject" needs an explicit filter; default to the stream's own subjects.
             filter_subjects=[filter_subject] if filter_subject else list(STREAMS[stream].subjects or [">"]),
         )
+        found: list[tuple[int, Event]] = []
+        hidden: list[tuple[str, int]] = []
+        await self._scan(stream, config, last_seq, found, hidden)
+        for subject, seq in hidden:
+            earlier: list[tuple[int, Event]] = []
+            history = ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30.0, mem_storage=True, filter_subjects=[subject]
+            )
+            await self._scan(stream, history, seq - 1, earlier, [])
+            if earlier:
+                found.append(earlier[-1])
+        found.sort(key=lambda pair: pair[0])
+        return [event for _, event in found], last_seq
+
+    async def _scan(
+        self, stream: str, config: ConsumerConfig, upto: int, found: list[tuple[int, Event]], unusable: list[tuple[str, int]]
+    ) -> None:
+        """Read `stream` through an ephemeral consumer with `config`, up to sequence `upto`: usable events
+        (with their sequences) go to `found`, the subject and sequence of each unusable one to `unusable`."""
         sub = await self.js.pull_subscribe("", durable=None, stream=stream, config=config)
-        found: list[Event] = []
         try:
             pending = (await sub.consumer_info()).num_pending
             while pending > 0:
@@ -976,21 +999,23 @@ class Bus:
                     continue
                 for msg in messages:
                     pending = msg.metadata.num_pending
-                    if msg.metadata.sequence.stream > last_seq:
+                    seq = msg.metadata.sequence.stream
+                    if seq > upto:
                         continue  # published after the snapshot: the caller's live consumer sees it
                     try:
                         event = events.decode(msg.data)
                     except EventDecodeError as exc:
                         await self._skip_in_replay(stream, msg, str(exc))
+                        unusable.append((msg.subject, seq))
                         continue
                     if (problem := streamcheck.misplaced(stream, msg.subject, event)) is not None:
                         await self._skip_in_replay(stream, msg, problem)  # never restored: forged or misfiled
+                        unusable.append((msg.subject, seq))
                         continue
-                    found.append(event)
+                    found.append((seq, event))
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        return found, last_seq
 
     async def _skip_in_replay(self, stream: str, msg: Msg, reason: str) -> None:
         """Report a message a replay leaves out: logged, and dead-lettered (consumer ``replay``; one

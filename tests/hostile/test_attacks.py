@@ -109,6 +109,13 @@ async def test_credentials_in_a_nats_url_are_never_logged(h: Harness):
     assert "serving (NATS nats://***@127.0.0.1:" in started  # the start line names the server, not the password
 
 
+async def test_mutated_and_oversized_events_on_every_stream_with_every_credential(h: Harness):
+    outcome = await attack(h, "mutated-everywhere")
+    # each user got through only on its own subjects: the ingestor CLAIMS, discovery INVENTORY, the allocator ALLOCATIONS
+    assert {s.split(".")[1] for s in outcome.stored} == {"claims", "inventory", "allocations"}
+    assert len(outcome.refused) > len(outcome.stored)  # every other (user, stream) pair was refused
+
+
 async def test_every_allocator_restarted_rebuilds_without_what_the_attacks_left(h: Harness):
     await attack(h, "rebuild")
     for name in ("forged", "smuggled", "deep-bare", "deep-unknown", "deep-config"):
