@@ -72,3 +72,40 @@ def test_cel_runtime_error_names_selector_device_and_remedy() -> None:
     assert outcome.status == "error"
     assert f"selector #0 on device {DRIVER}/p/v0: CEL runtime error" in outcome.message
     assert "has(" in outcome.message and "optional chaining" in outcome.message
+
+
+def _held(name: str, *share_ids: str | None) -> ResourceClaim:
+    results = [{"request": "r", "driver": DRIVER, "pool": "p", "device": "v0", **({"shareID": s, "consumedCapacity": {"bw": "500m"}} if s else {})}
+               for s in share_ids]
+    return msgspec.convert({"metadata": {"name": name, "uid": f"uid-{name}"},
+                            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "v"}}]}},
+                            "status": {"allocation": {"devices": {"results": results}}}}, ResourceClaim)
+
+
+def test_a_result_without_share_id_holds_a_shared_device_whole_until_released() -> None:
+    engine = _engine(POLICY)
+    assert engine.restore(_held("old", None)) == []
+    [outcome] = engine.allocate([_claim("new")], node="node-1")
+    assert outcome.status == "unsatisfiable"
+    [watch] = engine.allocate([_claim("watch", adminAccess=True)], node="node-1")
+    assert watch.status == "allocated"  # admin access may still watch it
+    engine.release("default/old")
+    [outcome] = engine.allocate([_claim("again")], node="node-1")
+    assert outcome.status == "allocated" and outcome.allocation.devices.results[0].share_id
+
+
+def test_a_shared_device_listed_twice_without_share_id_is_counted_once() -> None:
+    engine = _engine(POLICY)
+    problems = engine.restore(_held("old", None, None))
+    assert problems and "listed twice" in problems[0]
+    engine.release("default/old")
+    assert engine.ledger.used_bits == 0 and engine.ledger.exclusive == {}
+    [outcome] = engine.allocate([_claim("new")], node="node-1")
+    assert outcome.status == "allocated"
+
+
+def test_an_existing_share_leaves_room_for_more_shares() -> None:
+    engine = _engine(POLICY)
+    assert engine.restore(_held("old", "11111111-1111-4111-8111-111111111111")) == []
+    outcomes = engine.allocate([_claim(f"n{i}") for i in range(4)], node="node-1")
+    assert [o.status for o in outcomes] == ["allocated", "allocated", "allocated", "unsatisfiable"]

@@ -206,6 +206,10 @@ class Engine:
                 if holder is not None and holder != key:
                     problems.append(f"claim {key}: device {'/'.join(dkey)} is already allocated to claim {holder}; not counted twice")
                     continue
+                if any(e.device == dkey and e.kind == "exclusive" for e in entries):
+                    # a shared device's results without shareID, twice: held whole once, not charged twice
+                    problems.append(f"claim {key}: result #{i}: device {'/'.join(dkey)} is listed twice; counted once")
+                    continue
                 entries.append(Entry(device=dkey, kind="exclusive"))
         self.ledger.add(Record(claim=key, allocation=allocation, node=_node_of(allocation), entries=entries))
         return problems
