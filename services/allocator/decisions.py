@@ -335,8 +335,13 @@ class Decisions:
             message += self.reservations.words(unit)
         if (problem := self.reservations.problems.get(claim.key)) is not None:
             message += f"; {problem}"
-        failure = failure_event(claim, status, message, reserved=self.reservations.shown(unit))
+        failure = failure_event(claim, status, message, self._pod_of(claim.key), reserved=self.reservations.shown(unit))
         return failure if self.failures.get(failure.key) != failure.msg_id else None
+
+    def _pod_of(self, key: str) -> str:
+        """The Pod whose unit the claim waits with (a gang member from a Pod), for its Events."""
+        refs = self.reserved.get(key)
+        return refs[0].name if refs else ""
 
     def reserve_waiting(self, now: float) -> list[ev.AllocationFailed]:
         """Reserve for the large claims and complete gangs that wait (reservations.py), oldest first,
@@ -455,7 +460,7 @@ class Decisions:
         ]
         for member, outcome in zip(claims, outcomes):
             if not plan.placed:
-                plan.batch.append(failure_event(member, outcome.status, outcome.message))
+                plan.batch.append(failure_event(member, outcome.status, outcome.message, self._pod_of(member.key)))
             elif member.key in members:
                 plan.batch.append(ev.AllocationCommitted(claim=self._decided(member, outcome), node=outcome.node))
         return plan

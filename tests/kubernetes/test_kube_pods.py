@@ -178,6 +178,22 @@ async def test_a_gang_of_pods_is_placed_all_or_nothing(cluster: Cluster) -> None
         assert c["status"]["reservedFor"][0]["name"] == name
 
 
+async def test_a_gang_of_pods_that_cannot_all_fit_holds_nothing_and_each_pod_says_why(cluster: Cluster) -> None:
+    api = cluster.apiserver
+    gang = {"dralloc.dev/gang": "big", "dralloc.dev/gang-size": "3", "dralloc.dev/gang-domain": ""}
+    api.apply(template("two-gpus", count=2, annotations=gang))
+    for i in range(3):  # three whole nodes wanted, two there
+        api.apply(pod(f"member-{i}", templates={"gpus": "two-gpus"}))
+    async with asyncio.timeout(30):
+        while {e["involvedObject"]["name"] for e in api.objects_of("events") if e["involvedObject"]["kind"] == "Pod"} != {
+                "member-0", "member-1", "member-2"}:
+            await asyncio.sleep(0.05)
+    for i in range(3):
+        (c,) = cluster.claims_of(f"member-{i}")
+        assert not (c.get("status") or {}).get("allocation")  # all or nothing: none holds a device
+        assert api.read("pods", NS, f"member-{i}")["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
 async def test_a_claim_kube_scheduler_allocated_first_is_adopted_and_fixes_the_node(cluster: Cluster) -> None:
     api = cluster.apiserver
     api.apply(claim("shared"))
