@@ -504,6 +504,8 @@ class ClaimController:
                 statuses[entry.name] = await self._claim_for(pod, entry)
             except ApiException as exc:
                 self.report(f"Pod {pod.metadata.namespace}/{pod.metadata.name} claim {entry.name!r}: {describe(exc)}")
+            except ValueError as exc:  # its template cannot be read (too deep, does not decode): the others go on
+                self.report(f"Pod {pod.metadata.namespace}/{pod.metadata.name} claim {entry.name!r}: {exc}")
         if statuses != recorded:
             # The whole list, so that merge and strategic-merge semantics give the same result.
             patch = {"status": {"resourceClaimStatuses": [{"name": name, "resourceClaimName": claim}
@@ -530,8 +532,11 @@ class ClaimController:
         if existing:
             return existing
         namespace = pod.metadata.namespace or "default"
-        template = msgspec.json.decode(await body_of(self.resource.read_namespaced_resource_claim_template(
-            entry.resource_claim_template_name, namespace, _preload_content=False)), type=ResourceClaimTemplate)
+        body = await body_of(self.resource.read_namespaced_resource_claim_template(
+            entry.resource_claim_template_name, namespace, _preload_content=False))
+        if (problem := json_problem(body)) is not None:  # (a ValueError, as a template that does not decode is)
+            raise ValueError(f"ResourceClaimTemplate {namespace}/{entry.resource_claim_template_name}: {problem}")
+        template = msgspec.json.decode(body, type=ResourceClaimTemplate)
         wanted = claim_from_template(pod, entry, template, suffix="")
         # No name: the API server completes `generateName`, as for the real controller's claims.
         body = to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))

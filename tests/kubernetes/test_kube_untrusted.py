@@ -110,3 +110,27 @@ async def test_the_status_writer_refuses_a_cluster_claim_nested_past_the_limit_w
     else:
         raise AssertionError("a claim no decoder can take was written")
     assert "status" not in apiserver.read("resourceclaims", "default", "c")
+
+
+async def test_a_template_nested_past_the_limit_is_reported_and_other_pods_still_get_their_claims(apiserver: ApiServer) -> None:
+    from test_kube_templates import TEMPLATE, Run, pod
+
+    deep = json.loads(json.dumps(TEMPLATE))
+    deep["metadata"]["name"] = "deep"
+    deep["spec"]["spec"]["devices"]["config"] = [{"opaque": {"driver": "gpu.example.com", "parameters": nested(DEPTH)}}]
+    apiserver.apply(deep)
+    apiserver.apply(TEMPLATE)
+    apiserver.apply(pod("poisoned", template="deep"))
+    apiserver.apply(pod("fine"))
+    run = Run(apiserver)
+    try:
+        async with asyncio.timeout(10):
+            while not [c for c in apiserver.objects_of("resourceclaims") if c["metadata"]["name"].startswith("fine-gpu-")]:
+                await asyncio.sleep(0.05)
+            while not run.problems:
+                await asyncio.sleep(0.05)
+        assert run.problems == ["Pod ml/poisoned claim 'gpu': ResourceClaimTemplate ml/deep: nested more than 100 levels deep"]
+        assert not [c for c in apiserver.objects_of("resourceclaims") if c["metadata"]["name"].startswith("poisoned-")]
+        assert not run.task.done()  # the source goes on
+    finally:
+        await run.close()
