@@ -21,6 +21,7 @@ from kube_emulator import ApiServer
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
 from dralloc.allocator.engine import Engine
+from dralloc.kube import body_of
 from dralloc.schemas.resource import DeviceClass, ResourceClaim, ResourceSlice
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
@@ -97,9 +98,9 @@ class SchedulerStandIn:
                 body = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]}, "status": {"reservedFor": reserved + [entry]}}
                 await self.resource.patch_namespaced_resource_claim_status(claim["metadata"]["name"], namespace, body, _content_type=MERGE)
         node = sorted(nodes)[0] if nodes else "node-0"
-        await self.core.create_namespaced_pod_binding(pod["metadata"]["name"], namespace, {
+        await body_of(self.core.create_namespaced_pod_binding(pod["metadata"]["name"], namespace, {
             "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False))
 
     async def _allocate(self, pod: dict[str, Any], pending: list[dict[str, Any]]) -> bool:
         engine = Engine(scoring=False)
@@ -117,10 +118,10 @@ class SchedulerStandIn:
             name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
             finalizers = claim["metadata"].get("finalizers", [])
             if FINALIZER not in finalizers:
-                claim = msgspec.json.decode(await (await self.resource.patch_namespaced_resource_claim(
+                claim = msgspec.json.decode(await body_of(self.resource.patch_namespaced_resource_claim(
                     name, namespace, {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"],
                                                    "finalizers": [*finalizers, FINALIZER]}},
-                    _content_type=MERGE, _preload_content=False)).read())
+                    _content_type=MERGE, _preload_content=False)))
             entry = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
             body = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
                     "status": {"allocation": msgspec.to_builtins(outcome.allocation), "reservedFor": [entry]}}

@@ -190,3 +190,43 @@ async def test_a_test_reaction_overrides_the_emulator(api: ApiClient, apiserver:
         await ResourceV1Api(api).patch_namespaced_resource_claim_status("a", "default", {"status": {"allocation": ALLOCATION}},
                                                                         _content_type="application/merge-patch+json")
     assert exc.value.status == 503
+
+
+def gated_pod(name: str, gates: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}], "schedulingGates": [{"name": g} for g in gates]}}
+
+
+async def test_scheduling_gates_may_only_be_removed_and_a_gated_pod_is_not_bound(api: ApiClient) -> None:
+    from kubernetes_asyncio.client import CoreV1Api
+
+    from dralloc.kube import body_of
+
+    core = CoreV1Api(api)
+    await core.create_namespaced_pod("default", gated_pod("p", ["a.example/one"]))
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"kind": "Node", "name": "node-0"}}
+    with pytest.raises(ApiException) as refused:
+        await body_of(core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False))
+    assert refused.value.status == 422 and b"schedulingGates" in refused.value.body
+    with pytest.raises(ApiException) as added:
+        await core.patch_namespaced_pod("p", "default", {"spec": {"schedulingGates": [{"name": "a.example/one"}, {"name": "b.example/two"}]}},
+                                        _content_type="application/merge-patch+json")
+    assert added.value.status == 422 and "only deletion is allowed" in added.value.body
+    await core.patch_namespaced_pod("p", "default", {"spec": {"schedulingGates": None}}, _content_type="application/merge-patch+json")
+    await body_of(core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False))
+    assert (await core.read_namespaced_pod("p", "default")).spec.node_name == "node-0"
+    with pytest.raises(ApiException) as twice:
+        await body_of(core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False))
+    assert twice.value.status == 409
+
+
+async def test_deleting_an_owner_deletes_its_dependents_finalizers_holding_them(apiserver: ApiServer, api: ApiClient) -> None:
+    owner = apiserver.apply(gated_pod("owner", []))
+    ref = {"apiVersion": "v1", "kind": "Pod", "name": "owner", "uid": owner["metadata"]["uid"], "controller": True}
+    apiserver.apply(claim("free", ownerReferences=[ref]))
+    apiserver.apply(claim("held", ownerReferences=[ref], finalizers=["example.com/hold"]))
+    apiserver.apply(claim("other"))
+    apiserver.remove("pods", "default", "owner")
+    assert apiserver.read("resourceclaims", "default", "free") is None
+    assert apiserver.read("resourceclaims", "default", "held")["metadata"]["deletionTimestamp"]
+    assert apiserver.read("resourceclaims", "default", "other") is not None
