@@ -360,6 +360,9 @@ class AllocationReleased(_Event, tag=True, frozen=True):
     namespace: str
     name: str
     uid: str
+    allocation: AllocationResult | None = None
+    """The allocation released, when known: a status writer clears a claim's status only if it
+    holds that allocation (never one made elsewhere, even after a restart forgot what it wrote)."""
 
     @property
     def key(self) -> str:

@@ -249,7 +249,8 @@ class Decisions:
             if key in present or not isinstance(event, ev.AllocationCommitted | ev.AllocationFailed):
                 continue
             namespace, name = key.split("/", 1)
-            releases.append(ev.AllocationReleased(namespace=namespace, name=name, uid=event.uid))
+            allocation = event.allocation if isinstance(event, ev.AllocationCommitted) else None
+            releases.append(ev.AllocationReleased(namespace=namespace, name=name, uid=event.uid, allocation=allocation))
         return releases
 
     # -- claim events -------------------------------------------------------------------
@@ -325,7 +326,7 @@ class Decisions:
         if done is None or (uid and done.claim.metadata.uid != uid):
             return None
         namespace, name = key.split("/", 1)
-        return ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or "")
+        return ev.AllocationReleased(namespace=namespace, name=name, uid=done.claim.metadata.uid or "", allocation=done.allocation)
 
     def failure(self, claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed | None:
         """The claim's failure to write, or None when this term already wrote the same one (a retry
@@ -455,7 +456,8 @@ class Decisions:
                     self.messages[member.key] = outcome.message
             return plan
         plan.batch = [
-            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "")
+            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "",
+                                  allocation=_allocation(m))
             for m in plan.given_back
         ]
         for member, outcome in zip(claims, outcomes):
@@ -570,7 +572,7 @@ class Decisions:
             outcomes = self.engine.allocate(pending, node=next(iter(nodes), None), together=True)
         if all(o.status == "allocated" for o in outcomes):
             plan.batch = [ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name,
-                                                uid=c.metadata.uid or "") for c in plan.given_back]
+                                                uid=c.metadata.uid or "", allocation=_allocation(c)) for c in plan.given_back]
             plan.batch += [ev.AllocationCommitted(claim=self._decided(c, o), node=o.node) for c, o in zip(pending, outcomes)]
             return plan
         for claim in plan.given_back:  # no better place: they keep what they had

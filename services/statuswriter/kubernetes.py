@@ -14,7 +14,8 @@ committed
     claim gone, or re-created under the same name (another uid) -> nothing.
 released
     clears `allocation` and `reservedFor`, unless the allocation there is not
-    the one this writer wrote (then it is reported and kept) or the claim is
+    the one released (the event carries it; for an older event without it:
+    the one this writer wrote) (then it is reported and kept) or the claim is
     gone or re-created. What was written is remembered per process; after a
     restart, a released claim's allocation is cleared unless it was seen to be
     foreign since (release follows the claim's deletion, so this only matters
@@ -249,7 +250,10 @@ class KubernetesSink:
                     await self._remove_finalizer(event.namespace, event.name)  # a deleted claim, deallocated: let it go
                 return Result(event.key, Outcome.UNCHANGED)
             ours = self._written.get(current.metadata.uid or "")
-            foreign = current.metadata.uid in self._foreign or (ours is not None and ours != msgspec.to_builtins(have))
+            if event.allocation is not None:  # the allocator says what it releases: clear only that
+                foreign = not same_allocation(have, event.allocation)
+            else:
+                foreign = current.metadata.uid in self._foreign or (ours is not None and ours != msgspec.to_builtins(have))
             if foreign:
                 return Result(event.key, Outcome.KEPT_FOREIGN, f"the allocation there ({_devices(have)}) is not dralloc's; kept")
             if await self._patch(event.namespace, event.name, current, {"status": {"allocation": None, "reservedFor": None}}):

@@ -157,3 +157,22 @@ async def test_server_errors_are_not_permanent(apiserver: ApiServer, sink: Kuber
     with pytest.raises(Exception) as exc:
         await sink.committed(committed(stored))
     assert not isinstance(exc.value, Permanent)
+
+
+async def test_a_restarted_writer_clears_only_the_allocation_the_allocator_released(
+        apiserver: ApiServer, api: ApiClient, sink: KubernetesSink, results: list[Result]) -> None:
+    """A decision lost to kube-scheduler is released by the allocator; the writer that saw the loss may
+    have restarted since (what it wrote, forgotten): the release names its allocation, so the
+    cluster's own is kept."""
+    theirs = copy.deepcopy(ALLOCATION)
+    theirs["devices"]["results"][0]["device"] = "gpu-7"
+    stored = apiserver.apply({**claim(), "status": {"allocation": theirs}})
+    fresh = KubernetesSink(api=api, report=results.append)  # knows nothing of earlier writes
+    release = msgspec.structs.replace(released(stored), allocation=committed(stored).allocation)
+    await fresh.released(release)
+    assert results[-1].outcome is Outcome.KEPT_FOREIGN
+    assert apiserver.read("resourceclaims", "default", "c")["status"]["allocation"] == theirs
+    # The allocation it names is cleared.
+    await fresh.released(msgspec.structs.replace(released(stored), allocation=committed(stored, theirs).allocation))
+    assert results[-1].outcome is Outcome.CLEARED
+    assert "allocation" not in (apiserver.read("resourceclaims", "default", "c").get("status") or {})
