@@ -71,3 +71,26 @@ def test_grouped_explanations_fit_80_columns_titles_aside(tmp_path):
     lines = table.stdout.splitlines()
     table_lines = [line for line in lines if line.startswith("  ") and ("│" in line or "  " in line.strip())]
     assert all(len(line) <= 80 for line in table_lines)
+
+
+def test_explain_reads_workloads_and_names_the_pod(tmp_path):
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: nine, namespace: ml}
+spec: {spec: {devices: {requests: [{name: gpus, exactly: {deviceClassName: gpu.nvidia.com, count: 9}}]}}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: train, namespace: ml}
+spec:
+  template:
+    spec:
+      containers: [{name: c}]
+      resourceClaims: [{name: gpus, resourceClaimTemplateName: nine}]
+"""
+    table, doc = explain(tmp_path, text, "--profile", "l40s-pcie:2")
+    (entry,) = doc["claims"]
+    assert entry["claim"] == "ml/train-0-gpus" and entry["pod"] == "ml/train-0"
+    assert entry["groups"][0]["verdict"].startswith("2 nodes: only 8 matching devices each, 9 wanted")
+    assert "ml/train-0-gpus (Pod ml/train-0): unsatisfiable" in table.stdout
