@@ -1,23 +1,42 @@
 """Engine benchmark workloads, built in memory, and the loop that measures them.
 
-`dralloc bench engine --workload NAME` runs `measure(NAME)`:
+`dralloc bench engine --workload NAME [--seed N]` runs `measure(NAME)`; every
+random choice comes from the seed, which the JSON names (`seed`; null where a
+workload draws nothing at random):
 
-- kube-perf-500: Kubernetes' scheduler_perf DRA shape. 500 nodes x 10 devices
-  (attributes model, family, driverVersion, numa; capacity memory 1Gi), one
-  class selecting the driver, 1-device claims until every device is taken
-  (5,000 claims).
+- kube-perf-500: the Kubernetes-comparable shape (scheduler_perf's DRA test).
+  500 nodes x 10 devices (attributes model, family, driverVersion, numa;
+  capacity memory 1Gi), one class selecting the driver, 1-device claims until
+  every device is taken (5,000 claims). Its only selector, the class's
+  `device.driver == "..."`, is decided by the engine's literal shortcut and
+  never reaches CEL: compare it with Kubernetes, not with what users send.
 - gpu-fleet-10k: 10,000 nodes x 8 GPUs (80,000 devices) with NVIDIA DRA
   driver attributes (productName, architecture, cudaComputeCapability,
   driverVersion, uuid, index, pcieRoot, memory) and dralloc's
-  `dralloc.dev/nvlinkDomain`: HGX H100 / H200 / A100 nodes (one NVSwitch
-  domain of 8) and L40S nodes (PCIe, no NVLink). Claims of 1/2/4/8 GPUs, a
-  third with selectors on memory / productName / cudaComputeCapability,
-  multi-GPU claims with matchAttribute on the NVLink domain; claims until 90%
-  of the GPUs have been asked for.
+  `dralloc.dev/nvlinkDomain`: HGX H100 / H200 nodes (one NVSwitch domain of
+  8), A100 PCIe nodes (NVLink-bridged pairs: a domain of 2, smaller than the
+  node) and L40S nodes (PCIe, no NVLink). Claims of 1/2/4/8 GPUs; every third
+  claim has a selector, rotating memory quantity / productName /
+  cudaComputeCapability semver; multi-GPU claims match the NVLink domain;
+  claims until 90% of the GPUs have been asked for.
+- churn-mixed: what users send, at steady utilisation. 200 nodes of five
+  hardware profiles from `dralloc.discovery.profiles` (H100 SXM, H200 SXM with
+  MIG, A100 PCIe with MIG and NVLink pairs, L40S shared by memory, GB200 NVL72
+  racks; 1,456 GPUs, ~37,000 devices with the MIG partitions). 4,000
+  arrivals: whole GPUs with selectors that reach CEL (productName `in`,
+  memory quantity, compute capability semver, `cel.bind`), NVLink-matched
+  multi-GPU claims, MIG slices, shares of an L40S's memory. The fleet is
+  filled to ~85% of its GPUs (GPU equivalents asked: a MIG slice or share
+  counts 1/4), then every arrival follows the release of a random running
+  claim (churn); the release is inside the measured time.
+- frontier-250k: 31,250 nodes of mixed shapes (H100 SXM, L40S, A100 PCIe pairs
+  with MIG, 100 GB200 NVL72 racks of 18 four-GPU trays): 242,800 GPUs; claims
+  as gpu-fleet-10k's until 90% of the GPUs are asked for. `frontier(gpus=N)`
+  is the same mix at another size (`dralloc bench scale`).
 
 Claims are allocated one at a time; the engine picks the node. Reported:
-claims/s, p50/p99 latency per claim, peak RSS, cold start (build the engine
-from the objects and answer the first claim).
+claims/s, p50/p99 latency per claim, peak RSS (and per GPU), cold start
+(build the engine from the objects and answer the first claim).
 """
 
 from __future__ import annotations
@@ -26,11 +45,17 @@ import random
 import resource
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import msgspec
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.memory import freeze_long_lived
+from dralloc.discovery.fleet import build_fleet, fleet_nodes, load_fleet
 from dralloc.schemas.resource import (
+    CapacityRequestPolicy,
+    CapacityRequestPolicyRange,
+    CapacityRequirements,
     CELDeviceSelector,
     Device,
     DeviceAttribute,
@@ -58,22 +83,43 @@ class Workload:
     objects: list  # Nodes, DeviceClasses, ResourceSlices
     claims: list[ResourceClaim]
     devices: int
+    """Physical devices (GPUs) the fleet has: what utilisation is measured against."""
+    seed: int | None = None
+    shape: str = ""
+    """What the workload is comparable with, in words (the JSON's `shape`)."""
+    churn_after: int | None = None
+    """Churn: from this arrival on, each arrival follows the release of a random running claim."""
+    extra: dict = field(default_factory=dict)
 
 
-def _class(name: str, driver: str) -> DeviceClass:
-    return DeviceClass(metadata=ObjectMeta(name=name), spec=DeviceClassSpec(selectors=[DeviceSelector(cel=CELDeviceSelector(expression=f'device.driver == "{driver}"'))]))
+def _class(name: str, driver: str, expression: str | None = None) -> DeviceClass:
+    expression = expression or f'device.driver == "{driver}"'
+    return DeviceClass(metadata=ObjectMeta(name=name), spec=DeviceClassSpec(selectors=[DeviceSelector(cel=CELDeviceSelector(expression=expression))]))
 
 
-def _claim(name: str, cls: str, count: int, selectors: list[str] = (), match: str | None = None) -> ResourceClaim:
+def _claim(
+    name: str, cls: str, count: int, selectors: list[str] = (), match: str | None = None, capacity: dict[str, str] | None = None
+) -> ResourceClaim:
     request = DeviceRequest(
         name="gpus",
-        exactly=ExactDeviceRequest(device_class_name=cls, count=count, selectors=[DeviceSelector(cel=CELDeviceSelector(expression=e)) for e in selectors]),
+        exactly=ExactDeviceRequest(
+            device_class_name=cls,
+            count=count,
+            selectors=[DeviceSelector(cel=CELDeviceSelector(expression=e)) for e in selectors],
+            capacity=CapacityRequirements(requests=capacity) if capacity else None,
+        ),
     )
     constraints = [DeviceConstraint(match_attribute=match)] if match else []
     return ResourceClaim(metadata=ObjectMeta(name=name, namespace="bench"), spec=ResourceClaimSpec(devices=DeviceClaim(requests=[request], constraints=constraints)))
 
 
-def kube_perf_500() -> Workload:
+KUBE_PERF_SHAPE = (
+    "Kubernetes-comparable: scheduler_perf's DRA shape; the class selector is decided by the literal shortcut, never by CEL"
+)
+
+
+def kube_perf_500(seed: int | None = None) -> Workload:
+    """The Kubernetes-comparable shape; `seed` is accepted and unused (nothing is random)."""
     driver = "dra.example.com"
     objects: list = [_class("example", driver)]
     for n in range(500):
@@ -99,23 +145,39 @@ def kube_perf_500() -> Workload:
             )
         )
     claims = [_claim(f"claim-{i:05d}", "example", 1) for i in range(5000)]
-    return Workload("kube-perf-500", objects, claims, 5000)
+    return Workload("kube-perf-500", objects, claims, 5000, seed=None, shape=KUBE_PERF_SHAPE)
 
 
 GPU_DRIVER = "gpu.nvidia.com"
 NVLINK_DOMAIN = "dralloc.dev/nvlinkDomain"
-_GPU_TYPES = [  # (productName, architecture, cudaComputeCapability, memory, NVLink)
-    ("NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "80Gi", True),
-    ("NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "80Gi", True),
-    ("NVIDIA H200", "Hopper", "9.0.0", "141Gi", True),
-    ("NVIDIA A100-SXM4-80GB", "Ampere", "8.0.0", "80Gi", True),
-    ("NVIDIA L40S", "Ada Lovelace", "8.9.0", "48Gi", False),
+_GPU_TYPES = [  # (productName, architecture, cudaComputeCapability, memory, NVLink: nvswitch | pairs | none)
+    ("NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "80Gi", "nvswitch"),
+    ("NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "80Gi", "nvswitch"),
+    ("NVIDIA H200", "Hopper", "9.0.0", "141Gi", "nvswitch"),
+    ("NVIDIA A100 80GB PCIe", "Ampere", "8.0.0", "80Gi", "pairs"),
+    ("NVIDIA L40S", "Ada Lovelace", "8.9.0", "48Gi", "none"),
 ]
-_SELECTORS = [
-    f'device.capacity["{GPU_DRIVER}"].memory.compareTo(quantity("80Gi")) >= 0',
-    f'device.attributes["{GPU_DRIVER}"].productName == "NVIDIA H100 80GB HBM3"',
-    f'device.attributes["{GPU_DRIVER}"].cudaComputeCapability.isGreaterThan(semver("8.9.0"))',
-]
+SELECTORS = {
+    "memory": f'device.capacity["{GPU_DRIVER}"].memory.compareTo(quantity("80Gi")) >= 0',
+    "productName": f'device.attributes["{GPU_DRIVER}"].productName == "NVIDIA H100 80GB HBM3"',
+    "cudaComputeCapability": f'device.attributes["{GPU_DRIVER}"].cudaComputeCapability.isGreaterThan(semver("8.9.0"))',
+}
+_ROTATION = list(SELECTORS.values())
+
+
+def _fleet_claims(rng: random.Random, gpus: int, fill: float) -> list[ResourceClaim]:
+    """gpu-fleet-10k's claims: 1/2/4/8 GPUs; every third claim has a selector, the three kinds in
+    turn; multi-GPU claims match the NVLink domain; until `fill` of the GPUs are asked for."""
+    claims: list[ResourceClaim] = []
+    wanted, target = 0, int(gpus * fill)
+    while wanted < target:
+        count = rng.choices([1, 2, 4, 8], weights=[40, 25, 20, 15])[0]
+        i = len(claims)
+        selectors = [_ROTATION[(i // 3) % len(_ROTATION)]] if i % 3 == 0 else []
+        match = NVLINK_DOMAIN if count > 1 else None
+        claims.append(_claim(f"job-{i:06d}", "gpu.nvidia.com", count, selectors, match))
+        wanted += count
+    return claims
 
 
 def gpu_fleet_10k(nodes: int = 10_000, fill: float = 0.9, seed: int = 7) -> Workload:
@@ -135,8 +197,10 @@ def gpu_fleet_10k(nodes: int = 10_000, fill: float = 0.9, seed: int = 7) -> Work
                 "index": DeviceAttribute(int=g),
                 "resource.kubernetes.io/pcieRoot": DeviceAttribute(string=f"pci0000:{0x10 * (g // 2):02x}"),
             }
-            if nvlink:
+            if nvlink == "nvswitch":
                 attributes[NVLINK_DOMAIN] = DeviceAttribute(string=f"{node}/nvswitch-0")
+            elif nvlink == "pairs":  # NVLink bridges join pairs: a domain smaller than the node
+                attributes[NVLINK_DOMAIN] = DeviceAttribute(string=f"{node}/nvlink-pair-{g // 2}")
             devices.append(Device(name=f"gpu-{g}", attributes=attributes, capacity={"memory": DeviceCapacity(value=memory)}))
         objects.append(
             ResourceSlice(
@@ -144,19 +208,134 @@ def gpu_fleet_10k(nodes: int = 10_000, fill: float = 0.9, seed: int = 7) -> Work
                 spec=ResourceSliceSpec(driver=GPU_DRIVER, pool=ResourcePool(name=node, generation=1, resource_slice_count=1), node_name=node, devices=devices),
             )
         )
+    claims = _fleet_claims(random.Random(seed), nodes * 8, fill)
+    return Workload("gpu-fleet-10k", objects, claims, nodes * 8, seed=seed, shape="dralloc's GPU fleet: NVIDIA driver attributes, NVLink domains, selectors in CEL")
+
+
+# --- fleets of hardware profiles (churn-mixed, frontier) ----------------------------------
+
+GPU_CLASS = f"device.driver == '{GPU_DRIVER}' && device.attributes['{GPU_DRIVER}'].type == 'gpu'"
+MIG_CLASS = f"device.driver == '{GPU_DRIVER}' && device.attributes['{GPU_DRIVER}'].type == 'mig'"
+SHARED_PRODUCT = "NVIDIA L40S"
+
+
+def _profile_objects(pairs: list[tuple[str, int]], *, shared: str | None = None) -> tuple[list, int]:
+    """Nodes and slices of a fleet of hardware profiles, the GPU and MIG classes; and its GPU count.
+
+    `shared`: the product whose GPUs allow multiple allocations, their memory
+    consumable in steps of 1Gi (a share), as a driver with KEP-5075 publishes it."""
+    spec = load_fleet(pairs)
+    objects: list = [_class("gpu.nvidia.com", GPU_DRIVER, GPU_CLASS), _class("mig.nvidia.com", GPU_DRIVER, MIG_CLASS)]
+    objects += fleet_nodes(spec)
+    gpus = 0
+    for _, slices in build_fleet(spec):
+        for slice_ in slices:
+            if slice_.spec.driver != GPU_DRIVER:
+                objects.append(slice_)
+                continue
+            devices = slice_.spec.devices or []
+            gpus += sum(1 for d in devices if d.attributes["type"].string == "gpu")
+            if shared is not None and any(d.attributes["productName"].string == shared for d in devices):
+                devices = [_shareable(d) for d in devices]
+                slice_ = msgspec.structs.replace(slice_, spec=msgspec.structs.replace(slice_.spec, devices=devices))
+            objects.append(slice_)
+    return objects, gpus
+
+
+def _shareable(device: Device) -> Device:
+    memory = device.capacity["memory"].value
+    policy = CapacityRequestPolicy(default=memory, valid_range=CapacityRequestPolicyRange(min="1Gi", step="1Gi"))
+    capacity = {**device.capacity, "memory": DeviceCapacity(value=memory, request_policy=policy)}
+    return msgspec.structs.replace(device, capacity=capacity, allow_multiple_allocations=True)
+
+
+CHURN_BLOCK = [("h100-sxm", 30), ("h200-sxm-mig", 20), ("a100-pcie", 20), ("l40s-pcie", 12), ("gb200-nvl72", 18)]
+"""100 nodes, 728 GPUs, one NVL72 rack; churn-mixed has 2 blocks (200 nodes, 1,456 GPUs): its MIG
+slices (~50 devices per GPU) make the engine's cold start ~80 ms per node today, so more blocks
+take minutes to load."""
+
+CHURN_SELECTORS = {
+    "productName": f'device.attributes["{GPU_DRIVER}"].productName in ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GB200"]',
+    "memory": f'device.capacity["{GPU_DRIVER}"].memory.compareTo(quantity("80Gi")) >= 0',
+    "cudaComputeCapability": f'device.attributes["{GPU_DRIVER}"].cudaComputeCapability.isGreaterThan(semver("8.9.0"))',
+    "cel.bind": f'cel.bind(a, device.attributes["{GPU_DRIVER}"], a.architecture == "Hopper" || (a.architecture == "Blackwell" && a.cudaComputeCapability.isGreaterThan(semver("9.0.0"))))',
+}
+MIG_SELECTORS = {
+    "mig-small": f'device.capacity["{GPU_DRIVER}"].memory.compareTo(quantity("10Gi")) >= 0 && device.capacity["{GPU_DRIVER}"].memory.compareTo(quantity("20Gi")) <= 0',
+    "mig-half": f'device.attributes["{GPU_DRIVER}"].profile in ["3g.40gb", "3g.71gb"]',
+}
+CHURN_KINDS = ("whole", "nvlink", "mig", "share")
+
+
+def churn_kind(claim: ResourceClaim) -> str:
+    """Which of CHURN_KINDS a churn-mixed claim is (read from the claim, for tests and the JSON)."""
+    request = claim.spec.devices.requests[0].exactly
+    if request.device_class_name == "mig.nvidia.com":
+        return "mig"
+    if request.capacity is not None:
+        return "share"
+    return "nvlink" if claim.spec.devices.constraints else "whole"
+
+
+def churn_mixed(seed: int = 7, arrivals: int = 4_000, fill: float = 0.85, blocks: int = 2) -> Workload:
+    """Five node shapes (`blocks` x CHURN_BLOCK); whole, NVLink-matched, MIG and shared claims;
+    churn after the fill."""
     rng = random.Random(seed)
+    objects, gpus = _profile_objects([(profile, count * blocks) for profile, count in CHURN_BLOCK], shared=SHARED_PRODUCT)
+    selectors = list(CHURN_SELECTORS.values())
+    mig = list(MIG_SELECTORS.values())
     claims: list[ResourceClaim] = []
-    wanted, target = 0, int(nodes * 8 * fill)
-    while wanted < target:
-        count = rng.choices([1, 2, 4, 8], weights=[40, 25, 20, 15])[0]
-        selectors = [_SELECTORS[len(claims) % 3]] if len(claims) % 3 == 0 else []
-        match = NVLINK_DOMAIN if count > 1 else None
-        claims.append(_claim(f"job-{len(claims):05d}", "gpu.nvidia.com", count, selectors, match))
-        wanted += count
-    return Workload("gpu-fleet-10k", objects, claims, nodes * 8)
+    asked, churn_after = 0.0, None
+    for i in range(arrivals):
+        name = f"churn-{i:06d}"
+        kind = rng.choices(CHURN_KINDS, weights=[40, 25, 20, 15])[0]
+        if kind == "whole":
+            claims.append(_claim(name, "gpu.nvidia.com", 1, [rng.choice(selectors)] if rng.random() < 0.5 else []))
+            size = 1.0
+        elif kind == "nvlink":
+            count = rng.choice([2, 2, 4, 8])
+            claims.append(_claim(name, "gpu.nvidia.com", count, [rng.choice(selectors)] if rng.random() < 0.25 else [], NVLINK_DOMAIN))
+            size = float(count)
+        elif kind == "mig":
+            claims.append(_claim(name, "mig.nvidia.com", 1, [rng.choice(mig)]))
+            size = 0.25
+        else:
+            memory = rng.choice(["8Gi", "12Gi", "24Gi"])
+            claims.append(_claim(name, "gpu.nvidia.com", 1, [f'device.attributes["{GPU_DRIVER}"].productName == "{SHARED_PRODUCT}"'], capacity={"memory": memory}))
+            size = 0.25
+        asked += size
+        if churn_after is None and asked >= gpus * fill:
+            churn_after = i + 1
+    return Workload(
+        "churn-mixed", objects, claims, gpus, seed=seed, shape="what users send: CEL selectors, NVLink pairs and racks, MIG, shares, churn at steady utilisation",
+        churn_after=churn_after if churn_after is not None else len(claims),
+    )
 
 
-WORKLOADS = {"kube-perf-500": kube_perf_500, "gpu-fleet-10k": gpu_fleet_10k}
+FRONTIER_NODES = 31_250
+FRONTIER_RACKS = 100
+
+
+def frontier_fleet(nodes: int) -> list[tuple[str, int]]:
+    """The frontier mix for `nodes` nodes: GB200 NVL72 trays in whole racks of 18 (100 racks at
+    31,250 nodes), then H100 SXM 68%, L40S 30%, A100 PCIe 2% (NVLink pairs, MIG partitions
+    published: ~52 devices per GPU, so a few percent keeps the fleet's device count honest
+    without making MIG its bulk). Profiles as `dralloc.discovery.profiles` has them."""
+    racks = max(1, round(nodes * FRONTIER_RACKS / FRONTIER_NODES))
+    rest = nodes - racks * 18
+    h100, l40s = int(rest * 0.68), int(rest * 0.30)
+    return [("h100-sxm", h100), ("l40s-pcie", l40s), ("a100-pcie", rest - h100 - l40s), ("gb200-nvl72", racks * 18)]
+
+
+def frontier(nodes: int = FRONTIER_NODES, fill: float = 0.9, seed: int = 7) -> Workload:
+    objects, gpus = _profile_objects(frontier_fleet(nodes))
+    claims = _fleet_claims(random.Random(seed), gpus, fill)
+    name = "frontier-250k" if nodes == FRONTIER_NODES else f"frontier-{nodes}-nodes"
+    return Workload(name, objects, claims, gpus, seed=seed, shape="frontier scale: mixed shapes, GB200 NVL72 racks", extra={"nodes": nodes})
+
+
+WORKLOADS = {"kube-perf-500": kube_perf_500, "gpu-fleet-10k": gpu_fleet_10k, "churn-mixed": churn_mixed, "frontier-250k": frontier}
+DEFAULT_SEED = 7
 
 
 def _peak_rss_mb() -> float:
@@ -171,15 +350,29 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def measure(name: str, *, scoring: bool = True) -> dict:
-    """Build the workload, load an engine, allocate every claim; the numbers as a dict.
+def _busy_gpus(engine: Engine) -> int:
+    """Physical devices holding anything (whole, a MIG partition of it, a share of it)."""
+    busy = set()
+    for record in engine.ledger.claims.values():
+        for result in record.allocation.devices.results:
+            busy.add((result.driver, result.pool, result.device.split("-mig-")[0]))
+    return len(busy)
+
+
+def measure(name: str, *, scoring: bool = True, seed: int | None = None, workload: Workload | None = None) -> dict:
+    """Build the workload, load an engine, allocate every claim (releasing one running claim before
+    each arrival once a churn workload is full); the numbers as a dict.
 
     `scoring`: the engine's topology/best-fit placement (the default), or
-    Kubernetes' first-fit order."""
-    if name not in WORKLOADS:
+    Kubernetes' first-fit order. `seed`: the workload's (DEFAULT_SEED when
+    None). `workload`: one built already (its build time is then not counted)."""
+    if workload is None and name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    seed = DEFAULT_SEED if seed is None else seed
+    rss_before = _peak_rss_mb()
     started = time.perf_counter()
-    workload = WORKLOADS[name]()
+    if workload is None:
+        workload = WORKLOADS[name](seed=seed)
     built = time.perf_counter()
     engine = Engine(scoring=scoring)
     for obj in workload.objects:
@@ -187,10 +380,20 @@ def measure(name: str, *, scoring: bool = True) -> dict:
     freeze_long_lived()  # as the allocator does once its engine is loaded
     latencies: list[float] = []
     statuses = {"allocated": 0, "unsatisfiable": 0, "error": 0}
-    devices_taken = 0
     cold_start = 0.0
+    churn_rng = random.Random(seed + 1)
+    running: list[str] = []
+    releases = 0
+    busy_at_fill = None
     run_started = time.perf_counter()
     for i, claim in enumerate(workload.claims):
+        if workload.churn_after is not None and i >= workload.churn_after and running:
+            if busy_at_fill is None:
+                busy_at_fill = _busy_gpus(engine)
+            j = churn_rng.randrange(len(running))
+            running[j], running[-1] = running[-1], running[j]
+            engine.release(running.pop())
+            releases += 1
         t0 = time.perf_counter()
         (outcome,) = engine.allocate([claim])
         t1 = time.perf_counter()
@@ -199,23 +402,33 @@ def measure(name: str, *, scoring: bool = True) -> dict:
         latencies.append(t1 - t0)
         statuses[outcome.status] += 1
         if outcome.allocation is not None:
-            devices_taken += len(outcome.allocation.devices.results)
+            running.append(claim.key)
     finished = time.perf_counter()
     ordered = sorted(latencies)
-    return {
-        "workload": name,
+    peak = _peak_rss_mb()
+    result = {
+        "workload": workload.name,
+        "shape": workload.shape,
+        "seed": workload.seed,
         "scoring": scoring,
         "claims": len(workload.claims),
+        "releases": releases,
         "allocated": statuses["allocated"],
         "unsatisfiable": statuses["unsatisfiable"],
         "errors": statuses["error"],
         "devices": workload.devices,
-        "utilization": round(devices_taken / workload.devices, 4),
+        "utilization": round(_busy_gpus(engine) / workload.devices, 4),
         "claims_per_second": round(len(latencies) / (finished - run_started), 1),
         "p50_ms": round(_percentile(ordered, 0.50) * 1000, 3),
         "p99_ms": round(_percentile(ordered, 0.99) * 1000, 3),
         "max_ms": round(ordered[-1] * 1000, 3) if ordered else 0.0,
         "cold_start_s": round(cold_start, 3),
         "build_s": round(built - started, 3),
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "peak_rss_mb": round(peak, 1),
+        "rss_kb_per_device": round((peak - rss_before) * 1024 / workload.devices, 2),
     }
+    if workload.churn_after is not None:
+        result["churn_after"] = workload.churn_after
+        result["utilization_at_fill"] = round((busy_at_fill or _busy_gpus(engine)) / workload.devices, 4)
+    result.update(workload.extra)
+    return result

@@ -630,15 +630,16 @@ def _print_bench(result: dict, as_json: bool, title: str, rows: list[tuple[str, 
 
 @bench_app.command("engine")
 def bench_engine(
-    workload: str = typer.Option(..., "--workload", help="kube-perf-500 or gpu-fleet-10k."),
+    workload: str = typer.Option(..., "--workload", help="kube-perf-500 (Kubernetes-comparable), gpu-fleet-10k, churn-mixed or frontier-250k."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     scoring: bool = typer.Option(True, "--scoring/--first-fit", help="Topology/best-fit placement (default) or Kubernetes' first-fit order."),
+    seed: int = typer.Option(7, "--seed", help="Seed of the workload's random choices (named in the output)."),
 ) -> None:
     """Allocate a workload's claims one by one through the engine: claims/s, p50/p99 latency, peak RSS, cold start."""
     module = _benchmarks_module("engine_workloads")
     if workload not in module.WORKLOADS:
         fail(f"unknown workload {workload!r}; known: {', '.join(module.WORKLOADS)}")
-    result = module.measure(workload, scoring=scoring)
+    result = module.measure(workload, scoring=scoring, seed=seed)
     _print_bench(result, as_json, f"dralloc bench engine: {workload}", [(k, str(v)) for k, v in result.items()])
 
 

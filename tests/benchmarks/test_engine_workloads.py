@@ -1,0 +1,103 @@
+"""The engine benchmark's workloads build what they promise: the selector mix, NVLink domains
+smaller than a node, the Kubernetes-comparable label, churn-mixed's kinds of claims (each one
+allocatable on its fleet) and churn at steady utilisation, seeds named in the output."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from dralloc.allocator.engine import Engine
+from dralloc.cli import _benchmarks_module
+from dralloc.discovery.attributes import LABEL_PROFILE
+
+W = _benchmarks_module("engine_workloads")
+
+
+def _selectors(claim) -> list[str]:
+    return [s.cel.expression for s in claim.spec.devices.requests[0].exactly.selectors]
+
+
+def _domains_per_node(objects) -> dict[str, set[str]]:
+    domains: dict[str, set[str]] = {}
+    for obj in objects:
+        spec = getattr(obj, "spec", None)
+        if getattr(spec, "driver", None) != W.GPU_DRIVER:
+            continue
+        for device in spec.devices or []:
+            if W.NVLINK_DOMAIN in device.attributes:
+                domains.setdefault(spec.node_name, set()).add(device.attributes[W.NVLINK_DOMAIN].string)
+    return domains
+
+
+def test_gpu_fleet_rotates_its_three_selectors():
+    fleet = W.gpu_fleet_10k(nodes=30)
+    kinds = Counter(next(k for k, e in W.SELECTORS.items() if e in _selectors(c)) for c in fleet.claims if _selectors(c))
+    assert set(kinds) == set(W.SELECTORS)  # productName and cudaComputeCapability, not only memory
+    assert max(kinds.values()) - min(kinds.values()) <= 1
+    with_selector = sum(kinds.values())
+    assert with_selector == (len(fleet.claims) + 2) // 3  # every third claim
+    assert fleet.seed == 7 and W.gpu_fleet_10k(nodes=30, seed=8).claims != fleet.claims
+
+
+def test_gpu_fleet_has_nvlink_domains_smaller_than_a_node():
+    fleet = W.gpu_fleet_10k(nodes=10)
+    domains = _domains_per_node(fleet.objects)
+    assert any(len(d) == 4 for d in domains.values())  # A100 PCIe: four bridged pairs
+    assert any(len(d) == 1 for d in domains.values())  # HGX: one NVSwitch domain of 8
+    assert all(c.spec.devices.constraints for c in fleet.claims if c.spec.devices.requests[0].exactly.count > 1)
+
+
+def test_kube_perf_is_labelled_the_kubernetes_comparable_shape():
+    perf = W.kube_perf_500()
+    assert perf.shape.startswith("Kubernetes-comparable") and "literal shortcut" in perf.shape
+    assert perf.devices == 5000 and len(perf.claims) == 5000 and perf.seed is None
+    assert "Kubernetes-comparable" not in W.gpu_fleet_10k(nodes=5).shape
+
+
+@pytest.fixture(scope="module")
+def churn():
+    return W.churn_mixed(seed=3, arrivals=1500, blocks=1)
+
+
+def test_churn_mixed_has_every_kind_of_claim_and_selector(churn):
+    kinds = Counter(W.churn_kind(c) for c in churn.claims)
+    assert set(kinds) == set(W.CHURN_KINDS) and min(kinds.values()) > 100
+    used = Counter(e for c in churn.claims for e in _selectors(c))
+    for expression in (*W.CHURN_SELECTORS.values(), *W.MIG_SELECTORS.values()):
+        assert used[expression] > 10, expression
+    assert any("cel.bind(" in e for e in used)
+    profiles = {o.metadata.labels.get(LABEL_PROFILE) for o in churn.objects if o.__class__.__name__ == "Node"}
+    assert len(profiles) == 5
+    domains = _domains_per_node(churn.objects)
+    assert any(len(d) == 4 for d in domains.values())  # NVLink pairs: domains smaller than a node
+    racks = Counter(next(iter(d)) for d in domains.values() if any(x.endswith("/nvl72") for x in d))
+    assert racks and set(racks.values()) == {18}  # GB200 racks: 18 trays share one domain
+    assert 0 < churn.churn_after < len(churn.claims)
+
+
+def test_every_churn_claim_shape_can_be_allocated(churn):
+    """Each selector and kind selects devices on its fleet (no benchmark of claims that never fit)."""
+    samples = {}
+    for claim in churn.claims:
+        key = (W.churn_kind(claim), tuple(_selectors(claim)), claim.spec.devices.requests[0].exactly.count)
+        samples.setdefault(key, claim)
+    engine = Engine()
+    for obj in churn.objects:
+        engine.apply(obj)
+    outcomes = {key: engine.allocate([claim])[0] for key, claim in samples.items()}
+    assert {key: o.status for key, o in outcomes.items() if o.status != "allocated"} == {}
+    share = next(o for (kind, *_), o in outcomes.items() if kind == "share")
+    assert share.allocation.devices.results[0].share_id is not None
+    mig = next(o for (kind, *_), o in outcomes.items() if kind == "mig")
+    assert "-mig-" in mig.allocation.devices.results[0].device
+
+
+def test_measure_churns_at_steady_utilisation_and_names_the_seed(churn):
+    result = W.measure("churn-mixed", seed=3, workload=churn)
+    assert result["seed"] == 3 and result["workload"] == "churn-mixed"
+    assert result["releases"] == len(churn.claims) - churn.churn_after
+    assert result["errors"] == 0 and result["allocated"] > result["releases"]
+    assert abs(result["utilization"] - result["utilization_at_fill"]) < 0.15
+    assert result["utilization_at_fill"] > 0.6
