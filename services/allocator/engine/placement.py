@@ -269,12 +269,12 @@ class Placement:
         then the nodes with none free (they may still have shared devices)."""
         names = self.inv.node_names
         known = self.inv.node_known
-        top = 1
-        while top < len(free_ge) and viable & free_ge[top]:
-            top += 1  # past the most free devices any viable node has
-        for k in _hole_order(need, top):
+        top = len(free_ge)
+        for k in _hole_order(need, top):  # lazily: the first bucket usually holds the node taken
             at_least = viable & free_ge[k]
-            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < len(free_ge) else at_least
+            if not at_least:
+                continue
+            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
             while bucket:  # lowest rank first, lazily: the first node usually fits
                 low = bucket & -bucket
                 bucket ^= low
