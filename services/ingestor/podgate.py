@@ -28,13 +28,19 @@ controller owner (without blockOwnerDeletion), requests built by
 by this Pod's uid) is used again. Where kube-scheduler records it in the Pod's
 ``status.extendedResourceClaimStatus`` at PreBind, dralloc records it as soon as
 it creates the claim (before the gate is lifted, so a binding sees the same
-status), which also lets a restarted ingestor find it.
+status), which also lets a restarted ingestor find it. kube-scheduler takes such a claim, made
+before it binds the Pod, as stale from an earlier cycle (filterExtendedResources, PostFilter):
+it deletes it and makes its own. So the gate of a Pod with an extended-resource claim is lifted
+together with a pin to the node dralloc chose (``spec.affinity``: ``metadata.name In [node]``,
+which a gated Pod's affinity may be narrowed to), and kube-scheduler's claim is made there.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
@@ -58,6 +64,7 @@ class SchedulingGate(msgspec.Struct):
 
 class GatedPodSpec(PodSpec, kw_only=True):
     scheduling_gates: list[SchedulingGate] = []
+    affinity: dict[str, Any] | None = None
 
 
 class PodClaimStatus(msgspec.Struct, rename="camel", kw_only=True):
@@ -114,6 +121,21 @@ def allowed_nodes(allocation: AllocationResult) -> set[str] | None:
             return None  # a term that selects by other labels: any node may match it
         nodes |= set(names[0].values)
     return nodes
+
+
+def pinned_affinity(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
+    """`spec.affinity` narrowed to `node` (``metadata.name In [node]``), as a gated Pod's may be: the
+    requirement added to each required term, or the one term when there is none."""
+    narrowed = copy.deepcopy(affinity or {})
+    node_affinity = narrowed.setdefault("nodeAffinity", {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    if not required.get("nodeSelectorTerms"):
+        node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [{"matchFields": [pin]}]}
+    else:
+        for term in required["nodeSelectorTerms"]:
+            term.setdefault("matchFields", []).append(pin)
+    return narrowed
 
 
 def cluster_extended_claim(pod: GatedPod, classes: Iterable[DeviceClass]) -> ResourceClaim | None:
@@ -198,7 +220,12 @@ class PodGate:
         if nodes is not None and not nodes:
             return  # allocated on different nodes (a write lost to kube-scheduler): dralloc places the rest again
         rest = [{"name": g.name} for g in pod.spec.scheduling_gates if g.name != GATE]
-        patch = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": {"schedulingGates": rest or None}}
+        spec: dict[str, Any] = {"schedulingGates": rest or None}
+        if self.extended.get(pod.metadata.uid or "") in names and nodes is not None and len(nodes) == 1:
+            # kube-scheduler replaces an extended-resource claim made before it binds the Pod (README,
+            # "Known gap"): the Pod is pinned to the node dralloc chose, so its claim is made there.
+            spec["affinity"] = pinned_affinity(pod.spec.affinity, next(iter(nodes)))
+        patch = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": spec}
         try:
             await body_of(self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace or "default", patch,
                                                          _content_type=MERGE_PATCH, _preload_content=False))

@@ -508,6 +508,9 @@ class ApiServer(KubernetesScaffold):
         if kind.plural == "pods" and old is not None:
             # After creation a scheduling gate may only be removed (the API server's pod update validation).
             before = [g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []]
+            if not before and (old.get("spec") or {}).get("affinity") != (new.get("spec") or {}).get("affinity"):
+                raise _status(422, "Invalid", f"Pod \"{new['metadata']['name']}\" is invalid: spec: Forbidden: pod updates may "
+                              "not change fields other than ... (spec.affinity only while the Pod has scheduling gates)")
             for gate in (new.get("spec") or {}).get("schedulingGates") or []:
                 if gate.get("name") not in before:
                     raise _status(422, "Invalid", f"Pod \"{new['metadata']['name']}\" is invalid: spec.schedulingGates: "

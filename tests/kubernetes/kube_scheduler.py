@@ -49,6 +49,18 @@ def allowed_nodes(allocation: dict[str, Any]) -> set[str] | None:
     return nodes
 
 
+def affinity_nodes(pod: dict[str, Any]) -> set[str] | None:
+    """The nodes a Pod's required node affinity names (``metadata.name In``), None if it names none."""
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    nodes: set[str] | None = None
+    for term in required.get("nodeSelectorTerms", []):
+        for requirement in term.get("matchFields", []):
+            if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In":
+                nodes = set(requirement["values"]) if nodes is None else nodes | set(requirement["values"])
+    return nodes
+
+
 def pod_claim_names(pod: dict[str, Any], *, extended: bool = True) -> list[str] | None:
     statuses = {s["name"]: s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses", [])}
     names = []
@@ -99,7 +111,7 @@ class SchedulerStandIn:
         if any(c is None for c in claims):
             return
         pending = [c for c in claims if not (c.get("status") or {}).get("allocation")]
-        fixed: set[str] | None = None  # Filter: a node the claims already allocated allow
+        fixed: set[str] | None = affinity_nodes(pod)  # Filter: the Pod's node affinity, and the nodes its allocated claims allow
         for claim in claims:
             if (claim.get("status") or {}).get("allocation"):
                 allowed = allowed_nodes(claim["status"]["allocation"])
@@ -112,7 +124,7 @@ class SchedulerStandIn:
             return
         names = pod_claim_names(self.apiserver.read("pods", namespace, pod["metadata"]["name"])) or names
         claims = [self.apiserver.read("resourceclaims", namespace, name) for name in names]
-        nodes: set[str] | None = None
+        nodes = affinity_nodes(self.apiserver.read("pods", namespace, pod["metadata"]["name"]) or pod)
         for claim in claims:
             allowed = allowed_nodes(claim["status"]["allocation"])
             if allowed is not None:

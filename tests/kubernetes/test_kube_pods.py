@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from kube_emulator import ApiServer
 from kube_scheduler import SchedulerStandIn, allowed_nodes
@@ -28,6 +29,7 @@ from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
 from dralloc.ingestor.podgate import GATE
 from dralloc.kube import KubeSettings, user_agent
 from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceSlice
 from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.kubernetes import KubernetesSink
 
@@ -321,15 +323,31 @@ async def test_deleted_pods_and_claims_release_their_devices(cluster: Cluster) -
 
 
 async def test_a_pod_asking_for_nvidia_gpus_runs_on_the_extended_resource_claim(cluster: Cluster) -> None:
-    """dralloc makes the claim kube-scheduler would, allocates it and lifts the gate; kube-scheduler
-    (the stand-in follows its filterExtendedResources/PostFilter) takes a claim made before it bound
-    the Pod as stale, deletes it and makes its own: dralloc releases its claim and adopts that one.
-    The README's "Known gap" says why and what doing it right needs."""
+    """dralloc makes the claim kube-scheduler would, allocates it, pins the Pod to that node and lifts
+    the gate; kube-scheduler (the stand-in follows its filterExtendedResources/PostFilter) takes a
+    claim made before it bound the Pod as stale, deletes it and makes its own, on the pinned node:
+    dralloc releases its claim and adopts that one (README, "Known gap")."""
     api = cluster.apiserver
+    # node-0 gets four GPUs: kube-scheduler's first fit takes node-0, dralloc's best fit node-1 (two, exactly).
+    api.apply(node_slice("node-0", gpus=4))
+    subject = ev.ResourceSlicePublished(slice=msgspec.convert(node_slice("node-0", gpus=4), ResourceSlice)).subject
+    async with asyncio.timeout(30):  # (on the bus before the Pod)
+        while True:
+            try:
+                published = ev.decode((await cluster.bus.js.get_last_msg("INVENTORY", subject)).data)
+                if len(published.slice.spec.devices) == 4:
+                    break
+            except Exception:  # noqa: BLE001 - not there yet
+                pass
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # (and applied by the allocator, which follows INVENTORY on its own consumer)
     api.apply(pod("legacy", gpus=2))
     node = await cluster.bound("legacy")
     (dralloc_claim,) = cluster.scheduler.deleted
-    await cluster.decision(dralloc_claim, ev.AllocationReleased)
+    released = await cluster.decision(dralloc_claim, ev.AllocationReleased)
+    assert {r.pool for r in released.allocation.devices.results} == {"node-1"} == {node}  # dralloc's node kept
+    assert api.read("pods", NS, "legacy")["spec"]["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}}}
     obj = api.read("pods", NS, "legacy")
     status = obj["status"]["extendedResourceClaimStatus"]
     assert status["requestMappings"] == [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]
