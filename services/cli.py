@@ -643,6 +643,23 @@ def bench_engine(
     _print_bench(result, as_json, f"dralloc bench engine: {workload}", [(k, str(v)) for k, v in result.items()])
 
 
+@bench_app.command("takeover")
+def bench_takeover(
+    decisions: int = typer.Option(100_000, "--decisions", help="Decisions in ALLOCATIONS before the standby takes over (history of released claims plus the live ones)."),
+    live: int = typer.Option(1000, "--live", help="Claims still allocated among them."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """A standby's rebuild (its takeover, less the lease wait) after N decisions, with a real nats-server: takeover_seconds."""
+    import asyncio
+    from pathlib import Path
+
+    if decisions < 1 or live < 1:
+        fail("--decisions and --live must be at least 1")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # takeover imports pipeline's helpers
+    result = asyncio.run(_benchmarks_module("takeover").run(decisions, live=live))
+    _print_bench(result, as_json, f"dralloc bench takeover: {decisions} decisions", [(k, str(v)) for k, v in result.items()])
+
+
 @bench_app.command("placement")
 def bench_placement(
     seeds: str = typer.Option("42", "--seeds", help="Seeds of the churn trace: 42, 1-5 or 1,3,7-9."),
