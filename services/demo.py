@@ -37,7 +37,8 @@ from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.statuswriter import service as statuswriter
 from dralloc.client.show import claims_table
-from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all
+from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus
+from dralloc.statuswriter.sinks import read_all
 
 log = logging.getLogger("dralloc.demo")
 

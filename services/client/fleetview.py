@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import Device, DeviceClass, Node, ResourceSlice
-from dralloc.statuswriter.sinks import ClaimStatus, status_of
+from dralloc.schemas.status import ClaimStatus, status_of
 
 GPU_DRIVER = "gpu.nvidia.com"
 NVLINK_DOMAIN = "dralloc.dev/nvlinkDomain"

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dralloc.client.fleetview import FleetState, age, class_usage, domain_usage, node_usage, percent
-from dralloc.statuswriter.sinks import ClaimStatus
+from dralloc.schemas.status import ClaimStatus
 
 KINDS = ("claims", "nodes", "devices", "slices", "classes")
 OUTPUTS = ("table", "wide", "json", "yaml", "name")

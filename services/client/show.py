@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from dralloc.bus import Bus
-from dralloc.statuswriter.sinks import DEFAULT_BUCKET, ClaimStatus, read_all_checked
+from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus
+from dralloc.statuswriter.sinks import read_all_checked
 
 
 async def fetch_claims(url: str | None, bucket: str | None = None) -> tuple[list[ClaimStatus], list[str]]:

@@ -16,7 +16,7 @@ from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests, removal_of
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
-from dralloc.statuswriter.sinks import ClaimStatus, status_of
+from dralloc.schemas.status import ClaimStatus, status_of
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def describe(event: SourceEvent) -> str:
 def as_gang(events: list[SourceEvent], name: str, domain: str | None = None) -> list[SourceEvent]:
     """Mark every claim as one gang (the annotations the allocator reads): all of them, or none.
     `domain`: the node label key whose values are the gang's domains ("": any nodes; None: the default)."""
-    from dralloc.allocator.engine.gang import GANG, GANG_DOMAIN, GANG_SIZE
+    from dralloc.schemas.gang import GANG, GANG_DOMAIN, GANG_SIZE
 
     size = sum(isinstance(e, ev.ClaimSubmitted) for e in events)
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 import nats.errors
@@ -21,10 +20,21 @@ from nats.js.kv import KeyValue
 
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
-from dralloc.schemas.limits import json_problem
-from dralloc.schemas.resource import AllocationResult
+from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus, UnreadableStatus, decode_status, kv_key, status_of
 
-DEFAULT_BUCKET = "dralloc-claims"
+__all__ = [  # the record format lives in schemas.status; these names stay importable from here
+    "DEFAULT_BUCKET",
+    "ClaimStatus",
+    "KVSink",
+    "StatusSink",
+    "UnreadableStatus",
+    "decode_status",
+    "kv_key",
+    "read_all",
+    "read_all_checked",
+    "read_status",
+    "status_of",
+]
 
 log = logging.getLogger("dralloc.statuswriter")
 
@@ -38,40 +48,6 @@ class StatusSink(Protocol):
     async def committed(self, event: ev.AllocationCommitted) -> Awaitable[Any] | None: ...
     async def failed(self, event: ev.AllocationFailed) -> Awaitable[Any] | None: ...
     async def released(self, event: ev.AllocationReleased) -> Awaitable[Any] | None: ...
-
-
-class ClaimStatus(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    """One claim's latest allocation state, as stored and as `dralloc get claims -o json` prints it."""
-
-    claim: str
-    """``namespace/name``."""
-    uid: str
-    state: Literal["allocated", "unsatisfiable", "error", "pending"]
-    """``pending`` only in views (no decision yet); the store holds decisions."""
-    node: str | None = None
-    allocation: AllocationResult | None = None
-    message: str = ""
-    updated: str = ""
-
-    @property
-    def devices(self) -> list[str]:
-        if self.allocation is None:
-            return []
-        return [f"{r.driver}/{r.pool}/{r.device}" for r in self.allocation.devices.results]
-
-
-def status_of(event: ev.AllocationCommitted | ev.AllocationFailed) -> ClaimStatus:
-    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    if isinstance(event, ev.AllocationCommitted):
-        return ClaimStatus(
-            claim=event.key, uid=event.claim.metadata.uid or "", state="allocated", node=event.node, allocation=event.allocation, updated=now
-        )
-    return ClaimStatus(claim=event.key, uid=event.uid, state=event.reason, message=event.message, updated=now)
-
-
-def kv_key(claim_key: str) -> str:
-    # KV keys allow [-/_=.a-zA-Z0-9]; namespace and name are DNS names, so `ns/name` is a valid key as is.
-    return claim_key
 
 
 class KVSink:
@@ -124,24 +100,6 @@ class KVSink:
             await self.kv.put(kv_key(key), data)
             return None
         return await self.bus.send_bytes(f"$KV.{self.bucket}.{kv_key(key)}", data)
-
-
-class UnreadableStatus(ValueError):
-    """A stored record that is not a claim status (written by someone else, or corrupted)."""
-
-
-def decode_status(key: str, value: bytes) -> ClaimStatus:
-    """One stored record, checked: within the nesting and integer limits, a `ClaimStatus`, and
-    about the claim its key names. Raises `UnreadableStatus` saying why not."""
-    if (problem := json_problem(value)) is not None:
-        raise UnreadableStatus(f"record {key!r}: {problem}")
-    try:
-        status = msgspec.json.decode(value, type=ClaimStatus)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise UnreadableStatus(f"record {key!r}: not a claim status: {exc}") from None
-    if kv_key(status.claim) != key:
-        raise UnreadableStatus(f"record {key!r}: stored under that key but about claim {status.claim!r}")
-    return status
 
 
 async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:

@@ -28,15 +28,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dralloc.schemas.gang import GANG, GANG_DOMAIN, GANG_SIZE
 from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine, Outcome
     from dralloc.allocator.engine.ledger import Record
-
-GANG = "dralloc.dev/gang"
-GANG_SIZE = "dralloc.dev/gang-size"
-GANG_DOMAIN = "dralloc.dev/gang-domain"
 
 
 def gang_of(claim: ResourceClaim) -> tuple[str, int, str | None] | None:

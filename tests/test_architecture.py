@@ -1,0 +1,356 @@
+"""The architecture as import contracts (issue #12, item 2), checked on every test run.
+
+ARCHITECTURE.md draws the layers; nothing enforced them, so they leaked. This module
+reads every source file's imports with `ast` (no import is executed, no dependency
+added) and checks five contracts:
+
+- engine-pure: `dralloc.allocator.engine` imports, directly or through any project
+  module it imports, no bus, nats, asyncio, OpenTelemetry or Kubernetes client, and of
+  the project only itself and `dralloc.schemas` (the engine is a library: no I/O).
+- schemas-independent: `dralloc.schemas` (the contract) imports nothing else of `dralloc`.
+- service-isolation: a service package (allocator, discovery, ingestor, statuswriter)
+  never imports another's modules; what two services share is a contract in `schemas/`.
+- no-private-imports: no module imports a `_`-prefixed name (or module) of another
+  package, nor reads one as `module._name` (private means: may change without notice).
+- client-via-contracts: the CLI's client code (`dralloc.client`: submit, get, top) talks
+  to the services through the bus and `schemas/`, never their modules; it may drive the
+  engine, a library (ARCHITECTURE.md: the CLI, benchmarks and tests all drive it).
+- nats-through-bus: nats-py (`nats`) is imported only by the bus (`dralloc.bus`,
+  `services/bus.py` or a `services/bus/` package).
+
+Every import counts, including function-local and `TYPE_CHECKING` ones: a lazy import
+is still a dependency. Known violations that cannot be fixed now without colliding
+with work in flight are listed in ALLOWED, each with its reason; an entry that no longer
+matches a violation fails the test, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Source directory -> the import name it is installed as (setup.py's package_dir;
+# benchmarks/ is loaded by file path by `dralloc bench` but imports like any client).
+ROOTS: dict[str, str] = {"services": "dralloc", "schemas": "dralloc.schemas", "benchmarks": "benchmarks"}
+
+ENGINE = "dralloc.allocator.engine"
+SCHEMAS = "dralloc.schemas"
+BUS = "dralloc.bus"
+CLIENT = "dralloc.client"
+SERVICES = ("allocator", "discovery", "ingestor", "statuswriter")
+# Top-level modules the engine may not reach: I/O, concurrency, transport, clients.
+ENGINE_FORBIDDEN = ("asyncio", "nats", "opentelemetry", "kubernetes", "kubernetes_asyncio")
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module (and, for `from M import n`, the name) at a source line."""
+
+    importer: str  # dotted module doing the import
+    path: str  # its file, relative to the scanned root
+    line: int
+    module: str  # dotted module imported (absolute)
+    name: str | None  # the name of `from module import name`; None for `import module`
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken contract: `rule` broken by `importer` importing `target` at `path:line`."""
+
+    rule: str
+    importer: str
+    target: str
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.rule}: {self.importer} imports {self.target}"
+
+
+def module_files(root: Path, roots: Mapping[str, str] = ROOTS) -> dict[str, Path]:
+    """Every `.py` file under root's source directories, keyed by its dotted import name."""
+    found: dict[str, Path] = {}
+    for directory, package in roots.items():
+        base = root / directory
+        for path in sorted(base.rglob("*.py")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _absolute(importer: str, is_package: bool, level: int, module: str | None) -> str:
+    """The absolute module of a (possibly relative) `from` import inside `importer`."""
+    if level == 0:
+        return module or ""
+    parts = importer.split(".")
+    if not is_package:
+        parts = parts[:-1]
+    parts = parts[: len(parts) - (level - 1)]
+    return ".".join(parts + ([module] if module else []))
+
+
+def imports_of(module: str, path: Path, root: Path) -> Iterator[Import]:
+    """The imports in one file (all of them: top level, in functions, under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    relative = str(path.relative_to(root))
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, relative, node.lineno, alias.name, None)
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(module, is_package, node.level, node.module)
+            for alias in node.names:
+                yield Import(module, relative, node.lineno, target, alias.name)
+
+
+def private_attribute_reads(module: str, path: Path, root: Path, project: Iterable[str]) -> Iterator[Import]:
+    """`alias._name` reads where alias is bound by `import M [as alias]` / `from P import M` to a project module."""
+    known = set(project)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    relative = str(path.relative_to(root))
+    is_package = path.name == "__init__.py"
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in known:
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, is_package, node.level, node.module)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _private(node.attr)
+        ):
+            yield Import(module, relative, node.lineno, aliases[node.value.id], node.attr)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _package_of(module: str, files: Mapping[str, Path]) -> str:
+    """The package a module belongs to: itself for a package (`__init__.py`), else its parent."""
+    path = files.get(module)
+    if path is not None and path.name == "__init__.py":
+        return module
+    return module.rpartition(".")[0]
+
+
+def _foreign_private(importer: str, dotted: list[str], files: Mapping[str, Path]) -> str | None:
+    """The dotted private name in `dotted` when it belongs to a package other than importer's, else None.
+
+    The first `_`-prefixed part is the private name; it belongs to the package that holds
+    it (the part before it when that is a package, else that module's package). Only the
+    modules of that same package may use it (not even its subpackages: a parent's private
+    helper is no contract for them either).
+    """
+    at = next((i for i, part in enumerate(dotted) if _private(part)), None)
+    if at is None or at == 0:
+        return None
+    holder = ".".join(dotted[:at])
+    owner = _package_of(holder, files) if holder in files else holder
+    return None if _package_of(importer, files) == owner else ".".join(dotted[: at + 1])
+
+
+def _service(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[0] == "dralloc" and parts[1] in SERVICES:
+        return parts[1]
+    return None
+
+
+def _targets(imp: Import, files: Mapping[str, Path]) -> list[str]:
+    """The modules an import depends on: `from P import m` names module P.m when P.m is a file."""
+    if imp.name is not None and f"{imp.module}.{imp.name}" in files:
+        return [f"{imp.module}.{imp.name}"]
+    return [imp.module]
+
+
+def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
+    """Every contract violation in the tree at root (sorted; empty when the architecture holds)."""
+    files = module_files(root, roots)
+    imports = [imp for module, path in files.items() for imp in imports_of(module, path, root)]
+    found: set[Violation] = set()
+
+    def add(rule: str, imp: Import, target: str) -> None:
+        found.add(Violation(rule, imp.importer, target, imp.path, imp.line))
+
+    for imp in imports:
+        for target in _targets(imp, files):
+            top = target.split(".")[0]
+            # schemas-independent
+            if _within(imp.importer, SCHEMAS) and _within(target, "dralloc") and not _within(target, SCHEMAS):
+                add("schemas-independent", imp, target)
+            # service-isolation
+            mine, theirs = _service(imp.importer), _service(target)
+            if mine and theirs and mine != theirs:
+                add("service-isolation", imp, target)
+            # client-via-contracts
+            if _within(imp.importer, CLIENT) and theirs and not _within(target, ENGINE):
+                add("client-via-contracts", imp, target)
+            # nats-through-bus
+            if top == "nats" and not _within(imp.importer, BUS):
+                add("nats-through-bus", imp, target)
+            # engine-pure (direct part; the transitive part follows)
+            if _within(imp.importer, ENGINE) and _within(target, "dralloc"):
+                if not (_within(target, ENGINE) or _within(target, SCHEMAS)):
+                    add("engine-pure", imp, target)
+        # no-private-imports: a private module or name of another package
+        private = _foreign_private(imp.importer, imp.module.split(".") + ([imp.name] if imp.name else []), files)
+        if private:
+            add("no-private-imports", imp, private)
+
+    for module, path in files.items():
+        for read in private_attribute_reads(module, path, root, files):
+            private = _foreign_private(module, [*read.module.split("."), read.name or ""], files)
+            if private:
+                add("no-private-imports", read, private)
+
+    # engine-pure, transitively: nothing the engine reaches through project modules
+    # may import a forbidden top-level module.
+    by_importer: dict[str, list[Import]] = {}
+    for imp in imports:
+        by_importer.setdefault(imp.importer, []).append(imp)
+    reached = {m for m in files if _within(m, ENGINE)}
+    queue = list(reached)
+    while queue:
+        for imp in by_importer.get(queue.pop(), []):
+            for target in _targets(imp, files):
+                if target in files and target not in reached:
+                    reached.add(target)
+                    queue.append(target)
+    for module in reached:
+        for imp in by_importer.get(module, []):
+            if imp.module.split(".")[0] in ENGINE_FORBIDDEN:
+                add("engine-pure", imp, imp.module)
+
+    return sorted(found, key=lambda v: (v.path, v.line, v.rule, v.target))
+
+
+# Known violations: (rule, importer, target) -> why it is not fixed yet. Shrink only.
+# nats-py outside the bus: almost all of it is to catch nats-py's exceptions or to name its
+# config types. The cure is one bus package (issue #12 item 4) that exports its own error
+# and config vocabulary; until that split lands these call sites cannot change alone.
+_NATS_VOCABULARY = "catches/names nats-py errors or types; waits for the bus package's own vocabulary (#12 item 4)"
+ALLOWED: dict[tuple[str, str, str], str] = {
+    ("nats-through-bus", "dralloc.streamcheck", "nats.js.api"): "the bus's stream-config checker: moves into the bus package when bus.py is split (#12 item 4)",
+    ("nats-through-bus", "dralloc.allocator.leader", "nats.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.allocator.leader", "nats.js.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.allocator.leader", "nats.js.kv"): "the lease is a KV compare-and-set on nats-py's KeyValue; the bus has no KV wrapper yet",
+    ("nats-through-bus", "dralloc.allocator.service", "nats.js.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.allocator.service", "nats.js.api"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.statuswriter.sinks", "nats.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.statuswriter.sinks", "nats.js.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.statuswriter.sinks", "nats.js.kv"): "the status store is nats-py's KeyValue; the bus has no KV wrapper yet",
+    ("nats-through-bus", "dralloc.ingestor.service", "nats.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.metrics", "nats.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.client.busview", "nats.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "dralloc.client.busview", "nats.js.api"): "ordered consumers configured with nats-py's ConsumerConfig; the bus has no such helper yet",
+    ("nats-through-bus", "dralloc.client.submit", "nats.js.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "benchmarks.hostile", "nats.errors"): _NATS_VOCABULARY,
+    ("client-via-contracts", "dralloc.client.submit", "dralloc.ingestor.sources"): "manifests -> claim events is one parser shared with the ingestor's file source; moving it out of the ingestor is a larger move",
+    ("client-via-contracts", "dralloc.client.show", "dralloc.statuswriter.sinks"): "reads the status bucket (read_all_checked) over nats-py KV; the record format is in schemas.status, the KV read moves with the bus's KV helpers (#12 item 4)",
+    ("nats-through-bus", "benchmarks.pipeline", "nats.errors"): _NATS_VOCABULARY,
+    ("nats-through-bus", "benchmarks.pipeline", "nats.js.api"): "ordered consumers configured with nats-py's ConsumerConfig; the bus has no such helper yet",
+}
+
+
+def test_architecture_contracts_hold() -> None:
+    """The real tree breaks no contract beyond ALLOWED, and every ALLOWED entry is still needed."""
+    violations = check(REPO)
+    keys = {(v.rule, v.importer, v.target) for v in violations}
+    new = [str(v) for v in violations if (v.rule, v.importer, v.target) not in ALLOWED]
+    stale = [key for key in ALLOWED if key not in keys]
+    assert not new, "import contracts broken (see tests/test_architecture.py):\n" + "\n".join(new)
+    assert not stale, f"ALLOWED entries no longer needed, remove them: {stale}"
+
+
+def test_the_checker_sees_the_real_tree() -> None:
+    """A guard against a checker that passes because it read nothing: the engine and the bus are found."""
+    files = module_files(REPO)
+    assert "dralloc.allocator.engine.engine" in files
+    assert "dralloc.schemas.events" in files
+    assert any(_within(m, BUS) for m in files)
+    engine_imports = {imp.module for imp in imports_of("dralloc.allocator.engine.engine", files["dralloc.allocator.engine.engine"], REPO)}
+    assert "dralloc.allocator.engine.inventory" in engine_imports
+
+
+def _tree(root: Path, sources: Mapping[str, str]) -> Path:
+    for name, text in sources.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+CLEAN = {
+    "services/__init__.py": "",
+    "services/bus.py": "import nats\nfrom nats.js.api import StreamConfig\n",
+    "services/allocator/__init__.py": "",
+    "services/allocator/service.py": "from dralloc import bus\nfrom dralloc.allocator.engine import Engine\nfrom dralloc.schemas import events\nfrom . import _helpers\n",
+    "services/allocator/_helpers.py": "x = 1\n",
+    "services/allocator/engine/__init__.py": "from .engine import Engine\n",
+    "services/allocator/engine/engine.py": "import re\nfrom dralloc.schemas.resource import Device\nfrom ._bits import _mask\nclass Engine: ...\n",
+    "services/allocator/engine/_bits.py": "def _mask(): ...\n",
+    "services/ingestor/__init__.py": "",
+    "services/ingestor/service.py": "import asyncio\nfrom dralloc.schemas.events import GANG_KEY\nfrom dralloc.bus import Bus\n",
+    "schemas/__init__.py": "",
+    "schemas/events.py": "from dralloc.schemas.resource import Device\nGANG_KEY = 'k'\n",
+    "schemas/resource.py": "class Device: ...\n",
+}
+SYNTHETIC_ROOTS = {"services": "dralloc", "schemas": "dralloc.schemas"}
+
+
+def test_a_clean_synthetic_tree_passes(tmp_path: Path) -> None:
+    """Same-package private names, the bus's own nats, services through schemas: all allowed."""
+    assert check(_tree(tmp_path, CLEAN), SYNTHETIC_ROOTS) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "rule", "targets"),
+    [
+        ("services/allocator/engine/engine.py", "import asyncio\n", "engine-pure", "asyncio"),
+        # the bus itself, and (transitively) what the bus imports
+        ("services/allocator/engine/engine.py", "from dralloc.bus import Bus\n", "engine-pure", ("dralloc.bus", "nats", "nats.js.api")),
+        ("services/allocator/engine/engine.py", "from dralloc import bus\n", "engine-pure", ("dralloc.bus", "nats", "nats.js.api")),
+        ("services/allocator/engine/engine.py", "from dralloc.schemas import helper\n", "engine-pure", "opentelemetry"),
+        ("schemas/events.py", "from dralloc.allocator.engine import Engine\n", "schemas-independent", "dralloc.allocator.engine"),
+        ("schemas/events.py", "from ..allocator import service\n", "schemas-independent", "dralloc.allocator.service"),
+        ("services/ingestor/service.py", "from dralloc.allocator.engine.engine import Engine\n", "service-isolation", "dralloc.allocator.engine.engine"),
+        ("services/ingestor/service.py", "from ..allocator import service\n", "service-isolation", "dralloc.allocator.service"),
+        ("services/ingestor/service.py", "import nats.errors\n", "nats-through-bus", "nats.errors"),
+        ("services/bus.py", "from dralloc.allocator.engine.engine import _helper\n", "no-private-imports", "dralloc.allocator.engine.engine._helper"),
+        ("services/allocator/service.py", "from dralloc.allocator.engine import _bits\n", "no-private-imports", "dralloc.allocator.engine._bits"),
+        ("services/allocator/service.py", "from dralloc.allocator.engine._bits import mask\n", "no-private-imports", "dralloc.allocator.engine._bits"),
+        ("services/allocator/service.py", "from dralloc.allocator.engine import engine\nengine._x()\n", "no-private-imports", "dralloc.allocator.engine.engine._x"),
+        ("services/allocator/service.py", "import dralloc.bus as b\nb._port\n", "no-private-imports", "dralloc.bus._port"),
+    ],
+)
+def test_each_new_violation_is_caught(tmp_path: Path, path: str, source: str, rule: str, targets: str | tuple[str, ...]) -> None:
+    """One line added to a clean tree breaks exactly the contract it should (the checker can fail)."""
+    sources = dict(CLEAN)
+    sources[path] = sources[path] + source
+    # schemas/helper.py: a project module the engine reaches that imports OTel (the transitive case).
+    sources["schemas/helper.py"] = "from opentelemetry import trace\n"
+    violations = check(_tree(tmp_path, sources), SYNTHETIC_ROOTS)
+    expected = [(rule, t) for t in ((targets,) if isinstance(targets, str) else targets)]
+    assert [(v.rule, v.target) for v in violations] == expected, violations
