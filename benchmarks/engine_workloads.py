@@ -327,6 +327,15 @@ def frontier_fleet(nodes: int) -> list[tuple[str, int]]:
     return [("h100-sxm", h100), ("l40s-pcie", l40s), ("a100-pcie", rest - h100 - l40s), ("gb200-nvl72", racks * 18)]
 
 
+FRONTIER_GPUS = 242_800
+"""GPUs of the 31,250-node frontier fleet (GB200 trays have 4)."""
+
+
+def frontier_nodes_for(gpus: int) -> int:
+    """Nodes of the frontier mix that hold about `gpus` GPUs."""
+    return max(19, round(gpus * FRONTIER_NODES / FRONTIER_GPUS))
+
+
 def frontier(nodes: int = FRONTIER_NODES, fill: float = 0.9, seed: int = 7) -> Workload:
     objects, gpus = _profile_objects(frontier_fleet(nodes))
     claims = _fleet_claims(random.Random(seed), gpus, fill)
@@ -373,19 +382,19 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
     started = time.perf_counter()
     if workload is None:
         workload = WORKLOADS[name](seed=seed)
-    built = time.perf_counter()
+    built, built_cpu = time.perf_counter(), time.process_time()
     engine = Engine(scoring=scoring)
     for obj in workload.objects:
         engine.apply(obj)
     freeze_long_lived()  # as the allocator does once its engine is loaded
     latencies: list[float] = []
     statuses = {"allocated": 0, "unsatisfiable": 0, "error": 0}
-    cold_start = 0.0
+    cold_start = cold_start_cpu = 0.0
     churn_rng = random.Random(seed + 1)
     running: list[str] = []
     releases = 0
     busy_at_fill = None
-    run_started = time.perf_counter()
+    run_started, run_cpu = time.perf_counter(), time.process_time()
     for i, claim in enumerate(workload.claims):
         if workload.churn_after is not None and i >= workload.churn_after and running:
             if busy_at_fill is None:
@@ -398,12 +407,12 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         (outcome,) = engine.allocate([claim])
         t1 = time.perf_counter()
         if i == 0:
-            cold_start = t1 - built
+            cold_start, cold_start_cpu = t1 - built, time.process_time() - built_cpu
         latencies.append(t1 - t0)
         statuses[outcome.status] += 1
         if outcome.allocation is not None:
             running.append(claim.key)
-    finished = time.perf_counter()
+    finished, finished_cpu = time.perf_counter(), time.process_time()
     ordered = sorted(latencies)
     peak = _peak_rss_mb()
     result = {
@@ -419,10 +428,13 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         "devices": workload.devices,
         "utilization": round(_busy_gpus(engine) / workload.devices, 4),
         "claims_per_second": round(len(latencies) / (finished - run_started), 1),
+        # CPU time beside wall time: on a shared machine the wall clock counts other people's work
+        "claims_per_cpu_second": round(len(latencies) / max(finished_cpu - run_cpu, 1e-9), 1),
         "p50_ms": round(_percentile(ordered, 0.50) * 1000, 3),
         "p99_ms": round(_percentile(ordered, 0.99) * 1000, 3),
         "max_ms": round(ordered[-1] * 1000, 3) if ordered else 0.0,
         "cold_start_s": round(cold_start, 3),
+        "cold_start_cpu_s": round(cold_start_cpu, 3),
         "build_s": round(built - started, 3),
         "peak_rss_mb": round(peak, 1),
         "rss_kb_per_device": round((peak - rss_before) * 1024 / workload.devices, 2),
@@ -432,3 +444,32 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         result["utilization_at_fill"] = round((busy_at_fill or _busy_gpus(engine)) / workload.devices, 4)
     result.update(workload.extra)
     return result
+
+
+def parse_sizes(text: str) -> list[int]:
+    """`10k,50k,250k` -> [10000, 50000, 250000]; ValueError naming the bad item."""
+    sizes = []
+    for item in text.split(","):
+        raw = item.strip().lower()
+        factor = 1000 if raw.endswith("k") else 1
+        digits = raw[:-1] if raw.endswith("k") else raw
+        if not digits.isdigit() or not 100 <= int(digits) * factor <= 1_000_000:
+            raise ValueError(f"{item!r}: a GPU count from 100 to 1000k (e.g. 10k)")
+        sizes.append(int(digits) * factor)
+    return sizes
+
+
+def scale(sizes: list[int], *, seed: int = DEFAULT_SEED) -> dict:
+    """The frontier mix at each size, each in a fresh process (its peak RSS its own): one row per size."""
+    import json
+    import subprocess
+
+    rows = []
+    for gpus in sizes:
+        command = [sys.executable, "-m", "dralloc.cli", "bench", "engine", "--workload", "frontier-250k", "--nodes", str(frontier_nodes_for(gpus)), "--seed", str(seed), "--json"]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{gpus} GPUs: {done.stderr.strip()[-500:]}")
+        rows.append(json.loads(done.stdout))
+    keys = ("nodes", "devices", "claims", "cold_start_s", "cold_start_cpu_s", "claims_per_second", "claims_per_cpu_second", "p99_ms", "peak_rss_mb", "rss_kb_per_device")
+    return {"workload": "frontier mix", "seed": seed, "points": [{k: row[k] for k in keys} for row in rows]}

@@ -634,13 +634,42 @@ def bench_engine(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     scoring: bool = typer.Option(True, "--scoring/--first-fit", help="Topology/best-fit placement (default) or Kubernetes' first-fit order."),
     seed: int = typer.Option(7, "--seed", help="Seed of the workload's random choices (named in the output)."),
+    nodes: int = typer.Option(0, "--nodes", help="frontier-250k only: the same mix on this many nodes (0: 31,250)."),
 ) -> None:
     """Allocate a workload's claims one by one through the engine: claims/s, p50/p99 latency, peak RSS, cold start."""
     module = _benchmarks_module("engine_workloads")
     if workload not in module.WORKLOADS:
         fail(f"unknown workload {workload!r}; known: {', '.join(module.WORKLOADS)}")
-    result = module.measure(workload, scoring=scoring, seed=seed)
+    if nodes and (workload != "frontier-250k" or not 19 <= nodes <= 100_000):
+        fail("--nodes goes with --workload frontier-250k, from 19 to 100000")
+    built = module.frontier(nodes=nodes, seed=seed) if nodes else None
+    result = module.measure(workload, scoring=scoring, seed=seed, workload=built)
     _print_bench(result, as_json, f"dralloc bench engine: {workload}", [(k, str(v)) for k, v in result.items()])
+
+
+@bench_app.command("scale")
+def bench_scale(
+    gpus: str = typer.Option("10k,50k,250k", "--gpus", help="Fleet sizes in GPUs, comma-separated (10k = 10,000)."),
+    seed: int = typer.Option(7, "--seed", help="Seed of the claims."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The frontier mix (bench engine --workload frontier-250k) at each size, each in its own process:
+    how cold start, claims/s, p99 and memory per device grow with the fleet."""
+    module = _benchmarks_module("engine_workloads")
+    try:
+        sizes = module.parse_sizes(gpus)
+    except ValueError as exc:
+        fail(f"--gpus {exc}")
+    try:
+        result = module.scale(sizes, seed=seed)
+    except RuntimeError as exc:
+        fail(f"bench scale: {exc}", 1)
+    if as_json:
+        _print_bench(result, True, "", [])
+        return
+    points = result["points"]
+    keys = list(points[0]) if points else []
+    _print_bench(result, False, f"dralloc bench scale (seed {seed})", [(k, *(str(p[k]) for p in points)) for k in keys], tuple(f"{g:,} GPUs" for g in sizes))
 
 
 @bench_app.command("takeover")

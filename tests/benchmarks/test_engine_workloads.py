@@ -101,3 +101,21 @@ def test_measure_churns_at_steady_utilisation_and_names_the_seed(churn):
     assert result["errors"] == 0 and result["allocated"] > result["releases"]
     assert abs(result["utilization"] - result["utilization_at_fill"]) < 0.15
     assert result["utilization_at_fill"] > 0.6
+
+
+def test_frontier_fleet_is_31250_nodes_with_nvl72_racks():
+    fleet = dict(W.frontier_fleet(W.FRONTIER_NODES))
+    assert sum(fleet.values()) == W.FRONTIER_NODES and fleet["gb200-nvl72"] == 100 * 18
+    gpus = sum(count * (4 if profile == "gb200-nvl72" else 8) for profile, count in fleet.items())
+    assert gpus == W.FRONTIER_GPUS
+    small = W.frontier(nodes=40)
+    assert small.devices == sum(count * (4 if p == "gb200-nvl72" else 8) for p, count in W.frontier_fleet(40))
+    assert small.extra == {"nodes": 40} and small.seed == 7
+
+
+def test_scale_sizes_parse_and_refuse_nonsense():
+    assert W.parse_sizes("10k, 50k,250000") == [10_000, 50_000, 250_000]
+    for bad in ("10x", "", "5", "2000k"):
+        with pytest.raises(ValueError, match="GPU count"):
+            W.parse_sizes(bad)
+    assert 31_000 <= W.frontier_nodes_for(250_000) <= 33_000
