@@ -57,7 +57,7 @@ import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from dralloc.allocator import leader
-from dralloc.bus import Bus, LocalCluster, die_with_parent, wait_for_port, nats_server_binary, wait_for_jetstream
+from dralloc.bus import Bus, LocalCluster, die_with_parent, nats_server_binary, wait_for_jetstream, wait_for_port
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim

@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.gang import allocate_gang, reservation_for
 from dralloc.discovery.fleet import build_fleet, fleet_nodes

@@ -71,7 +71,7 @@ def generate(count: int, seed: int) -> tuple[list[dict], list[tuple]]:
             affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]}]}}}
             replica = lambda n: {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": {  # noqa: E731
-                "affinity": affinity, "containers": [_container("pytorch", "nvcr.io/nvidia/pytorch:24.08-py3", 8)]}}}
+                "affinity": affinity, "containers": [_container("pytorch", "nvcr.io/nvidia/pytorch:24.08-py3", 8)]}}}  # noqa: B023 (replica is called in this iteration)
             objects.append({
                 "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": "training"},
                 "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(rng.randint(1, 3))}},

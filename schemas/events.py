@@ -40,8 +40,8 @@ from urllib.parse import unquote
 
 import msgspec
 
-from dralloc.schemas.resource import AllocationResult, DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 from dralloc.schemas.limits import json_problem
+from dralloc.schemas.resource import AllocationResult, DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 from dralloc.schemas.validation import is_dns_subdomain, metadata_errors, name_error, namespace_error, pool_name_error
 
 SCHEMA_VERSION = 1

@@ -30,14 +30,14 @@ from typing import Any
 from dralloc import telemetry
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus, embedded_nats
+from dralloc.client.show import claims_table
 from dralloc.discovery import service as discovery
 from dralloc.ingestor import service as ingestor
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
-from dralloc.statuswriter import service as statuswriter
-from dralloc.client.show import claims_table
 from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus
+from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.sinks import read_all
 
 log = logging.getLogger("dralloc.demo")
@@ -154,17 +154,16 @@ async def run_demo(paths: list[str] | None, fleet: str | None, *, timeout: float
         loop.add_signal_handler(sig, main.cancel)
     console = Console() if interactive else Console(width=200, no_color=True)
 
-    async with embedded_nats() as url, running(url, paths=paths, fleet=fleet, watch=interactive):
-        async with await Bus.connect(url, name="demo") as bus:
-            kv = await bus.key_value(DEFAULT_BUCKET)
-            if interactive:
-                await _live(console, kv, expected, url)
-                return 0
-            rows, complete = await _settled(kv, expected, timeout)
-            console.print(claims_table(rows, title=f"dralloc demo: {len(expected)} claims from {', '.join(paths)}"))
-            if not complete:
-                print(f"dralloc: gave up after {timeout:g}s waiting for decisions on every claim", file=sys.stderr)
-            return 0 if complete else 1
+    async with embedded_nats() as url, running(url, paths=paths, fleet=fleet, watch=interactive), await Bus.connect(url, name="demo") as bus:
+        kv = await bus.key_value(DEFAULT_BUCKET)
+        if interactive:
+            await _live(console, kv, expected, url)
+            return 0
+        rows, complete = await _settled(kv, expected, timeout)
+        console.print(claims_table(rows, title=f"dralloc demo: {len(expected)} claims from {', '.join(paths)}"))
+        if not complete:
+            print(f"dralloc: gave up after {timeout:g}s waiting for decisions on every claim", file=sys.stderr)
+        return 0 if complete else 1
 
 
 async def _settled(kv: Any, expected: list[str], timeout: float) -> tuple[list[ClaimStatus], bool]:

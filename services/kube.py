@@ -12,14 +12,13 @@ import json
 import os
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from importlib.metadata import version as _dist_version
 from typing import Any
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration
 
 from dralloc.errors import UsageError  # a configuration mistake is reported as the CLI reports usage errors
-
-from importlib.metadata import version as _dist_version
 
 
 @dataclass(frozen=True, slots=True)

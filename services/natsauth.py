@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
 

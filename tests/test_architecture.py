@@ -211,9 +211,9 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
             if top == "nats" and not _within(imp.importer, BUS):
                 add("nats-through-bus", imp, target)
             # engine-pure (direct part; the transitive part follows)
-            if _within(imp.importer, ENGINE) and _within(target, "dralloc"):
-                if not (_within(target, ENGINE) or _within(target, SCHEMAS)):
-                    add("engine-pure", imp, target)
+            inside = _within(target, ENGINE) or _within(target, SCHEMAS)
+            if _within(imp.importer, ENGINE) and _within(target, "dralloc") and not inside:
+                add("engine-pure", imp, target)
         # no-private-imports: a private module or name of another package
         private = _foreign_private(imp.importer, imp.module.split(".") + ([imp.name] if imp.name else []), files)
         if private:

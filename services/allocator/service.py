@@ -86,23 +86,23 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
-from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.allocator import leader
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
+from dralloc.allocator.engine.memory import freeze_long_lived
+from dralloc.allocator.reservations import parse_wait
+from dralloc.bus import MAX_BATCH, Bus, Permanent
+from dralloc.metrics import allocator_metrics, report_lag
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim
+
+log = logging.getLogger("dralloc.allocator")
 
 DEFAULT_CEL_SECONDS = 2.0
 """A claim's selector evaluations may take this long (the benchmark fleets' claims take at most tens
 of milliseconds; the reference interpreter can take seconds on one device of a selector Kubernetes
 accepts)."""
-from dralloc.allocator.engine.memory import freeze_long_lived
-from dralloc.allocator.reservations import parse_wait
-from dralloc.bus import MAX_BATCH, Bus, Permanent
-from dralloc.schemas import events as ev
-from dralloc.schemas.resource import ResourceClaim
-
-log = logging.getLogger("dralloc.allocator")
 
 
 @dataclass

@@ -115,7 +115,7 @@ class FleetState:
         rows: list[DeviceRow] = []
         by_uuid: dict[tuple[str, str], str] = {}
         raw: list[tuple[ResourceSlice, Device]] = []
-        for (driver, pool, _), (s, _) in sorted(self.slices.items()):
+        for (driver, _pool, _), (s, _) in sorted(self.slices.items()):
             for device in s.spec.devices:
                 raw.append((s, device))
                 uuid = _string(device, driver, "uuid")

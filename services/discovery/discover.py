@@ -6,6 +6,7 @@ the service: `inventory_from(...)` picks the source, `render(...)` prints.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -89,6 +90,6 @@ def _table(slices: list[ResourceSlice]) -> str:
             )
             taints = " ".join(f"taint:{t.key}={t.value}" for t in d.taints)
             table.add_row(s.metadata.name, s.spec.driver, d.name, str(attr.get("type", "nic" if s.spec.driver == NIC_DRIVER else "")), str(what), str(memory), counters, f"{topo} {taints}".strip())
-    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console = Console(width=200, record=True, file=io.StringIO())  # recorded, not shown (was an unclosed devnull)
     console.print(table)
     return console.export_text()

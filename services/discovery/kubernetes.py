@@ -7,14 +7,12 @@ logged in one line and the next change tries again, the publisher goes on.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import aiohttp
-
 from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
 
 from dralloc.kube import KubeSettings, api_client, describe
@@ -48,14 +46,14 @@ class KubernetesSlices:
                         status, answer = await _call(self.api.replace_resource_slice(name, body, _preload_content=False))
                 if status >= 300:
                     log.error("kubernetes: ResourceSlice %s: %s %s", name, status, answer.get("message", ""))
-            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as exc:
                 log.error("kubernetes: ResourceSlice %s: %s", name, describe(exc) if isinstance(exc, ApiException) else exc)
         for _driver, _pool, name in removed:
             try:
                 status, answer = await _call(self.api.delete_resource_slice(name, _preload_content=False))
                 if status >= 300 and status != 404:
                     log.error("kubernetes: deleting ResourceSlice %s: %s %s", name, status, answer.get("message", ""))
-            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as exc:
                 log.error("kubernetes: deleting ResourceSlice %s: %s", name, describe(exc) if isinstance(exc, ApiException) else exc)
 
 

@@ -56,13 +56,13 @@ import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
 from dralloc.bus import Bus
+from dralloc.ingestor import taintrules
 from dralloc.ingestor.podgate import GatedPod, PodGate
 from dralloc.ingestor.sources import Report, SourceEvent
 from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
 from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.schemas import events as ev
 from dralloc.schemas.limits import json_problem, without_deep_items
-from dralloc.ingestor import taintrules
 from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
 
 log = logging.getLogger("dralloc.ingestor.kubernetes")

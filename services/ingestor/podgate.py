@@ -41,6 +41,7 @@ import copy
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
+
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
+
 from dralloc.lint import selector_problems
 from dralloc.manifests import Manifests, expand_paths, load_paths
 from dralloc.pods import pod_claims
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import (
-    DeviceTaintRule,
     DeviceClass,
+    DeviceTaintRule,
     Node,
     Pod,
     ResourceClaim,

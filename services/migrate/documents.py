@@ -151,7 +151,7 @@ _KEY_OPENS_BLOCK = re.compile(r"^(\s*)(?:- )?[^\s#][^:]*:\s*(?:#.*)?$")
 def _indent(chunk: str) -> tuple[int, int, int]:
     """The document's (mapping, sequence, offset) indentation, from the first nested map and list."""
     mapping = offset = None
-    lines = [(len(l) - len(l.lstrip(" ")), l.strip()) for l in chunk.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    lines = [(len(line) - len(line.lstrip(" ")), line.strip()) for line in chunk.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     for (depth, text), (next_depth, next_text) in zip(lines, lines[1:]):
         if not _KEY_OPENS_BLOCK.match(" " * depth + text):
             continue

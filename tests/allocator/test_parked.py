@@ -4,12 +4,11 @@ rebuild or a resubmission of the same generation; only after the inventory chang
 from __future__ import annotations
 
 import msgspec
+from test_core import ONE_NODE, book_over, claim
 
-from dralloc.allocator.decisions import Allocate, Decisions
+from dralloc.allocator.decisions import Allocate
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
-
-from test_core import ONE_NODE, book_over, claim
 
 
 def failing(name: str, generation: int = 1) -> ResourceClaim:

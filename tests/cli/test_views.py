@@ -57,13 +57,12 @@ def dralloc(*args: str, url: str) -> subprocess.CompletedProcess:
 async def system(nats_url, tmp_path):
     path = tmp_path / "claims.yaml"
     path.write_text(CLAIMS)
-    async with running(nats_url, paths=[str(path)], fleet=[("h100-sxm-mig", 1), ("l40s-pcie", 2)]):
-        async with await Bus.connect(nats_url, name="test") as bus:
-            kv = await bus.key_value(DEFAULT_BUCKET)
-            async with asyncio.timeout(60):
-                while len(await read_all(kv)) < 3:
-                    await asyncio.sleep(0.2)
-            yield bus
+    async with running(nats_url, paths=[str(path)], fleet=[("h100-sxm-mig", 1), ("l40s-pcie", 2)]), await Bus.connect(nats_url, name="test") as bus:
+        kv = await bus.key_value(DEFAULT_BUCKET)
+        async with asyncio.timeout(60):
+            while len(await read_all(kv)) < 3:
+                await asyncio.sleep(0.2)
+        yield bus
 
 
 def captured(width: int, terminal: bool = True) -> Console:

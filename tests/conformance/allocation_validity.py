@@ -13,14 +13,13 @@ they cover; NoSchedule / NoExecute taints are tolerated.
 from __future__ import annotations
 
 import itertools
-
 from collections import Counter, defaultdict
 from typing import Any
 
 import yaml
 
-from dralloc.schemas.quantity import parse_quantity
 from dralloc.manifests import Loaded, Source, decode_object
+from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import AllocationResult, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 
 

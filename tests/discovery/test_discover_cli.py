@@ -6,11 +6,10 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import yaml
 
 from dralloc.schemas.resource import ResourceSlice
-
-import msgspec
 
 
 def discover(*args: str) -> subprocess.CompletedProcess[str]:

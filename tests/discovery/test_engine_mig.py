@@ -13,9 +13,9 @@ from dralloc.discovery.replay import ReplaySource
 from dralloc.discovery.slices import build_slices
 from dralloc.schemas.resource import (
     CELDeviceSelector,
+    DeviceClaim,
     DeviceClass,
     DeviceClassSpec,
-    DeviceClaim,
     DeviceRequest,
     DeviceSelector,
     ExactDeviceRequest,

@@ -86,7 +86,7 @@ class OracleSemver:
             raise TypeError("no such overload: Semver == other type")
         return self._key() == other._key()
 
-    def __lt__(self, other: "OracleSemver") -> bool:
+    def __lt__(self, other: OracleSemver) -> bool:
         return self._key() < other._key()
 
     __hash__ = None  # type: ignore[assignment]

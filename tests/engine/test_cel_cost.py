@@ -6,13 +6,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 import yaml
+from test_cel import DEVICES, RUNTIME, _env
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.cel import MAX_COST, CelCompileError, CelRuntimeError, check_expression, compile_selector, device_env
 from dralloc.allocator.engine.cel_eval import Interpreter
 from dralloc.schemas.resource import Device, DeviceClass, ResourceClaim, ResourceSlice
-
-from test_cel import DEVICES, RUNTIME, _env
 
 
 def _nested(n: int, tail: str = "") -> str:

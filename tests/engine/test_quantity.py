@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dralloc.allocator.engine.cel_runtime import key_nano, quantity_key
+from dralloc.allocator.engine.semver import is_semver, parse_semver
 from dralloc.schemas.quantity import (
     NANO,
     as_int64,
@@ -17,7 +18,6 @@ from dralloc.schemas.quantity import (
     parse_quantity,
     parse_quantity_format,
 )
-from dralloc.allocator.engine.semver import is_semver, parse_semver
 
 
 @pytest.mark.parametrize("text, nano", [

@@ -112,7 +112,7 @@ async def test_submit_wait_shows_each_claims_decision(bus: Bus, nats_url: str, t
 
         big = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "too-big.yaml"), "--wait", "3", url=nats_url)
         assert big.returncode == 1
-        assert ["ml/too-big", "unsatisfiable"] == big.stdout.split()[5:7]
+        assert big.stdout.split()[5:7] == ["ml/too-big", "unsatisfiable"]
 
 
 async def test_delete_releases_the_claims_in_the_files(bus: Bus, nats_url: str, tmp_path: Path):

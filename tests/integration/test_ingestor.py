@@ -10,8 +10,8 @@ import msgspec
 from dralloc.bus import Bus
 from dralloc.ingestor import service as ingestor
 from dralloc.ingestor.sources import FileSource, changes, events_from_manifests, with_identity
-from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, generate_name
 from dralloc.manifests import load_paths, load_text
+from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, generate_name
 from dralloc.schemas import events as ev
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

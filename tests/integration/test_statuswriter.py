@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import (

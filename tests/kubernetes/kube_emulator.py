@@ -489,9 +489,13 @@ class ApiServer(KubernetesScaffold):
         living = {o["metadata"].get("uid") for o in self._objects.values()}
         for key, obj in list(self._objects.items()):
             owners = obj["metadata"].get("ownerReferences") or []
-            if any(ref.get("uid") == uid for ref in owners) and not any(ref.get("uid") in living for ref in owners):
-                if key in self._objects and not obj["metadata"].get("deletionTimestamp"):
-                    self._delete(next(k for k in KINDS if k.plural == key[0]), key, None)
+            if (
+                any(ref.get("uid") == uid for ref in owners)
+                and not any(ref.get("uid") in living for ref in owners)
+                and key in self._objects
+                and not obj["metadata"].get("deletionTimestamp")
+            ):
+                self._delete(next(k for k in KINDS if k.plural == key[0]), key, None)
 
     def _announce(self, kind: Kind, key: Key, obj: dict[str, Any], event: str) -> dict[str, Any]:
         snapshot = copy.deepcopy(obj)

@@ -26,9 +26,9 @@ from kube_emulator import ApiServer
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
 from dralloc.allocator.engine import Engine
+from dralloc.ingestor.podgate import GatedPod, cluster_extended_claim
 from dralloc.kube import body_of
 from dralloc.pods import EXTENDED_RESOURCE_CLAIM_ANNOTATION as EXTENDED
-from dralloc.ingestor.podgate import GatedPod, cluster_extended_claim
 from dralloc.pods import request_mappings
 from dralloc.schemas.resource import DeviceClass, Pod, ResourceClaim, ResourceSlice, to_builtins
 

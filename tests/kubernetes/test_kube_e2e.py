@@ -19,11 +19,10 @@ from dralloc import telemetry
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus
 from dralloc.ingestor import service as ingestor
-from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
+from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.kube import KubeSettings
 from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.kubernetes import KubernetesSink
-
 
 CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
          "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}

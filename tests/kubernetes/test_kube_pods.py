@@ -25,7 +25,7 @@ from kubernetes_asyncio.client import ApiClient
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus
 from dralloc.ingestor import service as ingestor
-from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
+from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.podgate import GATE
 from dralloc.kube import KubeSettings, user_agent
 from dralloc.schemas import events as ev

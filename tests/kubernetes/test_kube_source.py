@@ -10,7 +10,7 @@ import pytest
 from kube_emulator import ApiServer
 
 from dralloc.bus import Bus, embedded_nats
-from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
+from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.sources import SourceEvent
 from dralloc.kube import KubeSettings
 from dralloc.schemas import events as ev

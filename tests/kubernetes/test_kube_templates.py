@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kube_emulator import ApiServer
 
-from dralloc.ingestor.kubernetes import KubeSourceOptions, KubernetesSource
+from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.sources import SourceEvent
-from dralloc.pods import POD_CLAIM_NAME_ANNOTATION
 from dralloc.kube import KubeSettings, user_agent
+from dralloc.pods import POD_CLAIM_NAME_ANNOTATION
 from dralloc.schemas import events as ev
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from otlp_receiver import OtlpReceiver, Point, Span
 
 from dralloc.bus import Bus
 from dralloc.schemas import events as ev
-
-from otlp_receiver import OtlpReceiver, Point, Span
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))

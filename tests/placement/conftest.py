@@ -6,6 +6,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from dralloc.allocator.engine import Engine
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.manifests import load_paths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import claim, devices, make_engine
+
 from dralloc.allocator.engine.gang import allocate_gang, gang_of
 from dralloc.schemas.resource import Node, ObjectMeta
 

@@ -60,14 +60,30 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cel as _fast
 
+from dralloc.schemas.quantity import parse_quantity
+
 from . import cel_runtime as rt
 from .cel_check import ATTRIBUTES_TYPE, CAPACITY_TYPE, Checker, CheckError, Info, type_str
 from .cel_eval import CostLimitExceeded, DefaultMap, EvalError, Interpreter, equal
 from .cel_syntax import (
-    Bind, Binary, Call, CelSyntaxError, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select,
-    Unary, parse, unparse,
+    Binary,
+    Bind,
+    Call,
+    CelSyntaxError,
+    Comp,
+    Cond,
+    Has,
+    Ident,
+    Index,
+    ListLit,
+    Lit,
+    MapLit,
+    Node,
+    Select,
+    Unary,
+    parse,
+    unparse,
 )
-from dralloc.schemas.quantity import parse_quantity
 from .semver import parse_semver
 
 if TYPE_CHECKING:
@@ -185,7 +201,7 @@ _device_version = functools.lru_cache(maxsize=4096)(parse_semver)
 """A version attribute's parse: a fleet repeats a few versions on every device (always a string here)."""
 
 
-def _attribute_value(attr: "DeviceAttribute") -> Any:
+def _attribute_value(attr: DeviceAttribute) -> Any:
     """An attribute as CEL sees it: a scalar, or a list of them (KEP-5491: `ints`, `bools`,
     `strings`, `versions`; each version a Semver). Raises ValueError for a value Kubernetes
     cannot represent (no value set, an int outside int64, a version that does not parse)."""
@@ -214,7 +230,7 @@ def _int64(value: int) -> int:
     return value
 
 
-def device_env(driver: str, device: "Device") -> DeviceEnv:
+def device_env(driver: str, device: Device) -> DeviceEnv:
     """The CEL view of a ResourceSlice device: driver, attributes and capacity by domain."""
     attributes: DefaultMap = DefaultMap()
     capacity: DefaultMap = DefaultMap()
@@ -444,7 +460,7 @@ def check_expression(expression: str) -> tuple[Node, Checker, Info]:
 
 
 def _q_literal(nano: int) -> str:
-    return '{"%s": "%s"}' % (rt.Q_KEY, rt.quantity_key(nano))
+    return f'{{"{rt.Q_KEY}": "{rt.quantity_key(nano)}"}}'
 
 
 class _Emitter:
@@ -674,7 +690,7 @@ class _Emitter:
             except ValueError:
                 v = None
             if v is not None and (len(args) == 1 or args[1].kind == "bool"):
-                return '{"%s": "%s"}' % (rt.V_KEY, v[rt.V_KEY])
+                return f'{{"{rt.V_KEY}": "{v[rt.V_KEY]}"}}'
         if name in ("isGreaterThan", "isLessThan") and target is not None and len(args) == 1 and (
                 self._quantities(target, args[0])):
             op = ">" if name == "isGreaterThan" else "<"

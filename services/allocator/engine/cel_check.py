@@ -15,12 +15,11 @@ Types: "bool" "int" "uint" "double" "string" "bytes" "null_type" "dyn"
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from .cel_runtime import INCLUDES_MAX, LibraryError, compile_regex
-from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
+from .cel_syntax import Binary, Bind, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
-Type = Union[str, tuple]
+Type = str | tuple
 
 MAX_ELEMENTS = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 ATTRIBUTE_MAX_LENGTH = 64  # DeviceAttributeMaxValueLength
@@ -313,7 +312,7 @@ class Checker:
                 return Info(bi.type, BIND_COST + ii.cost + bi.cost, bi.size)
         raise CheckError(f"unsupported expression {node!r}")
 
-    def _select(self, operand: Node, field: str, scope: dict[str, Info]) -> "_Access":
+    def _select(self, operand: Node, field: str, scope: dict[str, Info]) -> _Access:
         x = self.check(operand, scope)
         if _is_optional(x.type):  # selection on an optional value stays optional
             return _Access(self._select_on(Info(x.type[1], x.cost, x.size), field), True)
@@ -335,7 +334,7 @@ class Checker:
             return Info("dyn", x.cost + 1, ATTRIBUTE_MAX_LENGTH)
         raise CheckError(f"type '{type_str(t)}' does not support field selection")
 
-    def _index(self, operand: Node, index: Node, scope: dict[str, Info]) -> "_Access":
+    def _index(self, operand: Node, index: Node, scope: dict[str, Info]) -> _Access:
         x, i = self.check(operand, scope), self.check(index, scope)
         if _is_optional(x.type):
             return _Access(self._index_on(Info(x.type[1], x.cost, x.size), i), True)
@@ -397,9 +396,9 @@ class Checker:
                 size = first.size * max(1, args[1].size)
         return Info(result_type, cost, size)
 
-    def _binary(self, op: str, l: Info, r: Info) -> Info:
-        lt, rt = l.type, r.type
-        cost = l.cost + r.cost  # plus the operator's own (`binary_cost`, the same formula at run time)
+    def _binary(self, op: str, left: Info, right: Info) -> Info:
+        lt, rt = left.type, right.type
+        cost = left.cost + right.cost  # plus the operator's own (`binary_cost`, the same formula at run time)
 
         def fail() -> CheckError:
             return CheckError(f"found no matching overload for '_{op}_' applied to '({type_str(lt)}, {type_str(rt)})'")
@@ -412,27 +411,27 @@ class Checker:
         if op in ("==", "!="):
             if not assignable(lt, rt):
                 raise fail()
-            return Info("bool", cost + binary_cost(op, l.size, r.size, False), 1)
+            return Info("bool", cost + binary_cost(op, left.size, right.size, False), 1)
         if op in ("<", "<=", ">", ">="):
             ok = ((lt == "dyn" and rt in ("dyn", *ORDERED)) or (rt == "dyn" and lt in ORDERED)
                   or (lt in NUMERIC and rt in NUMERIC)
                   or (lt == rt and lt in ORDERED))
             if not ok:
                 raise fail()
-            return Info("bool", cost + binary_cost(op, l.size, r.size, False), 1)
+            return Info("bool", cost + binary_cost(op, left.size, right.size, False), 1)
         if op == "in":
             if rt == "dyn" or (isinstance(rt, tuple) and assignable(lt, rt[1])):
-                return Info("bool", cost + binary_cost(op, l.size, r.size, rt == "dyn" or rt[0] == "list"), 1)
+                return Info("bool", cost + binary_cost(op, left.size, right.size, rt == "dyn" or rt[0] == "list"), 1)
             raise fail()
         if op == "+":
             addable = ("dyn", *NUMERIC, "string", "bytes")
             if (lt == "dyn" and (rt in addable or _is_list(rt))) or (rt == "dyn" and (lt in addable or _is_list(lt))):
-                return Info("dyn", cost + binary_cost(op, l.size, r.size, True), l.size + r.size)
+                return Info("dyn", cost + binary_cost(op, left.size, right.size, True), left.size + right.size)
             if lt == rt and lt in (*NUMERIC, "string", "bytes"):
                 text = lt in ("string", "bytes")
-                return Info(lt, cost + binary_cost(op, l.size, r.size, text), l.size + r.size if text else 1)
+                return Info(lt, cost + binary_cost(op, left.size, right.size, text), left.size + right.size if text else 1)
             if isinstance(lt, tuple) and isinstance(rt, tuple) and lt[0] == rt[0] == "list":
-                return Info(("list", join(lt[1], rt[1])), cost + 1, l.size + r.size)  # O(1) in cel-go
+                return Info(("list", join(lt[1], rt[1])), cost + 1, left.size + right.size)  # O(1) in cel-go
             raise fail()
         cost += 1
         if op in ("-", "*", "/", "%"):
@@ -494,9 +493,8 @@ class Checker:
         first = self.check(node.pred, inner)
         n, step = r.size, first.cost + STEP_COST[node.kind]
         transformed = first
-        if node.kind in ("all", "exists", "existsOne") or node.transform is not None:
-            if first.type not in ("bool", "dyn"):
-                raise CheckError(f"the predicate of {node.kind}() must be bool, not {type_str(first.type)}")
+        if (node.kind in ("all", "exists", "existsOne") or node.transform is not None) and first.type not in ("bool", "dyn"):
+            raise CheckError(f"the predicate of {node.kind}() must be bool, not {type_str(first.type)}")
         if node.transform is not None:
             transformed = self.check(node.transform, inner)
             step += transformed.cost

@@ -19,10 +19,24 @@ expression) and rewrites it:
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from .cel_syntax import (
-    Bind, Binary, Call, CelSyntaxError, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary,
+    Binary,
+    Bind,
+    Call,
+    CelSyntaxError,
+    Comp,
+    Cond,
+    Has,
+    Ident,
+    Index,
+    ListLit,
+    Lit,
+    MapLit,
+    Node,
+    Select,
+    Unary,
     parse,
 )
 

@@ -29,7 +29,7 @@ from typing import Any
 from . import cel_runtime as rt
 from .cel_check import INIT_COST, RESULT_COST, STEP_COST, TYPE_NAMES, binary_cost, call_cost
 from .cel_runtime import LibraryError, UInt, cel_equal, is_quantity_value, is_semver_value, type_name
-from .cel_syntax import Bind, Binary, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
+from .cel_syntax import Binary, Bind, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 UINT_MAX = 2**64 - 1

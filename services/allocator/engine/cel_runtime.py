@@ -18,12 +18,14 @@ recognise); the fast evaluator reports any exception as an error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import re2
 
 from dralloc.schemas.quantity import NANO, as_float, as_int64, parse_quantity
+
 from .semver import Version, compare, parse_semver
 
 Q_KEY = "@quantity"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 MAX_DEPTH = 250  # cel-go's default parser recursion limit
 
@@ -41,59 +41,59 @@ class Ident:
 
 @dataclass(frozen=True, slots=True)
 class Select:
-    operand: "Node"
+    operand: Node
     field: str
     optional: bool = False  # x.?field (cel-go optional types)
 
 
 @dataclass(frozen=True, slots=True)
 class Has:
-    operand: "Node"
+    operand: Node
     field: str
 
 
 @dataclass(frozen=True, slots=True)
 class Index:
-    operand: "Node"
-    index: "Node"
+    operand: Node
+    index: Node
     optional: bool = False  # x[?index]
 
 
 @dataclass(frozen=True, slots=True)
 class Call:
     name: str  # "size", "startsWith", "_+_"-style operators are Binary/Unary instead
-    args: tuple["Node", ...]
-    target: Union["Node", None] = None  # receiver of a member call
+    args: tuple[Node, ...]
+    target: Node | None = None  # receiver of a member call
 
 
 @dataclass(frozen=True, slots=True)
 class Unary:
     op: str  # "!" or "-"
-    operand: "Node"
+    operand: Node
 
 
 @dataclass(frozen=True, slots=True)
 class Binary:
     op: str  # || && == != < <= > >= in + - * / %
-    left: "Node"
-    right: "Node"
+    left: Node
+    right: Node
 
 
 @dataclass(frozen=True, slots=True)
 class Cond:
-    cond: "Node"
-    then: "Node"
-    other: "Node"
+    cond: Node
+    then: Node
+    other: Node
 
 
 @dataclass(frozen=True, slots=True)
 class ListLit:
-    items: tuple["Node", ...]
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class MapLit:
-    entries: tuple[tuple["Node", "Node"], ...]
+    entries: tuple[tuple[Node, Node], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,21 +101,21 @@ class Comp:
     # all exists exists_one map filter; with two variables (cel-go ext.TwoVarComprehensions):
     # all exists existsOne transformList transformMap transformMapEntry
     kind: str
-    range: "Node"
+    range: Node
     var: str
-    pred: "Node"  # with a filter: the filter; else the predicate / transform
-    transform: Union["Node", None] = None  # map(x, filter, transform), transformList(i, v, filter, t)
-    var2: Union[str, None] = None  # the value variable of a two-variable comprehension
+    pred: Node  # with a filter: the filter; else the predicate / transform
+    transform: Node | None = None  # map(x, filter, transform), transformList(i, v, filter, t)
+    var2: str | None = None  # the value variable of a two-variable comprehension
 
 
 @dataclass(frozen=True, slots=True)
 class Bind:
     var: str
-    init: "Node"
-    body: "Node"
+    init: Node
+    body: Node
 
 
-Node = Union[Lit, Ident, Select, Has, Index, Call, Unary, Binary, Cond, ListLit, MapLit, Comp, Bind]
+Node = Lit | Ident | Select | Has | Index | Call | Unary | Binary | Cond | ListLit | MapLit | Comp | Bind
 
 
 # --- lexer -------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def _unescape(body: str, raw: bool, is_bytes: bool, pos: int) -> str | bytes:
         elif nxt in "uU":
             n = 4 if nxt == "u" else 8
             hexd = body[i + 2:i + 2 + n]
-            if is_bytes or not re.fullmatch(r"[0-9a-fA-F]{%d}" % n, hexd):
+            if is_bytes or not re.fullmatch(rf"[0-9a-fA-F]{{{n}}}", hexd):
                 raise CelSyntaxError("invalid unicode escape", pos)
             cp = int(hexd, 16)
             if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:

@@ -27,9 +27,9 @@ from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.placement import Placement, demand_of
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
-from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdicts
+from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.schemas.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,
@@ -187,7 +187,6 @@ class Engine:
         entries: list[Entry] = []
         for i, result in enumerate(allocation.devices.results):
             dkey = (result.driver, result.pool, result.device)
-            rec = self.inventory.by_key.get(dkey)
             if result.admin_access:
                 entries.append(Entry(device=dkey, kind="admin"))
             elif result.share_id is not None:

@@ -29,6 +29,7 @@ import itertools
 from dataclasses import dataclass
 
 import networkx as nx
+
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
