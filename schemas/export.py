@@ -155,8 +155,8 @@ def asyncapi() -> dict[str, Any]:
         "parameters": {p: {"$ref": "#/components/parameters/token"} for p in ("stream", "consumer")},
     }
     operations: dict[str, Any] = {}
-    for op_id, (action, channel, types, summary) in OPERATIONS.items():
-        chosen = types or CHANNELS[channel][2]
+    for op_id, (action, channel, own, summary) in OPERATIONS.items():
+        chosen = own or CHANNELS[channel][2]  # an operation's own messages, else all of its channel's
         operations[op_id] = {
             "action": action,
             "channel": {"$ref": f"#/channels/{channel}"},
