@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats.errors
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pipeline.py beside this file (also when run by `dralloc bench`)
 from pipeline import NAMESPACE, Stack, StreamReader, check, claim_event  # noqa: E402
 
 from dralloc import natsauth  # noqa: E402
-from dralloc.bus import Bus  # noqa: E402
+from dralloc.bus import Bus, NatsError  # noqa: E402
 from dralloc.schemas import events as ev  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,7 +225,7 @@ async def send_raw(bus: Bus, subject: str, data: bytes, outcome: Outcome, *, hea
     outcome.sent += 1
     try:
         await bus.js.publish(subject, data, headers=headers, timeout=2)
-    except (nats.errors.Error, TimeoutError) as exc:
+    except (NatsError, TimeoutError) as exc:
         outcome.refused.append(f"{subject}: {type(exc).__name__}")
         return False
     outcome.stored.append(subject)
@@ -239,7 +237,7 @@ async def api(bus: Bus, subject: str, body: dict[str, Any] | None, outcome: Outc
     outcome.sent += 1
     try:
         reply = await bus.nc.request(subject, json.dumps(body or {}).encode(), timeout=1.5)
-    except (nats.errors.Error, TimeoutError) as exc:
+    except (NatsError, TimeoutError) as exc:
         outcome.refused.append(f"{subject}: {type(exc).__name__}")
         return False
     answer = json.loads(reply.data or b"{}")
@@ -574,12 +572,12 @@ async def run(*, valid_rate: float = 5.0, nodes: int = 4, cluster: int = 1) -> d
                 offered.append(name)
                 h.valid.add(name)
                 event = claim_event(name)
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                with contextlib.suppress(NatsError, TimeoutError):
                     await h.admin.publish(event)
                     live.append(event)
                 if len(live) > LIVE_VALID:
                     gone = live.pop(0).claim.metadata
-                    with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    with contextlib.suppress(NatsError, TimeoutError):
                         await h.admin.publish(ev.ClaimDeleted(namespace=NAMESPACE, name=gone.name, uid=gone.uid or ""))
                 i += 1
                 with contextlib.suppress(TimeoutError):

@@ -52,12 +52,21 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats.errors
 import yaml
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from dralloc.allocator import leader
-from dralloc.bus import Bus, LocalCluster, die_with_parent, nats_server_binary, wait_for_jetstream, wait_for_port
+from dralloc.bus import (
+    AckPolicy,
+    Bus,
+    ConsumerConfig,
+    DeliverPolicy,
+    LocalCluster,
+    NatsError,
+    die_with_parent,
+    nats_server_binary,
+    wait_for_jetstream,
+    wait_for_port,
+)
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -509,7 +518,7 @@ async def settle(bus: Bus, names: set[str], timeout: float) -> Verdict:
                 continue
             await claims.read_new()
             await allocations.read_new()
-        except (nats.errors.Error, TimeoutError):
+        except (NatsError, TimeoutError):
             await asyncio.sleep(0.5)  # the server is restarting
             continue
         verdict = check(claims.seen, allocations.seen, names)

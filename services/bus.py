@@ -125,6 +125,24 @@ from dralloc import natsauth, streamcheck, telemetry
 from dralloc.schemas import events
 from dralloc.schemas.events import Event, EventDecodeError
 
+# nats-py's names the rest of dralloc catches or passes around, re-exported here so that
+# only the bus imports nats-py (tests/test_architecture.py: nats-through-bus). KeyValue,
+# PubAck, ConsumerConfig, AckPolicy and DeliverPolicy are imported above and used as is.
+NatsError = nats.errors.Error
+"""Anything nats-py raises: connection lost, timeout, no responders, a refusal by the server."""
+NatsTimeout = nats.errors.TimeoutError
+"""nats-py's timeout (also a `TimeoutError`)."""
+NotFound = nats.js.errors.NotFoundError
+"""A stream, consumer or message that does not exist."""
+ApiError = nats.js.errors.APIError
+"""An error answer from the JetStream API (e.g. a refused batch or expected sequence)."""
+KeyNotFound = nats.js.errors.KeyNotFoundError
+"""A KV key that was never written, or was deleted."""
+NoKeys = nats.js.errors.NoKeysError
+"""A KV bucket without keys."""
+KeyWrongLastSequence = nats.js.errors.KeyWrongLastSequenceError
+"""A KV compare-and-set that lost: the key changed since it was read."""
+
 log = logging.getLogger("dralloc.bus")
 
 DEFAULT_URL = "nats://127.0.0.1:4222"

@@ -71,7 +71,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import nats.errors
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -408,13 +407,15 @@ LAG_EVERY_S = 2.0
 async def report_lag(bus: Bus, stream: str, consumer: str, stop: asyncio.Event, every: float = LAG_EVERY_S) -> None:
     """Report the durable `consumer`'s backlog on `stream` until `stop` is set; then stop reporting it
     (a standby does not speak for the consumer it no longer reads)."""
+    from dralloc.bus import NatsError  # here: the bus imports telemetry, which sets up these metrics
+
     backlog = consumer_lag().backlog
     try:
         while not stop.is_set():
             try:
                 info = await bus.js.consumer_info(stream, consumer)
                 backlog[(stream, consumer)] = info.num_pending + info.num_ack_pending
-            except (nats.errors.Error, TimeoutError):  # not created yet, or NATS away: the next round tells
+            except (NatsError, TimeoutError):  # not created yet, or NATS away: the next round tells
                 pass
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every)

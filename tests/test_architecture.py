@@ -247,30 +247,10 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
 
 
 # Known violations: (rule, importer, target) -> why it is not fixed yet. Shrink only.
-# nats-py outside the bus: almost all of it is to catch nats-py's exceptions or to name its
-# config types. The cure is one bus package (issue #12 item 4) that exports its own error
-# and config vocabulary; until that split lands these call sites cannot change alone.
-_NATS_VOCABULARY = "catches/names nats-py errors or types; waits for the bus package's own vocabulary (#12 item 4)"
 ALLOWED: dict[tuple[str, str, str], str] = {
     ("nats-through-bus", "dralloc.streamcheck", "nats.js.api"): "the bus's stream-config checker: moves into the bus package when bus.py is split (#12 item 4)",
-    ("nats-through-bus", "dralloc.allocator.leader", "nats.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.allocator.leader", "nats.js.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.allocator.leader", "nats.js.kv"): "the lease is a KV compare-and-set on nats-py's KeyValue; the bus has no KV wrapper yet",
-    ("nats-through-bus", "dralloc.allocator.service", "nats.js.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.allocator.service", "nats.js.api"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.statuswriter.sinks", "nats.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.statuswriter.sinks", "nats.js.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.statuswriter.sinks", "nats.js.kv"): "the status store is nats-py's KeyValue; the bus has no KV wrapper yet",
-    ("nats-through-bus", "dralloc.ingestor.service", "nats.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.metrics", "nats.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.client.busview", "nats.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "dralloc.client.busview", "nats.js.api"): "ordered consumers configured with nats-py's ConsumerConfig; the bus has no such helper yet",
-    ("nats-through-bus", "dralloc.client.submit", "nats.js.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "benchmarks.hostile", "nats.errors"): _NATS_VOCABULARY,
     ("client-via-contracts", "dralloc.client.submit", "dralloc.ingestor.sources"): "manifests -> claim events is one parser shared with the ingestor's file source; moving it out of the ingestor is a larger move",
     ("client-via-contracts", "dralloc.client.show", "dralloc.statuswriter.sinks"): "reads the status bucket (read_all_checked) over nats-py KV; the record format is in schemas.status, the KV read moves with the bus's KV helpers (#12 item 4)",
-    ("nats-through-bus", "benchmarks.pipeline", "nats.errors"): _NATS_VOCABULARY,
-    ("nats-through-bus", "benchmarks.pipeline", "nats.js.api"): "ordered consumers configured with nats-py's ConsumerConfig; the bus has no such helper yet",
 }
 
 

@@ -35,9 +35,7 @@ import socket
 import time
 import uuid
 
-import nats.errors
-import nats.js.errors
-from nats.js.kv import KeyValue
+from dralloc.bus import KeyNotFound, KeyValue, KeyWrongLastSequence, NatsError
 
 log = logging.getLogger("dralloc.allocator.leader")
 
@@ -45,7 +43,7 @@ BUCKET = "dralloc-leader"
 KEY = "allocator"
 DEFAULT_TTL = 3.0
 
-_UNREACHABLE = (nats.errors.Error, TimeoutError, OSError)
+_UNREACHABLE = (NatsError, TimeoutError, OSError)
 
 
 def holder_id() -> str:
@@ -80,7 +78,7 @@ class Lease:
             try:
                 try:
                     entry = await self.kv.get(self.key)
-                except nats.js.errors.KeyNotFoundError:  # never held, or resigned (deleted)
+                except KeyNotFound:  # never held, or resigned (deleted)
                     revision = await self.kv.create(self.key, value)
                 else:
                     if entry.value == value or (seen and seen[0] == entry.revision and sent - seen[1] >= self.ttl):
@@ -91,7 +89,7 @@ class Lease:
                             seen = (entry.revision, time.monotonic())
                         await wait_or(stop, self.ttl / 6)
                         continue
-            except nats.js.errors.KeyWrongLastSequenceError:
+            except KeyWrongLastSequence:
                 seen = None  # someone else was faster: watch the new holder
                 continue
             except _UNREACHABLE as exc:
@@ -117,7 +115,7 @@ class Lease:
                     self.kv.update(self.key, value, last=self.revision), max(0.05, self._valid_until - sent)
                 )
                 self._valid_until = sent + self.ttl
-            except nats.js.errors.KeyWrongLastSequenceError:
+            except KeyWrongLastSequence:
                 log.warning("leader lease: %s was deposed (epoch %d)", self.holder, self.epoch)
                 self.revision = 0
                 term.set()

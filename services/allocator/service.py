@@ -80,8 +80,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import nats.js.errors
-from nats.js.api import PubAck
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
@@ -92,7 +90,7 @@ from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.allocator.reservations import parse_wait
-from dralloc.bus import MAX_BATCH, Bus, Permanent
+from dralloc.bus import MAX_BATCH, ApiError, Bus, NotFound, Permanent, PubAck
 from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -253,7 +251,7 @@ class Allocator:
             try:
                 await self.bus.js.get_last_msg("CLAIMS", ev.ClaimDeleted(namespace=release.namespace, name=release.name).subject)
                 continue
-            except nats.js.errors.NotFoundError:
+            except NotFound:
                 pass
             decided = (await self.bus.js.get_last_msg("ALLOCATIONS", release.subject)).time
             if decided is None or time.time() - decided.timestamp() < self.bus.tombstone_ttl:
@@ -527,7 +525,7 @@ class Allocator:
         what = events[0].subject if len(events) == 1 else f"{len(events)} decisions of a gang"
         try:
             stored = await ack
-        except nats.js.errors.APIError as exc:
+        except ApiError as exc:
             self.term.set()
             if exc.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
                 raise Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {what} not written") from None

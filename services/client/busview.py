@@ -11,10 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-import nats.errors
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-from dralloc.bus import STREAMS, Bus
+from dralloc.bus import STREAMS, AckPolicy, Bus, ConsumerConfig, DeliverPolicy, NatsTimeout
 from dralloc.client.fleetview import FleetState
 from dralloc.schemas import events as ev
 
@@ -52,7 +49,7 @@ async def snapshot(bus: Bus, state: FleetState | None = None) -> tuple[FleetStat
             while pending > 0:
                 try:
                     messages = await sub.fetch(min(pending, 512), timeout=FETCH_S)
-                except (nats.errors.TimeoutError, TimeoutError):
+                except (NatsTimeout, TimeoutError):
                     pending = (await sub.consumer_info()).num_pending
                     continue
                 for msg in messages:

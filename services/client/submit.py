@@ -9,10 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
-import nats.js.errors
 
 from dralloc import telemetry
-from dralloc.bus import Bus, PublishRefused
+from dralloc.bus import Bus, NotFound, PublishRefused
 from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests, removal_of
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
@@ -145,7 +144,7 @@ async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> 
                 # the decision's own subject (namespace and name as the allocator writes them)
                 msg = await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", meta.namespace or "default", meta.name))
                 decision = ev.decode(msg.data)
-            except (nats.js.errors.NotFoundError, ev.EventDecodeError):
+            except (NotFound, ev.EventDecodeError):
                 continue
             if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and decision.uid == meta.uid:
                 found[key] = status_of(decision)

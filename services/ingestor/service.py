@@ -18,9 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import nats.errors
-
-from dralloc.bus import Bus, PublishRefused
+from dralloc.bus import Bus, NatsError, PublishRefused
 from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
 from dralloc.schemas import events as ev
 
@@ -100,7 +98,7 @@ async def publish_until_stored(bus: Bus, event: SourceEvent, stop: asyncio.Event
         except PublishRefused as exc:
             _report(f"not published: {exc}")
             return True  # nothing to retry; go on with the rest
-        except (nats.errors.Error, TimeoutError, OSError) as exc:
+        except (NatsError, TimeoutError, OSError) as exc:
             log.warning("publishing %s failed: %s; retrying in %.1fs", event.subject, exc, delay)
             try:
                 await asyncio.wait_for(stop.wait(), delay)

@@ -14,11 +14,8 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import msgspec
-import nats.errors
-import nats.js.errors
-from nats.js.kv import KeyValue
 
-from dralloc.bus import Bus
+from dralloc.bus import Bus, KeyNotFound, KeyValue, NatsError, NoKeys
 from dralloc.schemas import events as ev
 from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus, UnreadableStatus, decode_status, kv_key, status_of
 
@@ -106,7 +103,7 @@ async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:
     """The claim's stored status, None if there is none; `UnreadableStatus` if the record is bad."""
     try:
         entry = await kv.get(kv_key(claim_key))
-    except nats.js.errors.KeyNotFoundError:
+    except KeyNotFound:
         return None
     if not entry.value:
         return None
@@ -118,7 +115,7 @@ async def read_all_checked(kv: KeyValue) -> tuple[list[ClaimStatus], list[str]]:
     read (skipped: one bad record never hides the others)."""
     try:
         keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
+    except NoKeys:
         return [], []
     found: list[ClaimStatus] = []
     problems: list[str] = []
@@ -128,7 +125,7 @@ async def read_all_checked(kv: KeyValue) -> tuple[list[ClaimStatus], list[str]]:
         except UnreadableStatus as exc:
             problems.append(str(exc))
             continue
-        except (nats.errors.Error, ValueError) as exc:  # a key the client refuses to ask for
+        except (NatsError, ValueError) as exc:  # a key the client refuses to ask for
             problems.append(f"record {key!r}: cannot be read: {exc}")
             continue
         if status is not None:
