@@ -37,8 +37,8 @@ from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus
+from dralloc.statusstore import read_all
 from dralloc.statuswriter import service as statuswriter
-from dralloc.statuswriter.sinks import read_all
 
 log = logging.getLogger("dralloc.demo")
 

@@ -250,7 +250,6 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
 ALLOWED: dict[tuple[str, str, str], str] = {
     ("nats-through-bus", "dralloc.streamcheck", "nats.js.api"): "the bus's stream-config checker: moves into the bus package when bus.py is split (#12 item 4)",
     ("client-via-contracts", "dralloc.client.submit", "dralloc.ingestor.sources"): "manifests -> claim events is one parser shared with the ingestor's file source; moving it out of the ingestor is a larger move",
-    ("client-via-contracts", "dralloc.client.show", "dralloc.statuswriter.sinks"): "reads the status bucket (read_all_checked) over nats-py KV; the record format is in schemas.status, the KV read moves with the bus's KV helpers (#12 item 4)",
 }
 
 

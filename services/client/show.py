@@ -7,7 +7,7 @@ from collections import Counter
 
 from dralloc.bus import Bus
 from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus
-from dralloc.statuswriter.sinks import read_all_checked
+from dralloc.statusstore import read_all_checked
 
 
 async def fetch_claims(url: str | None, bucket: str | None = None) -> tuple[list[ClaimStatus], list[str]]:

@@ -15,11 +15,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from dralloc.bus import Bus, KeyNotFound, KeyValue, NatsError, NoKeys
+from dralloc.bus import Bus, KeyValue
 from dralloc.schemas import events as ev
 from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus, UnreadableStatus, decode_status, kv_key, status_of
+from dralloc.statusstore import read_all, read_all_checked, read_status
 
-__all__ = [  # the record format lives in schemas.status; these names stay importable from here
+__all__ = [  # the record format lives in schemas.status, its reads in statusstore; these names stay importable from here
     "DEFAULT_BUCKET",
     "ClaimStatus",
     "KVSink",
@@ -97,45 +98,3 @@ class KVSink:
             await self.kv.put(kv_key(key), data)
             return None
         return await self.bus.send_bytes(f"$KV.{self.bucket}.{kv_key(key)}", data)
-
-
-async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:
-    """The claim's stored status, None if there is none; `UnreadableStatus` if the record is bad."""
-    try:
-        entry = await kv.get(kv_key(claim_key))
-    except KeyNotFound:
-        return None
-    if not entry.value:
-        return None
-    return decode_status(kv_key(claim_key), entry.value)
-
-
-async def read_all_checked(kv: KeyValue) -> tuple[list[ClaimStatus], list[str]]:
-    """Every stored claim status, sorted by claim, and one line per record that could not be
-    read (skipped: one bad record never hides the others)."""
-    try:
-        keys = await kv.keys()
-    except NoKeys:
-        return [], []
-    found: list[ClaimStatus] = []
-    problems: list[str] = []
-    for key in keys:
-        try:
-            status = await read_status(kv, key)
-        except UnreadableStatus as exc:
-            problems.append(str(exc))
-            continue
-        except (NatsError, ValueError) as exc:  # a key the client refuses to ask for
-            problems.append(f"record {key!r}: cannot be read: {exc}")
-            continue
-        if status is not None:
-            found.append(status)
-    return sorted(found, key=lambda s: s.claim), problems
-
-
-async def read_all(kv: KeyValue) -> list[ClaimStatus]:
-    """Every readable stored claim status, sorted by claim (bad records are logged and skipped)."""
-    found, problems = await read_all_checked(kv)
-    for problem in problems:
-        log.warning("skipped a bad claim status: %s", problem)
-    return found
