@@ -1038,12 +1038,10 @@ class Bus:
                 await sub.unsubscribe()
 
     async def _skip_in_replay(self, stream: str, msg: Msg, reason: str) -> None:
-        """Report a message a replay leaves out: logged, and dead-lettered (consumer ``replay``; one
-        letter per message, however many rebuilds skip it) where this credential may."""
-        try:
-            await self._publish_dead_letter(stream, "replay", msg.metadata.sequence.stream, msg.subject, msg.data, reason)
-        except Exception as exc:  # noqa: BLE001 - the replay goes on without the letter; the log line stays
-            log.error("replay of %s: skipped %s (%s); no dead letter: %s", stream, msg.subject, reason, exc)
+        """Report a message a replay leaves out (logged with its stream, sequence and reason). It is not
+        dead-lettered here: the consumer that read it when it arrived did that, once, and a rebuild
+        happens at every start."""
+        log.error("replay of %s: skipped %s (seq %d): %s", stream, msg.subject, msg.metadata.sequence.stream, " ".join(reason.split())[:1000])
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The most recent dead letters (at most `limit`), oldest first."""

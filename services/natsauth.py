@@ -102,7 +102,6 @@ def node_user(node: str) -> str:
     allow = [
         f"dra.inventory.*.{pool}.*",
         own,
-        "dra.deadletter.INVENTORY.>",
         "$JS.API.INFO",
         *(f"$JS.API.STREAM.INFO.{s}" for s in ("INVENTORY", "CLAIMS", "ALLOCATIONS", "DEADLETTER")),
         "$JS.API.CONSUMER.CREATE.INVENTORY.*",

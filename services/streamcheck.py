@@ -23,7 +23,8 @@ STREAM_EVENTS: dict[str, tuple[type, ...]] = {
     "CLAIMS": get_args(ev.ClaimEvent),
     "ALLOCATIONS": get_args(ev.AllocationEvent),
 }
-"""The event types each stream may hold; anything else read from it is ignored and dead-lettered."""
+"""The event types each stream may hold; anything else read from it is never acted on (a consumer
+dead-letters it, a rebuild skips and logs it)."""
 
 
 def misplaced(stream: str, subject: str, event: ev.Event) -> str | None:
