@@ -210,7 +210,7 @@ def log_problems(logs: dict[str, str], credentials: Credentials) -> list[str]:
     problems = []
     for name, text in logs.items():
         if "Traceback (most recent call last)" in text:
-            problems.append(f"{name} has a traceback: ...{text[text.index('Traceback'):][:600]}")
+            problems.append(f"{name} has a traceback: ...{text[text.index('Traceback') :][:600]}")
         for user, password in credentials.passwords.items():
             if password in text:
                 problems.append(f"{name} shows {user}'s password")
@@ -278,9 +278,7 @@ def claim_subject(namespace: str, name: str) -> str:
 async def committed_to(harness: Harness, namespace: str, name: str) -> bool:
     """Whether ALLOCATIONS holds a commit for that claim (a forged or misfiled one must never get one)."""
     await harness.allocations.read_new()
-    return any(
-        isinstance(s.event, ev.AllocationCommitted) and s.event.key == f"{namespace}/{name}" for s in harness.allocations.seen
-    )
+    return any(isinstance(s.event, ev.AllocationCommitted) and s.event.key == f"{namespace}/{name}" for s in harness.allocations.seen)
 
 
 # --- the corpus ----------------------------------------------------------------------------------
@@ -323,9 +321,7 @@ async def forged_decision(h: Harness) -> Outcome:
     victim_key, devices = next(iter(sorted(held.items())))
     driver, pool, device = devices[0].split("/")
     claim = hostile_claim("forged")
-    claim["status"] = {
-        "allocation": {"devices": {"results": [{"request": "gpu", "driver": driver, "pool": pool, "device": device}]}}
-    }
+    claim["status"] = {"allocation": {"devices": {"results": [{"request": "gpu", "driver": driver, "pool": pool, "device": device}]}}}
     forged = json.dumps({"type": "AllocationCommitted", "schemaVersion": 1, "claim": claim, "node": pool}).encode()
     async with await h.connect_as("ingestor") as ingestor:
         await send_raw(ingestor, claim_subject(HOSTILE, "forged"), forged, out)
@@ -370,7 +366,10 @@ async def jetstream_api(h: Harness) -> Outcome:
                 await api(
                     bus,
                     "$JS.API.CONSUMER.CREATE.CLAIMS.allocator",
-                    {"stream_name": "CLAIMS", "config": {"name": "allocator", "durable_name": "allocator", "ack_policy": "explicit", "filter_subject": "dra.claims.nothing.>"}},
+                    {
+                        "stream_name": "CLAIMS",
+                        "config": {"name": "allocator", "durable_name": "allocator", "ack_policy": "explicit", "filter_subject": "dra.claims.nothing.>"},
+                    },
                     out,
                 )
                 await api(bus, "$JS.API.CONSUMER.MSG.NEXT.CLAIMS.allocator", {"batch": 100, "expires": 500_000_000}, out)
@@ -429,7 +428,9 @@ async def adopted_conflict(h: Harness) -> Outcome:
     driver, pool, device = devices[0].split("/")
     allocation = {"devices": {"results": [{"request": "gpu", "driver": driver, "pool": pool, "device": device}]}}
     async with await h.connect_as("ingestor") as ingestor:
-        await send_raw(ingestor, claim_subject("other-team", "squatter"), submitted(hostile_claim("squatter", namespace="other-team", allocation=allocation)), out)
+        await send_raw(
+            ingestor, claim_subject("other-team", "squatter"), submitted(hostile_claim("squatter", namespace="other-team", allocation=allocation)), out
+        )
     return out
 
 

@@ -293,9 +293,7 @@ DEAD_LETTER_HEADROOM = 512
 server add a little framing of their own)."""
 
 
-def dead_letter_message(
-    stream: str, consumer: str, seq: int, subject: str, data: bytes, reason: str, max_payload: int
-) -> tuple[str, dict[str, str], bytes]:
+def dead_letter_message(stream: str, consumer: str, seq: int, subject: str, data: bytes, reason: str, max_payload: int) -> tuple[str, dict[str, str], bytes]:
     """The dead letter of message `seq` of `stream`: (its original subject as shown, headers, body).
 
     It always fits under `max_payload`, headers included (a message over it makes the server close
@@ -586,8 +584,7 @@ class Bus:
                 await nc.close()
             reason = str(exc) or f"no answer within {timeout:g}s" + (f" (last error: {last_error})" if last_error else "")
             raise BusError(
-                f"cannot connect to NATS at {shown}: {natsauth.redact(reason)} (is a nats-server with JetStream "
-                "running there? `dralloc demo` starts its own)"
+                f"cannot connect to NATS at {shown}: {natsauth.redact(reason)} (is a nats-server with JetStream running there? `dralloc demo` starts its own)"
             ) from None
         bus = cls(nc, name, tombstone_ttl=ttl)
         bus.closed = closed
@@ -694,9 +691,7 @@ class Bus:
         after = f"{last.seq}" if last is not None else f"empty-{uuid.uuid4().hex}"
         return await self.js.publish(subject, data, headers={**headers, "Nats-Msg-Id": f"{base}:after:{after}"})
 
-    async def send(
-        self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0
-    ) -> Awaitable[PubAck]:
+    async def send(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
         """Publish without waiting for the store: returns once the message is on its way (messages
         leave in call order), with an awaitable for JetStream's ack (raising as `publish` does, or
         `TimeoutError` after `timeout` seconds without an answer). Several may be in flight at once."""
@@ -804,8 +799,7 @@ class Bus:
             # server close the connection: refuse it here instead.
             if (size := len(data) + header_bytes(marks)) > self.nc.max_payload:
                 raise PublishRefused(
-                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's "
-                    f"message limit of {self.nc.max_payload} bytes"
+                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self.nc.max_payload} bytes"
                 )
             return subject, data, marks
 
@@ -928,9 +922,7 @@ class Bus:
         else:
             await self._settle(msg, None, event, stream, consumer, max_deliver, span)
 
-    async def _settle(
-        self, msg: Msg, failure: Exception | None, event: Event, stream: str, consumer: str, max_deliver: int, span: Span
-    ) -> None:
+    async def _settle(self, msg: Msg, failure: Exception | None, event: Event, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
         """Ack a handled message, or dead-letter it (`Permanent`, or the last delivery) or hand it back for a retry."""
         delivered = msg.metadata.num_delivered
         try:
@@ -1001,9 +993,7 @@ class Bus:
         found.sort(key=lambda pair: pair[0])
         return [event for _, event in found], last_seq
 
-    async def _scan(
-        self, stream: str, config: ConsumerConfig, upto: int, found: list[tuple[int, Event]], unusable: list[tuple[str, int]]
-    ) -> None:
+    async def _scan(self, stream: str, config: ConsumerConfig, upto: int, found: list[tuple[int, Event]], unusable: list[tuple[str, int]]) -> None:
         """Read `stream` through an ephemeral consumer with `config`, up to sequence `upto`: usable events
         (with their sequences) go to `found`, the subject and sequence of each unusable one to `unusable`."""
         sub = await self.js.pull_subscribe("", durable=None, stream=stream, config=config)
@@ -1127,7 +1117,9 @@ async def run_service(name: str, serve: Callable[..., Awaitable[None]], config: 
                 stop.set()  # the connection is gone for good: stop, then say so
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(serving, 10)
-                raise BusError(f"{name}: the NATS connection was closed for good ({natsauth.redact(str(bus.nc.last_error or 'closed'))}); exiting so that a fresh process reconnects")
+                raise BusError(
+                    f"{name}: the NATS connection was closed for good ({natsauth.redact(str(bus.nc.last_error or 'closed'))}); exiting so that a fresh process reconnects"
+                )
             closed.cancel()
             await serving
     finally:

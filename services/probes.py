@@ -89,7 +89,9 @@ async def serve_probes(bus: object, ready: asyncio.Event, env: Mapping[str, str]
                 ok, reason = False, "unknown path (use /livez or /readyz)"
             status = b"200 OK" if ok else (b"404 Not Found" if path not in ("/livez", "/readyz") else b"503 Service Unavailable")
             body = reason.encode() + b"\n"
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            writer.write(
+                b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+            )
             await writer.drain()
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             pass  # a probe that hung up or sent nothing: nothing to answer

@@ -76,8 +76,10 @@ def weakened(actual: StreamConfig, wanted: StreamConfig) -> list[str]:
         problems.append(f"num_replicas is {actual.num_replicas or 1}, dralloc needs at least {wanted.num_replicas}")
     if wanted.storage == StorageType.FILE and actual.storage == StorageType.MEMORY:
         problems.append("storage is memory (lost at a server restart), dralloc needs file")
-    if actual.discard == DiscardPolicy.NEW and wanted.discard != DiscardPolicy.NEW and any(
-        not _unlimited(v) for v in (actual.max_msgs, actual.max_bytes, actual.max_msgs_per_subject)
+    if (
+        actual.discard == DiscardPolicy.NEW
+        and wanted.discard != DiscardPolicy.NEW
+        and any(not _unlimited(v) for v in (actual.max_msgs, actual.max_bytes, actual.max_msgs_per_subject))
     ):
         problems.append("discard is new (a full stream refuses events)")
     if actual.allow_rollup_hdrs and not wanted.allow_rollup_hdrs:
