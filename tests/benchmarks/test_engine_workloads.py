@@ -119,3 +119,19 @@ def test_scale_sizes_parse_and_refuse_nonsense():
         with pytest.raises(ValueError, match="GPU count"):
             W.parse_sizes(bad)
     assert 31_000 <= W.frontier_nodes_for(250_000) <= 33_000
+
+
+def test_bench_engine_frontier_at_a_small_size_through_the_cli():
+    import json
+
+    from typer.testing import CliRunner
+
+    from dralloc.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "engine", "--workload", "frontier-250k", "--nodes", "19", "--seed", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["nodes"] == 19 and report["seed"] == 5 and report["workload"] == "frontier-19-nodes"
+    assert report["devices"] == 18 * 4 + 8 and report["allocated"] + report["unsatisfiable"] == report["claims"]
+    refused = CliRunner().invoke(app, ["bench", "engine", "--workload", "kube-perf-500", "--nodes", "50"])
+    assert refused.exit_code == 2 and "--nodes goes with --workload frontier-250k" in refused.stderr
