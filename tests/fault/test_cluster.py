@@ -24,6 +24,9 @@ async def test_streams_are_replicated_and_nothing_is_lost_while_servers_restart_
             stop, events = asyncio.Event(), []
             chaos_task = asyncio.create_task(chaos(stack, bus, Options(kill_every=2.0, restart_every=3.0), stop, events))
             await offer(bus, CLAIMS, 10, asyncio.Event())  # 6 s of claims
+            async with asyncio.timeout(60):  # chaos runs until it has killed and restarted twice each, however fast the claims go
+                while stack.nats.restarts < 2 or sum("kill -9" in e for e in events) < 2:
+                    await asyncio.sleep(0.2)
             verdict = await settle(bus, set(CLAIMS), 60)  # chaos goes on while the backlog drains
             stop.set()
             await chaos_task
