@@ -64,6 +64,7 @@ from dralloc.bus import (
     NatsError,
     die_with_parent,
     nats_server_binary,
+    until_jetstream_answers,
     wait_for_jetstream,
     wait_for_port,
 )
@@ -257,7 +258,8 @@ class Stack:
 
     async def ready(self, bus: Bus, timeout: float = 120.0) -> None:
         """The fleet is on the bus and a leader has rebuilt: a probe claim gets committed."""
-        await bus.check_streams()  # made by the allocator (the stream owner), with the deployment's replicas
+        # made by the allocator (the stream owner), with the deployment's replicas; a cluster answers only once it has elected its leaders
+        await until_jetstream_answers(bus, "bench", asyncio.Event(), bus.check_streams, timeout)
         async with asyncio.timeout(timeout):
             classes = sum(1 for doc in yaml.safe_load_all(CLASSES.read_text()) if doc)
             while True:

@@ -1066,7 +1066,7 @@ class Bus:
             return await self.js.create_key_value(KeyValueConfig(bucket=bucket, history=history, replicas=replicas_from_env()))
 
 
-async def _until_jetstream_answers(bus: Bus, name: str, stop: asyncio.Event, step: Callable[[], Awaitable[None]], timeout: float = 60.0) -> None:
+async def until_jetstream_answers(bus: Bus, name: str, stop: asyncio.Event, step: Callable[[], Awaitable[None]], timeout: float = 60.0) -> None:
     """Run `step` (the streams' setup or check), again while JetStream cannot answer yet (a cluster
     electing its leaders, a server starting), for up to `timeout` seconds; `BusError` passes at once."""
     deadline = time.monotonic() + timeout
@@ -1106,7 +1106,7 @@ async def run_service(name: str, serve: Callable[..., Awaitable[None]], config: 
         async with probes.serve_probes(bus, ready) as port:
             if port is not None:
                 log.info("%s: probes on port %d (/livez, /readyz)", name, port)
-            await _until_jetstream_answers(bus, name, stop, bus.ensure_streams if name == STREAM_OWNER else lambda: bus.check_streams(stop))
+            await until_jetstream_answers(bus, name, stop, bus.ensure_streams if name == STREAM_OWNER else lambda: bus.check_streams(stop))
             where = bus.nc.connected_url.geturl() if bus.nc.connected_url else (url or "")
             log.info("%s: serving (NATS %s)", name, natsauth.redact(where))
             ready.set()
