@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pty
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from cli_terminal import ctrl_c_once_shown
 from typer.testing import CliRunner
 
 from dralloc.cli import app
@@ -110,37 +108,9 @@ def test_help_has_no_type_labels_and_no_ragged_lines(command):
 
 def test_ctrl_c_on_the_demo_is_quiet():
     """A terminal's Ctrl-C (SIGINT to the whole foreground group) stops the demo without NATS noise."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([DRALLOC, "demo"], stdin=slave, stdout=slave, stderr=subprocess.PIPE, start_new_session=True)
-    os.close(slave)
-    seen = bytearray()
-    live = threading.Event()
-
-    def drain() -> None:
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-            if b"allocated" in seen:
-                live.set()
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        assert live.wait(120), bytes(seen[-2000:])
-        os.killpg(proc.pid, signal.SIGINT)
-        stderr = proc.stderr.read().decode()
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
-    assert stderr == ""
+    code, stderr = ctrl_c_once_shown([DRALLOC, "demo"], b"allocated")
+    assert code == 0
+    assert stderr == b""
 
 
 def test_long_expressions_are_cut_in_messages(tmp_path):

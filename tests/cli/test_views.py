@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_terminal import ctrl_c_once_shown
 from rich.console import Console
 
 from dralloc.bus import Bus
@@ -168,37 +169,7 @@ async def test_top_once_piped_and_live_on_a_terminal(system, nats_url):
     assert once.returncode == 0, once.stderr
     assert "3 nodes  24 GPUs" in once.stdout and "research/too-big" in once.stdout
 
-    import pty
-    import threading
-
-    master, slave = pty.openpty()
     env = {**os.environ, "NATS_URL": nats_url, "COLUMNS": "80", "LINES": "40"}
-    proc = subprocess.Popen([DRALLOC, "top"], stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    os.close(slave)
-    seen = bytearray()
-    shown = threading.Event()
-
-    def drain() -> None:
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-            if b"pending claims" in seen:
-                shown.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        assert await asyncio.to_thread(shown.wait, 60), bytes(seen[-2000:])
-        os.killpg(proc.pid, signal.SIGINT)
-        stderr = await asyncio.to_thread(proc.stderr.read)
-        assert await asyncio.to_thread(proc.wait, 30) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
+    code, stderr = await asyncio.to_thread(ctrl_c_once_shown, [DRALLOC, "top"], b"pending claims", env=env, timeout=60)
+    assert code == 0
     assert stderr == b""
