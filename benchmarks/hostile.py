@@ -532,6 +532,15 @@ ATTACKS: dict[str, Attack] = {
 """The fixed corpus, in the order the benchmark sends it (the rebuild last: it replays the rest)."""
 
 
+async def attack(h: Harness, name: str) -> Outcome:
+    """One attack of the corpus by its name; fails (AssertionError naming what) if anything the
+    module docstring promises does not hold after it."""
+    running = await h.holders()
+    outcome = await ATTACKS[name](h)
+    assert await h.verify(running) == []
+    return outcome
+
+
 @contextlib.asynccontextmanager
 async def harness(nodes: int = 2, allocators: int = 2, running: int = 4, cluster: int = 1):
     """A secured stack, ready, with `running` valid claims committed; yields the `Harness`."""

@@ -15,19 +15,12 @@ import sys
 
 import hostile
 import pytest
-from hostile import HOSTILE, Harness, committed_to
+from hostile import HOSTILE, Harness, attack, committed_to
 from pipeline import NAMESPACE
 
 from dralloc.schemas import events as ev
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-async def attack(h: Harness, name: str) -> hostile.Outcome:
-    running = await h.holders()
-    outcome = await hostile.ATTACKS[name](h)
-    assert await h.verify(running) == []
-    return outcome
 
 
 async def letters_for(h: Harness, subject: str) -> list:

@@ -8,20 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-import hostile
 import pytest
-from hostile import HOSTILE, Harness, committed_to
+from hostile import HOSTILE, Harness, attack, committed_to
 
 from dralloc.schemas import events as ev
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-async def attack(h: Harness, name: str) -> hostile.Outcome:
-    running = await h.holders()
-    outcome = await hostile.ATTACKS[name](h)
-    assert await h.verify(running) == []
-    return outcome
 
 
 async def test_names_the_api_server_refuses_are_never_allocated(h: Harness):
