@@ -248,7 +248,6 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
 
 # Known violations: (rule, importer, target) -> why it is not fixed yet. Shrink only.
 ALLOWED: dict[tuple[str, str, str], str] = {
-    ("nats-through-bus", "dralloc.streamcheck", "nats.js.api"): "the bus's stream-config checker: moves into the bus package when bus.py is split (#12 item 4)",
     ("client-via-contracts", "dralloc.client.submit", "dralloc.ingestor.sources"): "manifests -> claim events is one parser shared with the ingestor's file source; moving it out of the ingestor is a larger move",
 }
 

@@ -13,8 +13,8 @@ import hostile
 import pytest
 from pipeline import NatsServer, claim_event
 
-from dralloc import natsauth, probes, streamcheck
-from dralloc.bus import Bus, BusError, dead_letter_message, header_bytes, run_service
+from dralloc import natsauth, probes
+from dralloc.bus import Bus, BusError, dead_letter_message, header_bytes, run_service, streamcheck
 from dralloc.schemas import events as ev
 
 

@@ -1,0 +1,335 @@
+"""The bus's client: connecting to NATS (credentials and TLS from `dralloc.natsauth`, never a secret in
+a message or log), publishing events with their trace context, and the `Bus` that consumers,
+replays, dead letters and KV buckets are reached through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Sequence
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import PubAck, StreamConfig
+from nats.js.kv import KeyValue
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
+from dralloc import natsauth, telemetry
+from dralloc.bus import deadletter, kv, streams
+from dralloc.bus.consume import Handler
+from dralloc.bus.consume import consume as run_consumer
+from dralloc.bus.deadletter import DeadLetter
+from dralloc.bus.errors import BusError, PublishRefused
+from dralloc.bus.replay import replay as replay_stream
+from dralloc.bus.streams import FETCH_WAIT_S, MAX_BATCH, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
+from dralloc.schemas import events
+from dralloc.schemas.events import Event
+
+log = logging.getLogger("dralloc.bus")
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+INITIAL_REFUSALS = 3
+"""Refused connections (about a second) before `Bus.connect` gives up on a first connection."""
+
+
+class Bus:
+    """A connection to NATS with JetStream, speaking dralloc events."""
+
+    def __init__(self, nc: nats.NATS, name: str, *, tombstone_ttl: float | None = None) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.name = name
+        self._reply_prefix = ""
+        self._reply_tokens = itertools.count()
+        self._replies: dict[str, asyncio.Future[PubAck]] = {}
+        """`send`'s acks still to come, by the token ending their reply subject."""
+        self.tombstone_ttl = tombstone_ttl if tombstone_ttl is not None else tombstone_ttl_from_env()
+        """Seconds a tombstone this bus publishes stays stored (`TOMBSTONE_TTL_S`)."""
+        self.closed = asyncio.Event()
+        """Set when the connection is closed for good (the client gave up, or the server closed it on a
+        protocol error): nothing more will be delivered on it (`run_service` exits non-zero)."""
+        self.pulses: dict[str, float] = {}
+        """Per running consumer, when its loop last went round (monotonic): a stuck consumer stops
+        beating (`dralloc.probes`)."""
+
+    @classmethod
+    async def connect(cls, url: str | None = None, *, name: str = "dralloc", timeout: float = 5.0) -> Bus:
+        url = url or os.environ.get("NATS_URL") or DEFAULT_URL
+        shown = natsauth.redact(url)  # the URL may carry user:password@: never in a message or log
+        try:
+            security = natsauth.connect_options(url)  # credentials and TLS from NATS_* variables
+            ttl = tombstone_ttl_from_env()
+        except (natsauth.AuthConfigError, BusError) as exc:
+            raise BusError(f"cannot connect to NATS at {shown}: {natsauth.redact(str(exc))}") from None
+        nc = nats.NATS()
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        failures = 0
+        last_error: Exception | None = None
+
+        async def on_error(exc: Exception) -> None:
+            # Before the first connection the caller gets one clear error; afterwards, log.
+            nonlocal failures, last_error
+            last_error = exc
+            if nc.is_connected or nc.is_reconnecting:
+                log.warning("nats: %s", natsauth.redact(str(exc)))
+            elif isinstance(exc, ConnectionRefusedError) and (failures := failures + 1) >= INITIAL_REFUSALS:
+                raise exc  # nothing listens there: say so now rather than at the timeout
+            elif isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+                raise exc  # wrong credentials do not get better by retrying
+
+        try:
+            # The client retries forever once connected (reconnects); the first connection
+            # gets `timeout` seconds in all.
+            await asyncio.wait_for(
+                nc.connect(
+                    [u.strip() for u in url.split(",") if u.strip()],  # a cluster: several URLs, comma-separated
+                    name=f"dralloc-{name}",
+                    connect_timeout=timeout,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    drain_timeout=2,
+                    error_cb=on_error,
+                    closed_cb=on_closed,
+                    **security,
+                ),
+                timeout,
+            )
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            reason = str(exc) or f"no answer within {timeout:g}s" + (f" (last error: {last_error})" if last_error else "")
+            raise BusError(
+                f"cannot connect to NATS at {shown}: {natsauth.redact(reason)} (is a nats-server with JetStream running there? `dralloc demo` starts its own)"
+            ) from None
+        bus = cls(nc, name, tombstone_ttl=ttl)
+        bus.closed = closed
+        return bus
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def stream_configs(self) -> list[StreamConfig]:
+        """`STREAMS` with the deployment's replicas (`replicas_from_env`)."""
+        return streams.stream_configs()
+
+    async def ensure_streams(self) -> None:
+        """Create the missing streams and bring an existing one's configuration up to date (the bootstrap
+        identity's job: the allocator, or an operator; a credential without the right is refused by
+        the server). Raises `BusError` for a stream that has been weakened (`streamcheck.weakened`):
+        dralloc does not paper over that, an operator looks first. A stream already as wanted is not
+        updated, so this needs no update right then."""
+        await streams.ensure_streams(self)
+
+    async def check_streams(self, stop: asyncio.Event | None = None, *, wait: float = FETCH_WAIT_S) -> None:
+        """For a service that may not create or change streams: wait until each exists (the bootstrap
+        identity makes them), then refuse to run (`BusError`) on one that is weakened or not set up
+        as dralloc needs. Returns early if `stop` is set."""
+        await streams.check_streams(self, stop, wait=wait)
+
+    async def publish(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None) -> PubAck:
+        """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it).
+
+        `headers` are added to the message (e.g. ``Nats-Expected-Last-Sequence``, which makes the
+        server refuse the write when the stream has moved on: the allocator's fence); `msg_id`
+        replaces the event's own ``Nats-Msg-Id``."""
+        subject, data, marks = self._outgoing(event, headers, msg_id)
+        ack = await self.js.publish(subject, data, headers=marks)
+        if ack.duplicate and msg_id is None and isinstance(event, RESUBMITTABLE):
+            ack = await self._resubmit(ack, subject, data, marks)
+        return ack
+
+    async def _resubmit(self, ack: PubAck, subject: str, data: bytes, headers: dict[str, str]) -> PubAck:
+        """A claim event JetStream called a duplicate: a retry of what the subject holds now stays one,
+        but if the subject has moved on (submit, delete, submit again within the duplicate window:
+        the same uid and generation, so the same ``Nats-Msg-Id``), it is news, stored under an id
+        that names what it follows (so a retry of it is deduplicated in turn)."""
+        base = headers["Nats-Msg-Id"]
+        try:
+            last = await self.js.get_last_msg(ack.stream, subject)
+        except nats.js.errors.NotFoundError:
+            last = None  # the subject is empty (its delete expired): nothing to be a retry of
+        held = (last.headers or {}).get("Nats-Msg-Id", "") if last is not None else ""
+        if held == base or held.startswith(f"{base}:after:"):
+            return ack  # a retry of the event the subject holds: a duplicate indeed
+        after = f"{last.seq}" if last is not None else f"empty-{uuid.uuid4().hex}"
+        return await self.js.publish(subject, data, headers={**headers, "Nats-Msg-Id": f"{base}:after:{after}"})
+
+    async def send(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
+        """Publish without waiting for the store: returns once the message is on its way (messages
+        leave in call order), with an awaitable for JetStream's ack (raising as `publish` does, or
+        `TimeoutError` after `timeout` seconds without an answer). Several may be in flight at once."""
+        subject, data, headers = self._outgoing(event, headers, msg_id)
+        return await self.send_bytes(subject, data, headers=headers, timeout=timeout)
+
+    async def send_batch(
+        self,
+        events: Sequence[Event],
+        *,
+        headers: dict[str, str] | None = None,
+        first: dict[str, str] | None = None,
+        msg_ids: Sequence[str] | None = None,
+        traces: Sequence[Context | None] | None = None,
+        timeout: float = 5.0,
+    ) -> Awaitable[PubAck]:
+        """`send` for events stored all or none (an atomic batch); the awaitable gives the ack of the
+        batch's last message (``seq``: its sequence, ``batch_size``: how many were stored) or raises
+        the server's refusal, and then none was stored. A batch cut off before its last message (the
+        process died, the connection broke) is dropped by the server, never stored in part.
+
+        `headers` go on every message, `first` only on the first: JetStream checks
+        ``Nats-Expected-Last-Sequence`` there, against the stream before the batch, but refuses
+        ``Nats-Expected-Last-Msg-Id`` in a batch (10177). `msg_ids` replace the events' own
+        ``Nats-Msg-Id``s; a batch holding an id already stored is refused whole (10201). `traces`: the
+        trace each event continues (None: the current one), e.g. each claim's own."""
+        if not events or len(events) > MAX_BATCH:
+            raise PublishRefused(f"an atomic batch holds 1 to {MAX_BATCH} events, not {len(events)}")
+        batch = uuid.uuid4().hex  # at most 64 characters
+        outgoing = []
+        for i, event in enumerate(events):
+            marks = {**(headers or {}), **((first or {}) if i == 0 else {}), "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i + 1)}
+            if i == len(events) - 1:
+                marks["Nats-Batch-Commit"] = "1"
+            outgoing.append(self._outgoing(event, marks, msg_ids[i] if msg_ids else None, traces[i] if traces else None))
+        # Only the commit is answered; the messages before it are staged by the server.
+        for subject, data, marks in outgoing[:-1]:
+            await self.nc.publish(subject, data, headers=marks)
+        subject, data, marks = outgoing[-1]
+        return await self.send_bytes(subject, data, headers=marks, timeout=timeout)
+
+    async def send_bytes(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
+        """`send` for a payload that is not an event (e.g. a KV bucket's ``$KV.<bucket>.<key>``)."""
+        # Our own replies, not nats-py's publish_async: that one loses a refusal (its reply handler
+        # raises the server's error instead of handing it to the waiting future).
+        if not self._reply_prefix:
+            self._reply_prefix = self.nc.new_inbox()
+            await self.nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
+        token = str(next(self._reply_tokens))
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self._replies[token] = future
+        try:
+            await self.nc.publish(subject, data, reply=f"{self._reply_prefix}.{token}", headers=headers)
+        except BaseException:
+            del self._replies[token]
+            raise
+        return self._answer(token, future, timeout)
+
+    async def _answer(self, token: str, future: asyncio.Future[PubAck], timeout: float) -> PubAck:
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._replies.pop(token, None)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        future = self._replies.get(msg.subject.rpartition(".")[2])
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            future.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+            if "error" in answer:
+                nats.js.errors.APIError.from_error(answer["error"])  # raises the error's own class
+            future.set_result(PubAck.from_response(answer))
+        except Exception as exc:  # noqa: BLE001 - whatever the answer is wrong with, the sender hears it
+            future.set_exception(exc)
+
+    def _outgoing(
+        self, event: Event, headers: dict[str, str] | None, msg_id: str | None, trace_context: Context | None = None
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """Subject, payload and headers of an event, under a PRODUCER span (in `trace_context`, else the
+        current one) whose context the headers carry."""
+        subject = event.subject
+        msg_id = msg_id or event.msg_id
+        with telemetry.tracer().start_as_current_span(
+            f"send {subject}",
+            context=trace_context,
+            kind=SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": "nats",
+                "messaging.operation.type": "send",
+                "messaging.destination.name": subject,
+                "messaging.message.id": msg_id,
+                "dralloc.event": type(event).__name__,
+            },
+        ):
+            data = events.encode(event)
+            marks = {**(headers or {}), "Nats-Msg-Id": msg_id}
+            if isinstance(event, TOMBSTONES):  # the subject empties once every consumer has seen it
+                marks["Nats-TTL"] = f"{max(1, round(self.tombstone_ttl))}s"
+            marks = telemetry.inject(marks)
+            # The server's limit is on body and headers together, and a message over it makes the
+            # server close the connection: refuse it here instead.
+            if (size := len(data) + header_bytes(marks)) > self.nc.max_payload:
+                raise PublishRefused(
+                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self.nc.max_payload} bytes"
+                )
+            return subject, data, marks
+
+    async def consume(
+        self,
+        stream: str,
+        handler: Handler,
+        stop: asyncio.Event,
+        *,
+        durable: str | None,
+        name: str | None = None,
+        filter_subject: str | None = None,
+        start_seq: int | None = None,
+        max_deliver: int = 5,
+        ack_wait: float = 30.0,
+        batch: int = 64,
+    ) -> None:
+        """Process the stream's messages with `handler` until `stop` is set (see the `dralloc.bus`
+        docstring: acks, retries, dead letters; `dralloc.bus.consume`)."""
+        await run_consumer(
+            self,
+            stream,
+            handler,
+            stop,
+            durable=durable,
+            name=name,
+            filter_subject=filter_subject,
+            start_seq=start_seq,
+            max_deliver=max_deliver,
+            ack_wait=ack_wait,
+            batch=batch,
+        )
+
+    async def replay(self, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
+        """The last usable event per subject now in `stream`, in stream order, and the stream's last
+        sequence (`dralloc.bus.replay`)."""
+        return await replay_stream(self, stream, filter_subject)
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The most recent dead letters (at most `limit`), oldest first."""
+        return await deadletter.dead_letters(self, limit)
+
+    async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
+        """A JetStream KV bucket, created if missing (`dralloc.bus.kv`)."""
+        return await kv.key_value(self, bucket, history=history)
