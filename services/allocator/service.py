@@ -90,6 +90,8 @@ from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.allocator.reservations import parse_wait
+from dralloc.allocator.snapshot import Policy
+from dralloc.allocator.snapshot_store import Snapshots
 from dralloc.bus import MAX_BATCH, ApiError, Bus, NotFound, Permanent, PubAck
 from dralloc.metrics import allocator_metrics, report_lag
 from dralloc.schemas import events as ev
@@ -118,6 +120,8 @@ class Config:
     max_wait: float = 0.0
     """Seconds a large claim or gang that does not fit holds a reservation (reservations.py) unless its
     `dralloc.dev/max-wait` says otherwise; 0: only claims that say so."""
+    snapshot: Policy = Policy()
+    """When the leader writes the snapshot of its live decisions (snapshot_store.py)."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
@@ -129,6 +133,7 @@ class Config:
             cel_budget=_cel_budget(env.get("DRALLOC_CEL_BUDGET", str(DEFAULT_CEL_BUDGET))),
             cel_seconds=_cel_seconds(env.get("DRALLOC_CEL_BUDGET_SECONDS", str(DEFAULT_CEL_SECONDS))),
             max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
+            snapshot=_snapshot_policy(env.get("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", str(Policy.every))),
         )
         for key, value in overrides.items():
             if value is not None:
@@ -140,6 +145,12 @@ def _cel_budget(text: str) -> int:
     if not (text.isascii() and text.isdigit() and 0 < len(text) <= 15 and int(text) > 0):
         raise ValueError(f"DRALLOC_CEL_BUDGET must be a positive whole number of cost units, not {text[:40]!r}")
     return int(text)
+
+
+def _snapshot_policy(text: str) -> Policy:
+    if not (text.isascii() and text.isdigit() and 0 < len(text) <= 9 and int(text) > 0):
+        raise ValueError(f"DRALLOC_ALLOCATOR_SNAPSHOT_EVERY must be a positive whole number of decisions, not {text[:40]!r}")
+    return Policy(every=int(text))
 
 
 def _cel_seconds(text: str) -> float:
@@ -175,8 +186,11 @@ class Allocator:
         lease: leader.Lease | None = None,
         term: asyncio.Event | None = None,
         max_wait: float = 0.0,
+        snapshot: Policy | None = None,
     ) -> None:
         self.bus = bus
+        self.snapshots = Snapshots(bus, policy=snapshot, epoch=lambda: lease.epoch if lease is not None else 0)
+        """The compacted record of this term's decisions, loaded at the rebuild and written now and then."""
         self.book = Decisions(engine, max_gang=MAX_BATCH // 2, max_wait=max_wait)
         self.engine = self.book.engine
         self.lease = lease
@@ -212,7 +226,7 @@ class Allocator:
         for event in inventory:
             if (refused := self.book.apply_inventory(event)) is not None:
                 log.error("allocator: rebuild: %s", refused)
-        decisions, self.last_seq = await self.bus.replay("ALLOCATIONS")
+        decisions, self.last_seq = await self.snapshots.replay()  # the snapshot and the stream after it, or all of it
         allocator_metrics().rebuilding(self.engine)
         allocator_metrics().reservations = self.book.reservations
         for event in decisions:
@@ -536,6 +550,7 @@ class Allocator:
         if stored.duplicate or stored.seq != expected + len(events):
             self.term.set()  # a write of this term already stored it: this term's view is not the stream's
             raise Fenced(f"{what} was already stored (sequence {stored.seq}): the term's view is stale")
+        self.snapshots.stored(expected + 1, events)
         for event in events:
             decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
             allocator_metrics().decided(event, time.perf_counter() - began if decision and began else None)
@@ -547,10 +562,12 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
     try:
         while await lease.acquire(stop):
             engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.perf_counter, config.cel_seconds))
-            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait)
+            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
                 await _lead(bus, config, stop, allocator)
+                if stop.is_set() and lease.held:  # a clean handover: the successor replays only what follows
+                    await allocator.snapshots.write_logged()
             except Exception as exc:  # NATS went away mid-term, or a refused write: the next term rebuilds
                 log.warning("allocator: term of epoch %d ended: %s", lease.epoch, exc)
                 await asyncio.sleep(0.2)
@@ -579,6 +596,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
         )
         tasks.create_task(allocator.retry_waiting(term, config.retry_after))
+        tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held))
         if allocator.waiting:
             allocator.room_changed.set()  # claims left waiting by a previous term: try them now
         tasks.create_task(

@@ -1,0 +1,279 @@
+"""The snapshot of live decisions (services/allocator/snapshot*.py) against a real nats-server: a
+standby that loads it and replays only the stream after it holds what a full replay gives; a
+snapshot that is corrupt, forged or stale is refused with the reason logged, and the full replay
+is used instead."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from dralloc.allocator.service import Allocator
+from dralloc.allocator.snapshot import Compacted, Policy, SnapshotUnusable, decode_body, encode_body, make_head, merge
+from dralloc.bus import KeyNotFound
+from dralloc.discovery.fleet import build_fleet
+from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifests import load_paths
+from dralloc.schemas import events as ev
+from dralloc.schemas import snapshot as fmt
+from dralloc.schemas.resource import ResourceClaim
+
+CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
+
+
+def claim_event(name: str, gpus: int = 1) -> ev.ClaimSubmitted:
+    claim = msgspec.convert(
+        {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4()), "generation": 1},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": gpus}}]}},
+        },
+        ResourceClaim,
+    )  # fmt: skip
+    return ev.ClaimSubmitted(claim=claim)
+
+
+async def submit(bus, allocator: Allocator, name: str, gpus: int = 1) -> ev.ClaimSubmitted:
+    event = claim_event(name, gpus)
+    await bus.publish(event)
+    await allocator.on_claim(event)
+    return event
+
+
+async def delete(bus, allocator: Allocator, submitted: ev.ClaimSubmitted) -> None:
+    meta = submitted.claim.metadata
+    event = ev.ClaimDeleted(namespace=meta.namespace, name=meta.name, uid=meta.uid)
+    await bus.publish(event)
+    await allocator.on_claim(event)
+
+
+def state(allocator: Allocator) -> dict:
+    """What a term decides from: the commits (with their allocations), the devices held, the waiting claims."""
+    return {
+        "committed": {key: msgspec.json.encode(event.allocation) for key, event in allocator.committed.items()},
+        "held": sorted(allocator.engine.ledger.claims),
+        "devices": sorted((str(device), holder) for device, holder in allocator.engine.ledger.exclusive.items()),
+        "used": allocator.engine.ledger.used_bits,
+        "waiting": sorted(allocator.waiting),
+    }
+
+
+async def standby(bus) -> Allocator:
+    fresh = Allocator(bus)
+    await fresh.rebuild()
+    return fresh
+
+
+@pytest.fixture
+async def history(bus):
+    """A leader's history on two 8-GPU nodes: claims committed and deleted before the snapshot,
+    one that does not fit (waiting), the snapshot, then releases and commits after it."""
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}]):
+        for slice_ in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    leader = Allocator(bus)
+    await leader.rebuild()
+    before = [await submit(bus, leader, f"c{i}") for i in range(12)]
+    for submitted in before[:4]:
+        await delete(bus, leader, submitted)
+    await submit(bus, leader, "too-big", gpus=32)  # unsatisfiable: waits
+    head = await leader.snapshots.write()
+    assert head is not None and head.seq == leader.last_seq
+    for submitted in before[4:6]:
+        await delete(bus, leader, submitted)  # released after the snapshot
+    after = [await submit(bus, leader, f"d{i}") for i in range(4)]
+    await delete(bus, leader, after[0])
+    return leader, head
+
+
+async def test_a_standby_loads_the_snapshot_and_the_tail_and_holds_what_a_full_replay_gives(bus, history):
+    leader, head = history
+    through_snapshot = await standby(bus)
+    assert through_snapshot.snapshots.loaded_from == "snapshot"
+    assert through_snapshot.snapshots.tail_messages == leader.last_seq - head.seq > 0
+    assert through_snapshot.last_seq == leader.last_seq
+
+    kv = await bus.key_value(fmt.BUCKET)
+    await kv.delete(fmt.HEAD)
+    full = await standby(bus)
+    assert full.snapshots.loaded_from == "full"
+
+    assert state(through_snapshot) == state(full) == state(leader)
+    committed = set(through_snapshot.committed)
+    assert committed == {f"ml/c{i}" for i in range(6, 12)} | {f"ml/d{i}" for i in range(1, 4)}  # c4, c5 released after it
+    assert through_snapshot.waiting.keys() == {"ml/too-big"}
+
+
+async def test_the_standby_decides_on_from_the_snapshot_behind_the_fence(bus, history):
+    leader, _ = history
+    successor = await standby(bus)
+    assert successor.snapshots.loaded_from == "snapshot"
+    await submit(bus, successor, "e0")  # its fence (the stream's last sequence) is right: the write is stored
+    assert "ml/e0" in successor.committed
+    assert successor.last_seq == leader.last_seq + 1
+
+
+def forged_body(head: fmt.SnapshotHead, decisions: list[ev.AllocationEvent], **changes) -> tuple[fmt.SnapshotHead, bytes]:
+    body = encode_body(decisions)
+    made = make_head(body, len(decisions), seq=head.seq, stream_created=head.stream_created, chunk_set=head.chunk_set, chunk_size=1 << 20, epoch=0)
+    return msgspec.structs.replace(made, **changes), body
+
+
+async def spoil(bus, case: str, head: fmt.SnapshotHead, leader: Allocator) -> None:
+    kv = await bus.key_value(fmt.BUCKET)
+    chunk = fmt.chunk_key(head.chunk_set, 0)
+    body = (await kv.get(chunk)).value
+    decisions = decode_body(head, body)
+    if case == "garbage head":
+        await kv.put(fmt.HEAD, b'{"format": 1, "seq": ')
+    elif case == "unknown format":
+        await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, format=2)))
+    elif case == "a flipped byte":
+        await kv.put(chunk, body[:10] + bytes([body[10] ^ 1]) + body[11:])
+    elif case == "missing chunk":
+        await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, chunk_set="b")))
+    elif case == "ahead of the stream":
+        await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, seq=leader.last_seq + 5)))
+    elif case == "another stream":
+        await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, stream_created="2020-01-01T00:00:00+00:00")))
+    elif case in ("forged decision", "not a decision", "claim twice"):
+        one = next(d for d in decisions if isinstance(d, ev.AllocationCommitted))
+        if case == "forged decision":  # self-consistent (its sha256 is right): only the stream can tell
+            meta = msgspec.structs.replace(one.claim.metadata, name="never-decided", uid=str(uuid.uuid4()))
+            extra = [ev.AllocationCommitted(claim=msgspec.structs.replace(one.claim, metadata=meta), node=one.node)]
+        elif case == "not a decision":
+            extra = [ev.AllocationReleased(namespace="ml", name="c0", uid="x")]
+        else:
+            extra = [one]
+        forged, forged_bytes = forged_body(head, decisions + extra)
+        await kv.put(chunk, forged_bytes)
+        await kv.put(fmt.HEAD, fmt.encode_head(forged))
+    elif case == "stale":  # a whole, true snapshot of a stream since purged and refilled
+        await bus.js.purge_stream("ALLOCATIONS")
+    else:
+        raise AssertionError(case)
+
+
+REASONS = {
+    "garbage head": "head is not a snapshot head: Input data was truncated",
+    "unknown format": "format 2",
+    "a flipped byte": "sha256",
+    "missing chunk": "chunk b.0 is missing",
+    "ahead of the stream": "past the stream's last",
+    "another stream": "made of a stream created 2020",
+    "forged decision": "of which ALLOCATIONS holds none",
+    "not a decision": "is a AllocationReleased",
+    "claim twice": "appears twice",
+    "stale": "no longer holds the messages after",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REASONS))
+async def test_an_unusable_snapshot_is_refused_with_its_reason_and_the_stream_replayed_whole(bus, history, case, caplog):
+    leader, head = history
+    await spoil(bus, case, head, leader)
+    with caplog.at_level(logging.WARNING, logger="dralloc.allocator.snapshot"):
+        rebuilt = await standby(bus)
+    assert rebuilt.snapshots.loaded_from == "full"
+    refused = [r.getMessage() for r in caplog.records if "snapshot of ALLOCATIONS not used" in r.getMessage()]
+    assert len(refused) == 1 and REASONS[case] in refused[0], refused
+    if case != "stale":
+        assert state(rebuilt) == state(leader)  # the full replay: nothing of the snapshot was taken
+    else:
+        assert rebuilt.committed == {}  # (the stream holds nothing now, whatever the snapshot said)
+
+
+async def test_the_leader_writes_snapshots_by_its_policy_and_not_while_nothing_changed(bus):
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "node"}]):
+        for slice_ in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    leader = Allocator(bus, snapshot=Policy(every=3, seconds=3600))
+    await leader.rebuild()
+    term = asyncio.Event()
+    keeper = asyncio.create_task(leader.snapshots.keep(term))
+    kv = await bus.key_value(fmt.BUCKET)
+    for i in range(7):
+        await submit(bus, leader, f"k{i}")
+    for _ in range(200):  # the keeper runs off the decisions' path: wait for it
+        head = fmt.decode_head((await kv.get(fmt.HEAD)).value) if await _has_head(kv) else None
+        if head is not None and head.seq >= 6:
+            break
+        await asyncio.sleep(0.05)
+    term.set()
+    await keeper
+    assert head is not None and head.seq in (6, 7) and head.decisions == head.seq  # every 3: at 3 and 6 (or later)
+    assert await leader.snapshots.write() is None or leader.snapshots.head.seq == 7
+    assert await leader.snapshots.write() is None  # nothing new: nothing written
+
+
+async def _has_head(kv) -> bool:
+    try:
+        await kv.get(fmt.HEAD)
+        return True
+    except KeyNotFound:
+        return False
+
+
+# -- the pure core ------------------------------------------------------------------------
+
+
+def test_compacted_follows_writes_stored_out_of_order_and_forgets_released_claims():
+    a, b = claim_event("a").claim, claim_event("b").claim
+    commit_a = ev.AllocationCommitted(claim=a)
+    commit_b = ev.AllocationCommitted(claim=b)
+    release_a = ev.AllocationReleased(namespace="ml", name="a", uid=a.metadata.uid)
+    compacted = Compacted()
+    compacted.load([], 10)
+    assert compacted.stored(12, [commit_b]) == 0  # 11 not answered yet: nothing covered past 10
+    assert compacted.seq == 10 and compacted.latest == {}
+    assert compacted.stored(11, [commit_a]) == 2
+    assert compacted.seq == 12 and list(compacted.latest.values()) == [commit_a, commit_b]
+    compacted.stored(13, [release_a, commit_a])  # a batch: given back and committed again
+    assert list(compacted.latest.values()) == [commit_b, commit_a]
+    compacted.stored(15, [release_a])
+    assert list(compacted.latest.values()) == [commit_b] and compacted.seq == 15
+
+
+def test_merge_takes_the_tail_over_the_snapshot_in_stream_order():
+    a, b, c = (ev.AllocationCommitted(claim=claim_event(n).claim) for n in "abc")
+    a_released = ev.AllocationReleased(namespace="ml", name="a", uid="u")
+    assert merge([a, b], [c, a_released]) == [b, c, a_released]
+
+
+def test_a_body_that_does_not_match_its_head_is_refused():
+    decisions = [ev.AllocationCommitted(claim=claim_event(n).claim) for n in "ab"]
+    body = encode_body(decisions)
+    head = make_head(body, 2, seq=5, stream_created="t", chunk_set="a", chunk_size=100, epoch=1)
+    assert decode_body(head, body) == decisions
+    assert head.chunks == -(-len(body) // 100)
+    with pytest.raises(SnapshotUnusable, match="holds 2 decisions, the head says 3"):
+        decode_body(msgspec.structs.replace(head, decisions=3), body)
+    with pytest.raises(SnapshotUnusable, match="bytes, the head says"):
+        decode_body(head, body + b" ")
+
+
+def test_a_head_out_of_bounds_is_refused():
+    good = make_head(b"x" * 10, 1, seq=5, stream_created="t", chunk_set="a", chunk_size=4, epoch=1)
+    assert fmt.decode_head(fmt.encode_head(good)) == good
+    for changes, reason in [
+        ({"seq": 0}, "not a stream sequence"),
+        ({"chunk_set": "../x"}, "chunk set"),
+        ({"size": fmt.MAX_BODY_BYTES + 1}, "at most"),
+        ({"chunks": 0}, "chunks for a body"),
+        ({"sha256": "zz"}, "sha256"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            fmt.decode_head(fmt.encode_head(msgspec.structs.replace(good, **changes)))
+    with pytest.raises(ValueError, match="not a snapshot head"):
+        fmt.decode_head(b'{"format": 1, "extra": true}')
+    with pytest.raises(ValueError, match="bytes"):
+        fmt.decode_head(b" " * (fmt.MAX_HEAD_BYTES + 1))
