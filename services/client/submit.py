@@ -72,6 +72,7 @@ async def submit_paths(
     wait: float = 0.0,
     gang: str | None = None,
     gang_domain: str | None = None,
+    bus: Bus | None = None,
 ) -> Submission:
     """Read the files and publish what they hold; problems go to `report`, the rest is published.
 
@@ -79,6 +80,8 @@ async def submit_paths(
     (`decisions`), returning as soon as every claim is allocated or failed for good (an error).
     With `gang`, the claims form one gang: allocated all together inside one topology domain
     (`gang_domain`: a node label key, "" for any nodes), or not at all.
+    `bus`: a connection the caller keeps open (and whose streams it has ensured), for a program that
+    submits again and again (`dralloc bench pipeline`); without it each call connects and closes.
     """
     telemetry.setup("submit")  # each claim's trace starts here
     todo = events_from_manifests(load_paths(paths), report)
@@ -87,20 +90,27 @@ async def submit_paths(
     result = Submission()
     if not todo:
         return result
-    async with await Bus.connect(url, name="submit") as bus:
-        await bus.ensure_streams()
-        claims: list[ev.ClaimSubmitted] = []
-        for event in todo:
-            try:
-                ack = await bus.publish(event)
-            except PublishRefused as exc:
-                report(f"{describe(event)}: not published: {exc}")
-                continue
-            result.published.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
-            if isinstance(event, ev.ClaimSubmitted):
-                claims.append(event)
-        if wait > 0:
-            result.decisions = await _decisions(bus, claims, wait)
+    if bus is not None:
+        return await _publish(bus, todo, report, wait, result)
+    async with await Bus.connect(url, name="submit") as own:
+        await own.ensure_streams()
+        return await _publish(own, todo, report, wait, result)
+
+
+async def _publish(bus: Bus, todo: list[SourceEvent], report: Report, wait: float, result: Submission) -> Submission:
+    """Publish `todo` in order (a refused event is reported and skipped); with `wait`, the decisions too."""
+    claims: list[ev.ClaimSubmitted] = []
+    for event in todo:
+        try:
+            ack = await bus.publish(event)
+        except PublishRefused as exc:
+            report(f"{describe(event)}: not published: {exc}")
+            continue
+        result.published.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
+        if isinstance(event, ev.ClaimSubmitted):
+            claims.append(event)
+    if wait > 0:
+        result.decisions = await _decisions(bus, claims, wait)
     return result
 
 

@@ -1,0 +1,202 @@
+"""The bus's own ceiling for `dralloc bench pipeline`: the pipeline's chain of NATS work with no work between.
+
+Each claim of the pipeline costs the bus, in order: a publish into a stream
+(the submit path's ClaimSubmitted), a pull fetch and an ack by a consumer that
+publishes into a second stream (the allocator's AllocationCommitted), and a
+pull fetch and an ack by a consumer that puts a KV record (the status writer).
+Here the same chain runs on the same nats-server with nothing between the
+steps: the payloads are forwarded as they are, nothing is decoded or decided.
+The two consumers are processes of their own (`python ceiling.py relay|sink`),
+as the allocator and the status writer are, fetching in batches of 64 as
+`Bus.consume` does, each acking a message once what it published is stored.
+
+The streams and the bucket are copies of the real ones' configuration (file
+storage, replicas, duplicate window) under other names (`CEIL_IN`, `CEIL_OUT`,
+KV `ceil`), so the measurement touches none of the pipeline's data.
+`claims_per_second` is over the middle half of the records, by the server's
+timestamps of the KV puts (as the pipeline's rate is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dralloc.bus import AckPolicy, Bus, ConsumerConfig, DeliverPolicy, NatsTimeout, die_with_parent
+
+IN, OUT, BUCKET = "CEIL_IN", "CEIL_OUT", "ceil"
+FETCH = 64
+"""Messages per pull, as `Bus.consume` fetches."""
+WINDOW = 512
+"""The source's publishes in flight at once (the pipeline's submitter bounds its backlog the same way)."""
+
+
+async def _copy_stream(bus: Bus, source: str, name: str, subjects: list[str]) -> None:
+    """A stream configured as `source` is, under another name and subjects (replaced if it exists)."""
+    config = (await bus.js.stream_info(source)).config
+    with contextlib.suppress(Exception):
+        await bus.js.delete_stream(name)
+    await bus.js.add_stream(dataclasses.replace(config, name=name, subjects=subjects, mirror=None, sources=None))
+
+
+async def prepare(bus: Bus, status_bucket: str) -> None:
+    """The ceiling's streams and bucket, configured as CLAIMS, ALLOCATIONS and the status bucket are."""
+    await _copy_stream(bus, "CLAIMS", IN, ["ceil.in.>"])
+    await _copy_stream(bus, "ALLOCATIONS", OUT, ["ceil.out.>"])
+    await _copy_stream(bus, f"KV_{status_bucket}", f"KV_{BUCKET}", [f"$KV.{BUCKET}.>"])
+
+
+async def remove(bus: Bus) -> None:
+    """Delete what `prepare` made."""
+    for name in (IN, OUT, f"KV_{BUCKET}"):
+        with contextlib.suppress(Exception):
+            await bus.js.delete_stream(name)
+
+
+async def relay(url: str, source: str, target: str, count: int) -> None:
+    """Consume `source` with a durable pull consumer; each message's payload published to
+    `target`.<n> (a KV bucket: `$KV.<bucket>.<n>`), acked once stored. Ends after `count`."""
+    bus = await Bus.connect(url, name=f"ceiling-{source}")
+    try:
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5)
+        sub = await bus.js.pull_subscribe("", durable=f"ceil-{source.lower()}", stream=source, config=config)
+        done = 0
+        while done < count:
+            try:
+                messages = await sub.fetch(FETCH, timeout=1.0)
+            except (NatsTimeout, TimeoutError):
+                continue
+            stored = []
+            for msg in messages:
+                seq = msg.metadata.sequence.stream
+                headers = {"Nats-Msg-Id": f"{source}-{seq}"} if not target.startswith("$KV.") else None
+                stored.append(await bus.send_bytes(f"{target}.{seq}", msg.data, headers=headers, timeout=30.0))
+            for msg, ack in zip(messages, stored):
+                await ack
+                await msg.ack()
+            done += len(messages)
+    finally:
+        await bus.close()
+        print(time.process_time(), flush=True)  # this stage's CPU seconds, read by `Stage.finish`
+
+
+class Stage:
+    """One relay process (`python ceiling.py relay URL SOURCE TARGET COUNT`)."""
+
+    def __init__(self, url: str, source: str, target: str, count: int) -> None:
+        self.args = [str(Path(__file__).resolve()), "relay", url, source, target, str(count)]
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, *self.args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent,
+        )  # fmt: skip
+
+    async def finish(self, timeout: float) -> float | None:
+        """Wait for the stage to end (it has relayed everything); the CPU seconds it reports, None if it did not."""
+        assert self.proc is not None
+        try:
+            out, _ = await asyncio.wait_for(self.proc.communicate(), timeout)
+            return round(float(out.decode().split()[-1]), 2)
+        except (TimeoutError, ValueError, IndexError):
+            return None
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                await self.proc.wait()
+
+
+def process_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a process (Linux /proc) has used so far; 0.0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def middle_rate(times: list[float]) -> float | None:
+    """Records per second over the middle half of `times` (the first and last quarter are warm-up and drain)."""
+    ordered = sorted(times)
+    low, high = len(ordered) // 4, (3 * len(ordered)) // 4 - 1  # the first and the last record of the middle half
+    if high - low < 1 or ordered[high] <= ordered[low]:
+        return None
+    return (high - low) / (ordered[high] - ordered[low])
+
+
+async def stored_times(bus: Bus, stream: str, count: int, timeout: float) -> list[float]:
+    """The server's timestamps of the first `count` messages of `stream`, once that many are stored."""
+    deadline = time.monotonic() + timeout
+    while (await bus.js.stream_info(stream)).state.messages < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True)
+    sub = await bus.js.pull_subscribe("", durable=None, stream=stream, config=config)
+    times: list[float] = []
+    try:
+        pending = (await sub.consumer_info()).num_pending
+        while pending > 0:
+            for msg in await sub.fetch(min(pending, 2000), timeout=5.0):
+                pending = msg.metadata.num_pending
+                times.append(msg.metadata.timestamp.timestamp())
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return times
+
+
+async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Run the chain for `count` messages of `payload` on `bus`'s server; the ceiling's rate and CPU.
+
+    The source is this process, publishing as fast as the window allows (JetStream's ack awaited
+    for each, as the submit path does), each with its own ``Nats-Msg-Id``."""
+    await prepare(bus, status_bucket)
+    url = bus.nc.connected_url.geturl() if bus.nc.connected_url is not None else ""
+    stages = [Stage(url, IN, "ceil.out", count), Stage(url, OUT, f"$KV.{BUCKET}", count)]
+    try:
+        for stage in stages:
+            await stage.start()
+        await asyncio.sleep(1.0)  # the stages connect and make their consumers before the first publish
+        cpu_before = time.process_time()
+        in_flight: set[asyncio.Future[Any]] = set()
+        for i in range(count):
+            ack = await bus.send_bytes(f"ceil.in.{i}", payload, headers={"Nats-Msg-Id": f"ceil-{i}"}, timeout=30.0)
+            future = asyncio.ensure_future(ack)
+            in_flight.add(future)
+            future.add_done_callback(in_flight.discard)
+            if len(in_flight) >= WINDOW:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+        if in_flight:
+            await asyncio.wait(in_flight)
+        source_cpu = time.process_time() - cpu_before
+        times = await stored_times(bus, f"KV_{BUCKET}", count, timeout)
+        cpu = {"source": round(source_cpu, 2), "relay": await stages[0].finish(timeout), "sink": await stages[1].finish(timeout)}
+    finally:
+        for stage in stages:
+            await stage.stop()
+        await remove(bus)
+    rate = middle_rate(times)
+    return {
+        "claims_per_second": None if rate is None else round(rate, 1),
+        "messages": count,
+        "stored": len(times),
+        "payload_bytes": len(payload),
+        "cpu_s": cpu,
+        "cpu_ms_per_claim": round(sum(v for v in cpu.values() if v is not None) * 1000 / count, 3) if None not in cpu.values() else None,
+    }
+
+
+if __name__ == "__main__":  # python ceiling.py relay URL SOURCE TARGET COUNT (started by `measure`)
+    if len(sys.argv) != 6 or sys.argv[1] != "relay":
+        sys.exit("usage: ceiling.py relay URL SOURCE TARGET COUNT")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    asyncio.run(relay(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
