@@ -20,6 +20,7 @@ from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine
+    from dralloc.allocator.engine.inventory import CounterKey
     from dralloc.allocator.engine.ledger import DevKey, Ledger
 
 
@@ -61,7 +62,7 @@ def _overuse(ledger: Ledger, key: str, devices: list[DevKey]) -> list[str]:
     past a shared device's own, counters past their set's."""
     inventory = ledger.inv
     found: list[str] = []
-    counters_seen: set = set()
+    counters_seen: set[CounterKey] = set()
     for dkey in dict.fromkeys(devices):  # each device once, in result order
         label = _label(*dkey)
         sharers = sorted({claim for claim, _ in ledger.shares.get(dkey, {}).values()})
@@ -88,15 +89,15 @@ def _overuse(ledger: Ledger, key: str, devices: list[DevKey]) -> list[str]:
                 continue
             counters_seen.add(counter)
             if ledger.counter_used.get(counter, 0) > pool.counters.get(counter, 0):
-                holders = _counter_holders(ledger, counter, key)
+                others = _counter_holders(ledger, counter, key)
                 found.append(
                     f"device {label}: counter {counter[2]}/{counter[3]} of pool {rec.driver}/{rec.pool} is used up"
-                    f" by claim {', '.join(holders) or '(none)'}"
+                    f" by claim {', '.join(others) or '(none)'}"
                 )
     return found
 
 
-def _counter_holders(ledger: Ledger, counter: tuple, key: str) -> list[str]:
+def _counter_holders(ledger: Ledger, counter: CounterKey, key: str) -> list[str]:
     """Other claims holding a device that consumes `counter` (only asked after a conflict)."""
     inventory = ledger.inv
     holders = []

@@ -56,14 +56,14 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeGuard, TypeVar
 
 import cel as _fast
 
 from dralloc.schemas.quantity import parse_quantity
 
 from . import cel_runtime as rt
-from .cel_check import ATTRIBUTES_TYPE, CAPACITY_TYPE, Checker, CheckError, Info, type_str
+from .cel_check import ATTRIBUTES_TYPE, CAPACITY_TYPE, Checker, CheckError, Info, Type, type_str
 from .cel_eval import CostLimitExceeded, DefaultMap, EvalError, Interpreter, equal
 from .cel_syntax import (
     Binary,
@@ -180,6 +180,9 @@ class Needs(NamedTuple):
     functions: bool
 
 
+_NO_NEEDS = Needs(frozenset(), False)
+
+
 def _needs(*sources: str) -> Needs:
     """From the generated sources' identifiers. Over-counting (a name inside a string literal)
     only costs time; a variable left out would fail the fast path into the interpreter."""
@@ -272,7 +275,8 @@ class Selector:
         self.ast = ast
         self.cost = cost  # estimated worst-case cost, <= MAX_COST
         self.fast_source = sources[0] if sources else None
-        self._program = self._program_versions = self._needs = None
+        self._program = self._program_versions = None
+        self._needs = _NO_NEEDS  # read only where there is a program
         # attributes (domain, name) this selector compares with ==; None: not known statically
         self._compared = compared
         self._tests = _literal_tests(ast)
@@ -463,25 +467,31 @@ def _q_literal(nano: int) -> str:
     return f'{{"{rt.Q_KEY}": "{rt.quantity_key(nano)}"}}'
 
 
+Bindings: TypeAlias = dict[str, tuple[Node, "Bindings"]]
+"""cel.bind names replaced by their value's expression: name -> (node, bindings in force there)."""
+
+_T = TypeVar("_T")
+
+
 class _Emitter:
     """AST -> source for the fast evaluator, with the rewrites described above."""
 
-    def __init__(self, types: dict[int, Any], check_versions: bool):
+    def __init__(self, types: dict[int, Type], check_versions: bool):
         self.types = types
         self.check_versions = check_versions
-        # cel.bind names replaced by their value's expression: name -> (node, bindings in force there)
-        self.subst: dict[str, tuple[Node, dict]] = {}
+        self.subst: Bindings = {}
         # attributes compared with a checked ==, or None when one is not a literal attribute path
         self.compared: set[tuple[str, str]] | None = set()
 
-    def _under(self, subst: dict[str, tuple[Node, dict]], fn: Any, *args: Any) -> str:
+    def _under(self, subst: Bindings, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` with `subst` as the bindings in force."""
         saved, self.subst = self.subst, subst
         try:
             return fn(*args)
         finally:
             self.subst = saved
 
-    def _without(self, var: str) -> dict[str, tuple[Node, dict]]:
+    def _without(self, var: str) -> Bindings:
         return {k: v for k, v in self.subst.items() if k != var}
 
     def _inlinable(self, node: Node) -> bool:
@@ -495,18 +505,19 @@ class _Emitter:
         return self._domain_lookup(node) and self._inlinable(node.operand) and (
             isinstance(node, Select) or isinstance(node.index, Lit))
 
-    def t(self, node: Node) -> Any:
+    def t(self, node: Node) -> Type | None:
+        """The checker's static type of `node` (None for a node it did not type)."""
         return self.types.get(id(node))
 
     def _optional(self, node: Node) -> bool:
         t = self.t(node)
         return isinstance(t, tuple) and t[0] == "optional"
 
-    def _domain_lookup(self, node: Node) -> bool:
+    def _domain_lookup(self, node: Node) -> TypeGuard[Index | Select]:
         """device.attributes[d] / device.capacity[d] (or .d): a domain lookup."""
         return isinstance(node, (Index, Select)) and self.t(node.operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE)
 
-    def _resolve(self, node: Node) -> tuple[Node, dict]:
+    def _resolve(self, node: Node) -> tuple[Node, Bindings]:
         subst = self.subst
         while isinstance(node, Ident) and node.name in subst:
             node, subst = subst[node.name]
@@ -529,8 +540,13 @@ class _Emitter:
             return None
         return _FLAT[outer.field], f"{domain}/{name}"
 
-    def _flat(self, node: Node) -> str | None:
-        name = node.field if isinstance(node, Select) else node.index.value
+    def _flat(self, node: Select | Index) -> str | None:
+        if isinstance(node, Select):
+            name = node.field
+        elif isinstance(node.index, Lit):
+            name = node.index.value
+        else:
+            return None
         found = self._flat_key(node.operand, name)
         return None if found is None else f"{found[0]}[{_string(found[1])}]"
 
@@ -541,9 +557,9 @@ class _Emitter:
         if isinstance(node, Ident) and node.name in self.subst:
             value, scope = self.subst[node.name]
             return self._under(scope, self.inner, value)
-        if isinstance(node, Index) and self._domain_lookup(node):
-            return f"{self.emit(node.operand)}[{self.emit(node.index)}]"
-        if isinstance(node, Select) and self._domain_lookup(node):
+        if self._domain_lookup(node):
+            if isinstance(node, Index):
+                return f"{self.emit(node.operand)}[{self.emit(node.index)}]"
             return f"{self.emit(node.operand)}.{node.field}"
         return self.emit(node)
 
@@ -566,13 +582,13 @@ class _Emitter:
             case Index(operand, index, True) if self._domain_lookup(node):
                 m, k = e(operand), e(index)
                 return f"optional.of(({k} in {m} ? {m}[{k}] : {{}}))"
-            case Index(operand, index, True) if isinstance(self.t(operand), tuple) and self.t(operand)[0] == "map":
+            case Index(operand, index, True) if isinstance(operand_type := self.t(operand), tuple) and operand_type[0] == "map":
                 x, k = self.inner(operand), e(index)
                 return f"({k} in {x} ? optional.of({x}[{k}]) : optional.none())"
             case Index(operand, index, True):
                 raise _NoFastPath  # a list or a dynamic value: `in` would mean membership
-            case Select(_, _, False) | Index(_, Lit(_, "string"), False) if self._flat(node) is not None:
-                return self._flat(node)
+            case Select(_, _, False) | Index(_, Lit(_, "string"), False) if (flat := self._flat(node)) is not None:
+                return flat
             case Select(operand, field) if self._domain_lookup(node):
                 m = e(operand)
                 return f'("{field}" in {m} ? {m}.{field} : {{}})'
@@ -580,8 +596,8 @@ class _Emitter:
                 return f"{self.inner(operand)}.{field}"
             case Has(operand, field) if self.t(operand) in (ATTRIBUTES_TYPE, CAPACITY_TYPE):
                 return "true"
-            case Has(operand, field) if self._flat_key(operand, field) is not None:
-                variable, key = self._flat_key(operand, field)
+            case Has(operand, field) if (found := self._flat_key(operand, field)) is not None:
+                variable, key = found
                 return f"({_string(key)} in {variable})"
             case Has(operand, field):
                 return f"has({e(operand)}.{field})"
@@ -595,7 +611,7 @@ class _Emitter:
             case Unary(op, operand):
                 return f"{op}({e(operand)})"
             case Binary(op, Call("compareTo", (other,), target), Lit(0, "int")) if (
-                    op in ("==", "!=", "<", "<=", ">", ">=") and self._quantities(target, other)):
+                    op in ("==", "!=", "<", "<=", ">", ">=") and target is not None and self._quantities(target, other)):
                 return f"({self._key(target)} {op} {self._key(other)})"
             case Binary("==" | "!=" as op, left, right) if self._checked_equality(left, right):
                 call = f"{_EQ}({e(left)}, {e(right)})"
@@ -683,13 +699,14 @@ class _Emitter:
             folded = self._fold_quantity(node)
             if folded is not None:
                 return _q_literal(folded)
-        if target is None and name == "semver" and all(isinstance(a, Lit) for a in args) and args:
+        literals = [a for a in args if isinstance(a, Lit)]
+        if target is None and name == "semver" and args and len(literals) == len(args):
             try:
-                normalize = len(args) == 2 and args[1].value is True
-                v = rt.semver_value(parse_semver(args[0].value, normalize)) if args[0].kind == "string" else None
+                normalize = len(literals) == 2 and literals[1].value is True
+                v = rt.semver_value(parse_semver(literals[0].value, normalize)) if literals[0].kind == "string" else None
             except ValueError:
                 v = None
-            if v is not None and (len(args) == 1 or args[1].kind == "bool"):
+            if v is not None and (len(literals) == 1 or literals[1].kind == "bool"):
                 return f'{{"{rt.V_KEY}": "{v[rt.V_KEY]}"}}'
         if name in ("isGreaterThan", "isLessThan") and target is not None and len(args) == 1 and (
                 self._quantities(target, args[0])):
@@ -700,9 +717,9 @@ class _Emitter:
             pattern = args[0] if target is not None else args[1]
             return f"{_MATCHES}({e(subject)}, {e(pattern)})"
         if name == "size":
-            subject = target if target is not None else (args[0] if args else None)
-            if subject is not None and self.t(subject) in ("string", "dyn"):
-                return f"{_SIZE}({e(subject)})"
+            sized = target if target is not None else (args[0] if args else None)
+            if sized is not None and self.t(sized) in ("string", "dyn"):
+                return f"{_SIZE}({e(sized)})"
         inner = ", ".join(e(a) for a in args)
         return f"{e(target)}.{name}({inner})" if target is not None else f"{name}({inner})"
 
@@ -714,7 +731,7 @@ def _string(text: str) -> str:
     return unparse(Lit(text, "string"))
 
 
-def _is_device_field(node: Node, *fields: str) -> bool:
+def _is_device_field(node: Node, *fields: str) -> TypeGuard[Select]:
     return isinstance(node, Select) and not node.optional and isinstance(node.operand, Ident) and (
         node.operand.name == "device") and node.field in fields
 

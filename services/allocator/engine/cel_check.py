@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from .cel_runtime import INCLUDES_MAX, LibraryError, compile_regex
 from .cel_syntax import Binary, Bind, Call, Comp, Cond, Has, Ident, Index, ListLit, Lit, MapLit, Node, Select, Unary
 
-Type = str | tuple
+Type = str | tuple["Type", ...]
+"""A CEL type: a name, or a parameterized type as a tuple whose first item is its name."""
 
 MAX_ELEMENTS = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 ATTRIBUTE_MAX_LENGTH = 64  # DeviceAttributeMaxValueLength
@@ -366,10 +367,13 @@ class Checker:
         args = [self.check(a, scope) for a in node.args]
         matched: list[Type] = []
         for receiver, params, result in overloads:
-            if (receiver is None) != (recv is None) or len(params) != len(args):
+            if len(params) != len(args):
                 continue
             binding: dict[str, Type] = {}
-            if receiver is not None and not _bind(receiver, recv.type, binding):
+            if receiver is None:
+                if recv is not None:
+                    continue
+            elif recv is None or not _bind(receiver, recv.type, binding):
                 continue
             if all(_bind(p, a.type, binding) for p, a in zip(params, args)):
                 matched.append(_subst(result, binding))
@@ -390,8 +394,9 @@ class Checker:
         cost = (recv.cost if recv else 0) + sum(a.cost for a in args)
         cost += call_cost(name, [v.size for v in values], first is not None and _is_list(first.type))
         size = 1
-        if name in ("split", "findAll", "replace", "lowerAscii", "upperAscii", "trim", "substring", "join"):
-            size = first.size if first is not None else 1
+        if name in ("split", "findAll", "replace", "lowerAscii", "upperAscii", "trim", "substring", "join") and (
+                first is not None):
+            size = first.size
             if name == "replace" and len(args) >= 2:
                 size = first.size * max(1, args[1].size)
         return Info(result_type, cost, size)
@@ -445,7 +450,7 @@ class Checker:
         r = self.check(node.range, scope)
         t = r.type
         if node.var2 is not None:
-            return self._two_variables(node, r, scope)
+            return self._two_variables(node, node.var2, r, scope)
         if isinstance(t, tuple) and t[0] in ("list", "map"):
             var_type = t[1]
         elif t == "dyn":
@@ -474,8 +479,10 @@ class Checker:
                 result = ("list", ti.type)
         return Info(result, _loop_cost(node.kind, r.cost, n, step), n if isinstance(result, tuple) else 1)
 
-    def _two_variables(self, node: Comp, r: Info, scope: dict[str, Info]) -> Info:
+    def _two_variables(self, node: Comp, var2: str, r: Info, scope: dict[str, Info]) -> Info:
         t = r.type
+        key_type: Type
+        value_type: Type
         if isinstance(t, tuple) and t[0] == "list":
             key_type, value_type = "int", t[1]
         elif isinstance(t, tuple) and t[0] == "map":
@@ -489,7 +496,7 @@ class Checker:
         list_range = isinstance(t, tuple) and t[0] == "list"
         key_size = r.elem if r.elem is not None and not list_range else _elem_size(key_type)
         value_size = r.elem if r.elem is not None and list_range else _elem_size(value_type)
-        inner = {**scope, node.var: Info(key_type, 1, key_size), node.var2: Info(value_type, 1, value_size)}
+        inner = {**scope, node.var: Info(key_type, 1, key_size), var2: Info(value_type, 1, value_size)}
         first = self.check(node.pred, inner)
         n, step = r.size, first.cost + STEP_COST[node.kind]
         transformed = first

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TypeGuard
 
 from .cel_syntax import (
     Binary,
@@ -49,7 +50,7 @@ _RELATIONS = ("<", "<=", ">", ">=")
 PLACEHOLDER = "<driver>"
 
 
-def _is_device_field(node: Node, *fields: str) -> bool:
+def _is_device_field(node: Node, *fields: str) -> TypeGuard[Select]:
     return isinstance(node, Select) and isinstance(node.operand, Ident) and node.operand.name == "device" and (
         node.field in fields)
 
@@ -140,7 +141,7 @@ class _Fixer:
         f = self.fix
         match n:
             case Ident(name) if name in _DEVICE_FIELDS:
-                fixed = Select(Ident("device"), name)
+                fixed: Node = Select(Ident("device"), name)
                 self.note(f"'{name}' is not a variable: the selector's input is 'device', use {self.show(fixed)}")
                 return fixed
             case Binary(op, left, right) if op in ("==", "!=", "in"):
@@ -176,7 +177,7 @@ class _Fixer:
         return _map_children(n, f)
 
     @staticmethod
-    def _outer(n: Node) -> bool:
+    def _outer(n: Node) -> TypeGuard[Select]:
         return _is_device_field(n, "attributes", "capacity")
 
     def _is_value(self, n: Node) -> bool:

@@ -57,12 +57,12 @@ def actual_size(x: Any) -> int:
     return 1
 
 
-class DefaultMap(dict):
+class DefaultMap(dict[str, Any]):
     """device.attributes / device.capacity: an unknown domain reads as an empty map."""
 
     __slots__ = ()
 
-    def __missing__(self, key: Any) -> dict:
+    def __missing__(self, key: Any) -> dict[str, Any]:
         return {}
 
 
@@ -170,7 +170,8 @@ def _compare(op: str, a: Any, b: Any) -> bool:
         raise _no_overload(f"_{op}_", a, b)
     if isinstance(a, float) and math.isnan(a) or isinstance(b, float) and math.isnan(b):
         return False
-    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+    result: bool = {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+    return result
 
 
 def _arith(op: str, a: Any, b: Any) -> Any:
@@ -282,6 +283,7 @@ def _call(name: str, args: list[Any]) -> Any:
         return args[0]
     if name == "type" and len(args) == 1:
         return _type_of(args[0])
+    fn: Callable[..., Any] | None
     if name == "matches" and len(args) == 2:
         fn = rt.matches
     else:
@@ -320,7 +322,7 @@ class Interpreter:
         self.deadline = deadline
         self._next_look = 1024
 
-    def run(self, node: Node, device: dict) -> Any:
+    def run(self, node: Node, device: dict[str, Any]) -> Any:
         result = self.ev(node, {"device": device})
         self._check()
         return result
@@ -394,10 +396,10 @@ class Interpreter:
                     if isinstance(v, bool):
                         return not v
                     raise _no_overload("!_", v)
-                kind = _numeric_kind(v)
-                if kind == "int":
+                numeric = _numeric_kind(v)
+                if numeric == "int":
                     return _check_int(-v, False)
-                if kind == "double":
+                if numeric == "double":
                     return -v
                 raise _no_overload("-_", v)
             case Binary("&&" | "||" as op, left, right):
@@ -598,7 +600,7 @@ class Interpreter:
                     raise _no_overload(kind, keep)
                 self._charge(step if keep else 1)  # a step that drops the element keeps the accumulator
                 if keep:
-                    out.append(item if kind == "filter" else self.ev(node.transform, inner))
+                    out.append(item if node.transform is None else self.ev(node.transform, inner))
             else:
                 self._charge(step)
                 out.append(self.ev(node.pred, inner))

@@ -262,9 +262,10 @@ def _i(name: str, *args: Any) -> None:
 def char_at(s: Any, i: Any) -> str:
     _s("charAt", s)
     _i("charAt", i)
-    if i < 0 or i > len(s):
+    text: str = s  # checked just above
+    if i < 0 or i > len(text):
         raise LibraryError(f"index out of range: {i}")
-    return s[i:i + 1]
+    return text[i:i + 1]
 
 
 def index_of(x: Any, sub_: Any, offset: Any = 0) -> int:
@@ -272,37 +273,42 @@ def index_of(x: Any, sub_: Any, offset: Any = 0) -> int:
         return _list_index(x, sub_, "indexOf", reverse=False)
     _s("indexOf", x, sub_)
     _i("indexOf", offset)
-    if offset < 0 or offset > len(x):
+    text: str = x  # checked just above
+    if offset < 0 or offset > len(text):
         raise LibraryError(f"index out of range: {offset}")
-    return x.find(sub_, offset)
+    return text.find(sub_, offset)
 
 
 def last_index_of(x: Any, sub_: Any, offset: Any = None) -> int:
     if isinstance(x, list):
         return _list_index(x, sub_, "lastIndexOf", reverse=True)
     _s("lastIndexOf", x, sub_)
+    text: str = x  # checked just above
     if offset is None:
-        return x.rfind(sub_)
+        return text.rfind(sub_)
     _i("lastIndexOf", offset)
-    if offset < 0 or (offset >= len(x) and not (offset == 0 and not x)):
+    if offset < 0 or (offset >= len(text) and not (offset == 0 and not text)):
         raise LibraryError(f"index out of range: {offset}")
-    return x.rfind(sub_, 0, offset + len(sub_))
+    return text.rfind(sub_, 0, offset + len(sub_))
 
 
 def lower_ascii(s: Any) -> str:
     _s("lowerAscii", s)
-    return s.lower() if s.isascii() else "".join(c.lower() if c.isascii() else c for c in s)
+    text: str = s  # checked just above
+    return text.lower() if text.isascii() else "".join(c.lower() if c.isascii() else c for c in text)
 
 
 def upper_ascii(s: Any) -> str:
     _s("upperAscii", s)
-    return s.upper() if s.isascii() else "".join(c.upper() if c.isascii() else c for c in s)
+    text: str = s  # checked just above
+    return text.upper() if text.isascii() else "".join(c.upper() if c.isascii() else c for c in text)
 
 
 def replace(s: Any, old: Any, new: Any, n: Any = -1) -> str:
     _s("replace", s, old, new)
     _i("replace", n)
-    return s.replace(old, new, n if n >= 0 else -1)
+    text: str = s  # checked just above
+    return text.replace(old, new, n if n >= 0 else -1)
 
 
 def split(s: Any, sep: Any, n: Any = -1) -> list[str]:
@@ -313,16 +319,18 @@ def split(s: Any, sep: Any, n: Any = -1) -> list[str]:
     if sep == "":
         chars = list(s)
         return chars if n < 0 or n >= len(chars) else chars[:n - 1] + ["".join(chars[n - 1:])]
-    return s.split(sep, n - 1 if n > 0 else -1)
+    text: str = s  # checked just above
+    return text.split(sep, n - 1 if n > 0 else -1)
 
 
 def substring(s: Any, start: Any, end: Any = None) -> str:
     _s("substring", s)
     end = len(s) if end is None else end
     _i("substring", start, end)
-    if start < 0 or start > len(s) or end < start or end > len(s):
-        raise LibraryError(f"substring({start}, {end}) out of range for a string of length {len(s)}")
-    return s[start:end]
+    text: str = s  # checked just above
+    if start < 0 or start > len(text) or end < start or end > len(text):
+        raise LibraryError(f"substring({start}, {end}) out of range for a string of length {len(text)}")
+    return text[start:end]
 
 
 _SPACE = "".join(chr(c) for c in (
@@ -332,14 +340,16 @@ _SPACE = "".join(chr(c) for c in (
 
 def trim(s: Any) -> str:
     _s("trim", s)
-    return s.strip(_SPACE)
+    text: str = s  # checked just above
+    return text.strip(_SPACE)
 
 
 def join(items: Any, sep: Any = "") -> str:
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise _no_overload("join", items, sep)
     _s("join", sep)
-    return sep.join(items)
+    separator: str = sep  # checked just above
+    return separator.join(items)
 
 
 _RE2_OPTIONS = re2.Options()

@@ -201,13 +201,13 @@ def tokenize(text: str) -> list[tuple[str, Any, int]]:
         elif kind in ("int", "hex"):
             unsigned = lexeme[-1] in "uU"
             digits = lexeme[:-1] if unsigned else lexeme
-            value = int(digits, 16 if kind == "hex" else 10)
+            number = int(digits, 16 if kind == "hex" else 10)
             limit = 2**64 - 1 if unsigned else 2**63  # 2**63 only legal after unary minus
-            if value > limit:
+            if number > limit:
                 raise CelSyntaxError(f"integer literal {lexeme} out of range", pos)
-            tokens.append(("lit", Lit(value, "uint" if unsigned else "int"), pos))
+            tokens.append(("lit", Lit(number, "uint" if unsigned else "int"), pos))
         elif kind == "string":
-            prefix = re.match(r"[rRbB]*", lexeme).group()
+            prefix = lexeme[:len(lexeme) - len(lexeme.lstrip("rRbB"))]
             raw, is_bytes = "r" in prefix.lower(), "b" in prefix.lower()
             body = lexeme[len(prefix):]
             q = 3 if body[:3] in ('"""', "'''") else 1
@@ -346,7 +346,8 @@ class _Parser:
             if len(args) != 3 or not isinstance(args[0], Ident):
                 raise CelSyntaxError("cel.bind(name, value, expression) takes an identifier and two expressions", pos)
             return Bind(args[0].name, args[1], args[2])
-        if name in _TWO_VAR and len(args) in _TWO_VAR[name] and all(isinstance(a, Ident) for a in args[:2]):
+        # (every _TWO_VAR arity is at least 3, so args[1] exists)
+        if name in _TWO_VAR and len(args) in _TWO_VAR[name] and isinstance(args[0], Ident) and isinstance(args[1], Ident):
             var, var2 = args[0].name, args[1].name
             if var == var2:
                 raise CelSyntaxError(f"{name}() needs two different variable names", pos)
@@ -376,7 +377,7 @@ class _Parser:
 
     def primary(self) -> Node:
         kind, value, pos = self.peek()
-        if kind == "lit":
+        if isinstance(value, Lit):  # only "lit" tokens carry a Lit
             self.i += 1
             return value
         if kind == ".":

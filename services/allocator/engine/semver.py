@@ -58,7 +58,7 @@ def parse_semver(text: str, normalize: bool = False) -> Version:
 def _normalize(text: str) -> str:
     """Tolerant form: "v1.2" -> "1.2.0", "1.02.3" -> "1.2.3"."""
     text = text.removeprefix("v")
-    core = re.match(r"[0-9.]*", text).group(0)
+    core = text[:len(text) - len(text.lstrip("0123456789."))]  # the leading run of digits and dots
     rest = text[len(core):]
     parts = core.split(".") if core else []
     if not parts or len(parts) > 3 or any(not p for p in parts):
