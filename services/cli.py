@@ -676,6 +676,8 @@ def bench_scale(
 def bench_takeover(
     decisions: int = typer.Option(100_000, "--decisions", help="Decisions in ALLOCATIONS before the standby takes over (history of released claims plus the live ones)."),
     live: int = typer.Option(1000, "--live", help="Claims still allocated among them."),
+    tail: int = typer.Option(-1, "--tail", help="Decisions written after the leader's last snapshot (default: the most the snapshot policy leaves, max(DRALLOC_ALLOCATOR_SNAPSHOT_EVERY, live) - 1)."),
+    snapshot: bool = typer.Option(True, "--snapshot/--no-snapshot", help="--no-snapshot: the leader writes none, the standby replays ALLOCATIONS whole."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """A standby's rebuild (its takeover, less the lease wait) after N decisions, with a real nats-server: takeover_seconds."""
@@ -684,8 +686,10 @@ def bench_takeover(
 
     if decisions < 1 or live < 1:
         fail("--decisions and --live must be at least 1")
+    if tail < -1:
+        fail("--tail must be 0 or more")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # takeover imports pipeline's helpers
-    result = asyncio.run(_benchmarks_module("takeover").run(decisions, live=live))
+    result = asyncio.run(_benchmarks_module("takeover").run(decisions, live=live, tail=None if tail == -1 else tail, snapshot=snapshot))
     _print_bench(result, as_json, f"dralloc bench takeover: {decisions} decisions", [(k, str(v)) for k, v in result.items()])
 
 

@@ -97,11 +97,30 @@ def run(
     """Allocate the inputs' pending claims and Pods; `extra`: simulated nodes and their slices (--profile, --fleet)."""
     manifests = load(paths)
     objects, warnings = _in_order(paths, manifests)
-    engine = Engine()
-    if explain:
-        engine.explain_nodes = EXPLAIN_NODES  # explain groups the nodes by verdict: report many,
-        engine.explain_untried = True  # and say why the nodes not tried could not hold the claim
-    every = [obj for _, obj in objects] + list(extra)
+    return allocate_objects(objects, node=node, together=together, explain=explain, extra=extra, warnings=warnings)
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What `load_engine` leaves besides the engine it fed."""
+
+    pending: dict[str, ResourceClaim]
+    """Claims without an allocation, by `namespace/name`, in input order (the first of a name wins)."""
+    warnings: list[str]
+    """Validation problems, what the engine refused or adjusted, allocations it could not restore."""
+    nodes: int
+    """How many node names are known (Node objects, slices' and devices' nodeName)."""
+
+
+def load_engine(engine: Engine, objects: Sequence[tuple[Source | None, Object]]) -> Loaded:
+    """Feed `engine` the inputs in `dralloc allocate`'s deterministic order: node names sorted (also those
+    known only from a slice or device), Nodes by name, DeviceClasses, DeviceTaintRules, ResourceSlices by
+    (driver, pool, name), then the allocations of allocated claims in input order.
+
+    `objects`: in input order, each with where it came from (None: simulated, named by kind/name only).
+    The one loading path of the CLI, the conformance table and the upstream-verdict corpus; other kinds
+    (Pods, templates, workloads) are left to the caller."""
+    every = [obj for _, obj in objects]
     nodes = sorted((o for o in every if isinstance(o, Node)), key=lambda n: n.metadata.name)
     classes = [o for o in every if isinstance(o, DeviceClass)]
     rules = [o for o in every if isinstance(o, DeviceTaintRule)]  # taint the devices they select, as slice taints do
@@ -111,10 +130,43 @@ def run(
     for s in slices:
         names.update(x for x in [s.spec.node_name, *(d.node_name for d in s.spec.devices)] if x)
     engine.inventory.register_nodes(sorted(names))
+    warnings: list[str] = []
     for obj in [*nodes, *classes, *rules, *slices]:
         for problem in validate(obj):
             warnings.append(f"{obj.kind}/{obj.metadata.name}: {problem}")
         warnings += engine.apply(obj)
+    pending: dict[str, ResourceClaim] = {}
+    for source, obj in objects:
+        if isinstance(obj, ResourceClaim):
+            if obj.status is not None and obj.status.allocation is not None:
+                where = f"{source}: " if source is not None else ""
+                warnings += [f"{where}{p}" for p in engine.restore(obj)]
+            else:
+                pending.setdefault(obj.key, obj)
+    return Loaded(pending=pending, warnings=warnings, nodes=len(names))
+
+
+def allocate_objects(
+    objects: Sequence[tuple[Source, Object]],
+    *,
+    node: str | None = None,
+    together: bool = False,
+    explain: bool = False,
+    extra: Sequence[Node | ResourceSlice] = (),
+    warnings: Sequence[str] = (),
+    scoring: bool = True,
+) -> Run:
+    """`run` after reading: `objects` (decoded, in input order, workloads expanded) loaded by `load_engine`,
+    then allocated in input order (a Pod's claims as one unit, every other pending claim on its own, or all
+    as one with `together`). `warnings`: the reader's, reported first. `scoring`: placement scoring (the
+    CLI's default); off, Kubernetes' first-fit order."""
+    engine = Engine(scoring=scoring)
+    if explain:
+        engine.explain_nodes = EXPLAIN_NODES  # explain groups the nodes by verdict: report many,
+        engine.explain_untried = True  # and say why the nodes not tried could not hold the claim
+    loaded = load_engine(engine, [*objects, *((None, obj) for obj in extra)])
+    warnings = [*warnings, *loaded.warnings]
+    classes = [obj for _, obj in objects if isinstance(obj, DeviceClass)]
     templates: dict[tuple[str, str], ResourceClaimTemplate] = {}
     invalid: set[tuple[str, str]] = set()
     for source, obj in objects:
@@ -125,15 +177,9 @@ def run(
                 warnings += [f"{source}: ResourceClaimTemplate/{obj.metadata.name}: {p}" for p in problems]
             else:
                 templates[key] = obj
-    pending: dict[str, ResourceClaim] = {}
-    for source, obj in objects:
-        if isinstance(obj, ResourceClaim):
-            if obj.status is not None and obj.status.allocation is not None:
-                warnings += [f"{source}: {p}" for p in engine.restore(obj)]
-            else:
-                pending.setdefault(obj.key, obj)
+    pending = loaded.pending
     units = _units(objects, pending, templates, invalid, classes)
-    result = Run(engine=engine, outcomes=[], warnings=warnings, nodes=len(names))
+    result = Run(engine=engine, outcomes=[], warnings=warnings, nodes=loaded.nodes)
     for unit in units:
         if unit.pod is not None:
             pod_key = f"{unit.pod.metadata.namespace or 'default'}/{unit.pod.metadata.name}"
@@ -148,7 +194,7 @@ def run(
             outcomes = _allocate_unit(engine, unit, node, explain)
             _note_holders(result, outcomes, explain)
             result.outcomes += outcomes
-    if not names:
+    if not loaded.nodes:
         for outcome in result.outcomes:
             if outcome.status == "unsatisfiable" and "no node is known" in outcome.message:
                 outcome.message = f"{outcome.message.rstrip('.')}; {NO_NODE_HINT}"

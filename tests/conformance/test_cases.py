@@ -19,9 +19,8 @@ import pytest
 import yaml
 from allocation_validity import check
 
-from dralloc.allocator.engine import Engine
+from dralloc.allocator.offline import allocate_objects
 from dralloc.manifests import Loaded, Source, decode_object
-from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
 
 CASES_DIR = Path(__file__).parent / "cases"
 FIXTURES = yaml.safe_load((CASES_DIR / "_fixtures.yaml").read_text())
@@ -38,36 +37,22 @@ def _cases() -> list[tuple[str, dict]]:
 CASES = _cases()
 
 
-def _objects(case: dict) -> list[Any]:
+def _objects(case: dict) -> list[tuple[Source, Any]]:
     docs = [doc for name in case.get("use", ["base"]) for doc in FIXTURES[name]] + case.get("objects", [])
     objects = []
     for i, doc in enumerate(docs):
-        decoded = decode_object(doc, Source(case["name"], i + 1))
+        source = Source(case["name"], i + 1)
+        decoded = decode_object(doc, source)
         assert isinstance(decoded, Loaded), str(decoded)
-        objects.append(decoded.obj)
+        objects.append((source, decoded.obj))
     return objects
 
 
 def run_case(case: dict, *, scoring: bool) -> tuple[list, list[str], list[Any]]:
+    """The case as `dralloc allocate` runs it once its files are read (offline.allocate_objects)."""
     objects = _objects(case)
-    engine = Engine(scoring=scoring)
-    problems: list[str] = []
-    for obj in sorted((o for o in objects if isinstance(o, Node)), key=lambda n: n.metadata.name):
-        engine.apply(obj)
-    for obj in objects:
-        if isinstance(obj, DeviceClass | DeviceTaintRule):
-            engine.apply(obj)
-    for obj in sorted((o for o in objects if isinstance(o, ResourceSlice)), key=lambda s: (s.spec.driver, s.spec.pool.name, s.metadata.name)):
-        problems += engine.apply(obj)
-    pending = []
-    for obj in objects:
-        if isinstance(obj, ResourceClaim):
-            if obj.status is not None and obj.status.allocation is not None:
-                problems += engine.restore(obj)
-            else:
-                pending.append(obj)
-    outcomes = engine.allocate(pending, node=case.get("node", "node-1"), together=case.get("together", False))
-    return outcomes, problems, objects
+    run = allocate_objects(objects, node=case.get("node", "node-1"), together=case.get("together", False), scoring=scoring)
+    return run.outcomes, run.warnings, [obj for _, obj in objects]
 
 
 def _subset(expected: Any, actual: Any, where: str = "allocation") -> None:
