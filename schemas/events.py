@@ -50,13 +50,14 @@ SCHEMA_VERSION = 1
 SUBJECT_PREFIX = "dra"
 
 _UNSAFE = {".": "%2E", "*": "%2A", ">": "%3E", "%": "%25", " ": "%20", "\t": "%09", "\n": "%0A", "\r": "%0D"}
+_UNSAFE_TABLE = str.maketrans(_UNSAFE)  # (str.translate: C speed; every event's subject is made of these)
 
 
 def encode_token(text: str) -> str:
     """One subject token from any string, reversibly (percent-encoding of the unsafe characters)."""
     if not text:
         return "%00"  # an empty token is not a valid subject; names are never empty in practice
-    return "".join(_UNSAFE.get(ch, ch) for ch in text)
+    return text.translate(_UNSAFE_TABLE)
 
 
 def decode_token(token: str) -> str:

@@ -118,11 +118,18 @@ def decode_body(head: fmt.SnapshotHead, body: bytes) -> list[ev.AllocationEvent]
 
 @dataclass(frozen=True)
 class Policy:
-    """When the leader writes a snapshot: `every` decisions stored since the last one, or `seconds`
-    after it when anything changed; never two at once (a slow write lowers the rate by itself)."""
+    """When the leader writes a snapshot: once `every` decisions were stored since the last one, or as
+    many as the snapshot holds when that is more (writing it then costs about one decision's worth
+    per decision, whatever the live set), or `seconds` after it when anything changed; never two at
+    once (a slow write lowers the rate by itself). A new leader so replays at most max(`every`, live
+    decisions) messages after the snapshot, however long the history."""
 
-    every: int = 5000
+    every: int = 2000
     seconds: float = 60.0
 
-    def due(self, decisions_since: int, seconds_since: float) -> bool:
-        return decisions_since >= self.every or (decisions_since > 0 and seconds_since >= self.seconds)
+    def due(self, decisions_since: int, seconds_since: float, live: int = 0) -> bool:
+        return decisions_since >= max(self.every, live) or (decisions_since > 0 and seconds_since >= self.seconds)
+
+    def most_unsnapshotted(self, live: int) -> int:
+        """The longest tail the count trigger leaves (a new leader replays at most that many messages)."""
+        return max(self.every, live) - 1

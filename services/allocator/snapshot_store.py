@@ -10,8 +10,8 @@ which and replays ALLOCATIONS whole, as before. Checked against the stream:
 - a random sample of the snapshot's decisions is each what the stream holds last for its claim
   (when that message is not after the snapshot): a snapshot made of anything but the stream fails.
 
-The leader writes it (`Snapshots.keep`, a task of its term) every `Policy.every` decisions or
-`Policy.seconds` after a change, never two at once; encoding runs in a worker thread, so the
+The leader writes it (`Snapshots.keep`, a task of its term) by its `Policy` (every `every` decisions,
+or as many as it holds when that is more, or `seconds` after a change), never two at once; encoding runs in a worker thread, so the
 event loop (lease, claims) is not held for the size of the live set.
 """
 
@@ -205,7 +205,7 @@ class Snapshots:
             seen = after
             while seen < upto:
                 try:
-                    messages = await sub.fetch(FETCH, timeout=1.0)
+                    messages = await sub.fetch(min(FETCH, upto - seen), timeout=1.0)  # (no more than are there: a short batch waits out its timeout)
                 except (NatsTimeout, TimeoutError):
                     if (await sub.consumer_info()).num_pending == 0:
                         break  # (messages deleted meanwhile)
@@ -223,8 +223,8 @@ class Snapshots:
                         log.error("replay of %s: skipped %s (seq %d): %s", STREAM, msg.subject[:200], seen, problem)
                         continue
                     assert isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased)
-                    latest.pop(event.subject, None)
-                    latest[event.subject] = event
+                    latest.pop(msg.subject, None)  # (the event's own subject, `misplaced` says)
+                    latest[msg.subject] = event
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -235,7 +235,7 @@ class Snapshots:
     def stored(self, first_seq: int, events: tuple[ev.AllocationEvent, ...] | list[ev.AllocationEvent]) -> None:
         """This term's write was stored at `first_seq`..: the compacted record follows it."""
         self.since += self.compacted.stored(first_seq, events)
-        if self.policy.due(self.since, time.monotonic() - self.written_at):
+        if self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
             self.changed.set()
 
     async def keep(self, term: asyncio.Event, may_write: Callable[[], bool] = lambda: True) -> None:
@@ -250,7 +250,7 @@ class Snapshots:
                 self.changed.clear()
                 if term.is_set() or not may_write():
                     return
-                if self.policy.due(self.since, time.monotonic() - self.written_at):
+                if self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
                     await self.write_logged()
         finally:
             ended.cancel()

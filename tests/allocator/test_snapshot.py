@@ -201,17 +201,19 @@ async def test_the_leader_writes_snapshots_by_its_policy_and_not_while_nothing_c
     term = asyncio.Event()
     keeper = asyncio.create_task(leader.snapshots.keep(term))
     kv = await bus.key_value(fmt.BUCKET)
-    for i in range(7):
-        await submit(bus, leader, f"k{i}")
-    for _ in range(200):  # the keeper runs off the decisions' path: wait for it
+    for _ in range(10):  # churn: 20 decisions, at most one claim live
+        await delete(bus, leader, await submit(bus, leader, "churn"))
+    head = None
+    for _ in range(400):  # the keeper runs off the decisions' path: wait for it
         head = fmt.decode_head((await kv.get(fmt.HEAD)).value) if await _has_head(kv) else None
-        if head is not None and head.seq >= 6:
+        if head is not None and head.seq >= 18:
             break
         await asyncio.sleep(0.05)
     term.set()
     await keeper
-    assert head is not None and head.seq in (6, 7) and head.decisions == head.seq  # every 3: at 3 and 6 (or later)
-    assert await leader.snapshots.write() is None or leader.snapshots.head.seq == 7
+    assert head is not None and head.seq >= 18 and head.decisions == (head.seq % 2)  # (a commit stands at an odd sequence)
+    last = await leader.snapshots.write()  # a clean handover: the rest, if any
+    assert (last or head).seq == leader.last_seq == 20
     assert await leader.snapshots.write() is None  # nothing new: nothing written
 
 
@@ -241,6 +243,14 @@ def test_compacted_follows_writes_stored_out_of_order_and_forgets_released_claim
     assert list(compacted.latest.values()) == [commit_b, commit_a]
     compacted.stored(15, [release_a])
     assert list(compacted.latest.values()) == [commit_b] and compacted.seq == 15
+
+
+def test_the_policy_writes_every_n_decisions_or_as_many_as_are_live_or_after_a_while():
+    policy = Policy(every=100, seconds=60)
+    assert not policy.due(99, 0.0) and policy.due(100, 0.0)
+    assert not policy.due(999, 0.0, live=1000) and policy.due(1000, 0.0, live=1000)  # its cost grows with the live set
+    assert policy.due(1, 60.0) and not policy.due(0, 600.0)  # nothing changed: nothing to write
+    assert policy.most_unsnapshotted(10) == 99 and policy.most_unsnapshotted(5000) == 4999
 
 
 def test_merge_takes_the_tail_over_the_snapshot_in_stream_order():
