@@ -98,11 +98,9 @@ def is_workload(doc: Any) -> bool:
 
 def _replicas(doc: Mapping[str, Any], kind: str) -> tuple[int, str]:
     """How many Pods a workload stands for, and the field that said so."""
-    spec = doc.get("spec") if isinstance(doc.get("spec"), Mapping) else {}
+    spec = _mapping(doc.get("spec"))
     if kind == "CronJob":
-        job_template = spec.get("jobTemplate")
-        spec = job_template.get("spec") if isinstance(job_template, Mapping) else {}
-        spec = spec if isinstance(spec, Mapping) else {}
+        spec = _mapping(_mapping(spec.get("jobTemplate")).get("spec"))
         prefix = "spec.jobTemplate.spec."
     else:
         prefix = "spec."
@@ -116,6 +114,11 @@ def _replicas(doc: Mapping[str, Any], kind: str) -> tuple[int, str]:
     if kind == "DaemonSet":
         return 1, "spec"  # one Pod per node; offline it stands for one Pod
     return _count_field(spec, "replicas", prefix)
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    """`value` if it is a mapping, else an empty one (an optional section missing or malformed)."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _count_field(spec: Mapping[str, Any], name: str, prefix: str, default: int | None = 1) -> tuple[Any, str]:
@@ -152,7 +155,7 @@ def workload_pods(doc: Mapping[str, Any]) -> list[Pod]:
     """
     api_version, kind = doc.get("apiVersion"), doc.get("kind")
     key = (api_version, kind)
-    if key not in WORKLOAD_KINDS:
+    if not isinstance(kind, str) or key not in WORKLOAD_KINDS:
         raise PodError(f"{api_version} {kind} is not a Pod or a workload kind with a pod template")
     meta = doc.get("metadata")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
@@ -166,7 +169,7 @@ def workload_pods(doc: Mapping[str, Any]) -> list[Pod]:
     template = _path(doc, template_path)
     count, _ = _replicas(doc, kind)
     where = ".".join(template_path)
-    template_meta = template.get("metadata") if isinstance(template.get("metadata"), Mapping) else {}
+    template_meta = _mapping(template.get("metadata"))
     owner = {"apiVersion": api_version, "kind": kind, "name": name, "uid": str(meta.get("uid") or ""), "controller": True}
     pods = []
     for index in range(count):

@@ -85,8 +85,9 @@ class _Group:
         return any(d.consumes_counters or d.taints for d in self.devices)
 
 
-def build_slices(inventory: NodeInventory, *, layout: Layout = "1.35", generation: int = 1) -> list[ResourceSlice]:
-    """The ResourceSlices this node publishes: GPU pool (`gpu.nvidia.com`) then NIC pool (`dra.net`)."""
+def build_slices(inventory: NodeInventory, *, layout: str = "1.35", generation: int = 1) -> list[ResourceSlice]:
+    """The ResourceSlices this node publishes: GPU pool (`gpu.nvidia.com`) then NIC pool (`dra.net`).
+    `layout` is any string (often a user's): ValueError unless it is one of LAYOUTS."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown slice layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     gpu_groups = [_gpu_group(gpu, inventory) for gpu in inventory.gpus]

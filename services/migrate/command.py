@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from dralloc.manifests import SUFFIXES
 from dralloc.migrate import usage as usage_mod
@@ -33,11 +34,19 @@ class Result:
         return 1 if self.report.problems else 0
 
 
+class _Written(NamedTuple):
+    """A document written anew from its data: (data, indentation, the `---` line before it)."""
+
+    data: object
+    indent: tuple[int, int, int]
+    marker: str
+
+
 @dataclass(slots=True)
 class _Migrated:
     source: SourceFile
-    parts: list[tuple[str, object]]
-    """Output documents in order: ("text", original text) or ("data", (data, indent, marker))."""
+    parts: list[str | _Written]
+    """Output documents in order: an unchanged document's original text, or one written anew."""
     changed: bool
 
 
@@ -125,13 +134,13 @@ def _is_list(data: Mapping) -> bool:
 
 
 def _migrate_file(source: SourceFile, names: Names, report: Report, usage, keep: bool) -> _Migrated:
-    parts: list[tuple[str, object]] = []
+    parts: list[str | _Written] = []
     changed = False
     for doc in source.documents:
         where = f"{source.path} (document {doc.number})"
         data = doc.data
         if data is None:
-            parts.append(("text", doc.text))
+            parts.append(doc.text)
             continue
         if not isinstance(data, MutableMapping):
             raise InputError(f"{where}: expected a Kubernetes object (a mapping), got {kind_of(data)}")
@@ -145,11 +154,11 @@ def _migrate_file(source: SourceFile, names: Names, report: Report, usage, keep:
         except DecodeError as exc:
             raise InputError(f"{where}: {describe(data)}: {exc}") from None
         if not made:
-            parts.append(("text", doc.text))
+            parts.append(doc.text)
             continue
         changed = True
-        parts += [("data", (t, doc.indent, "")) for t in templates]
-        parts.append(("data", (data, doc.indent, doc.marker)))
+        parts += [_Written(t, doc.indent, "") for t in templates]
+        parts.append(_Written(data, doc.indent, doc.marker))
     return _Migrated(source, parts, changed)
 
 
@@ -176,11 +185,11 @@ def _migrate_list(data: MutableMapping, names: Names, report: Report, where: str
 
 def _data(m: _Migrated) -> list[object]:
     out = []
-    for kind, value in m.parts:
-        if kind == "data":
-            out.append(value[0])
+    for part in m.parts:
+        if isinstance(part, _Written):
+            out.append(part.data)
         else:
-            doc = next(d for d in m.source.documents if d.text is value)
+            doc = next(d for d in m.source.documents if d.text is part)
             if doc.data is not None:
                 out.append(doc.data)
     return out
@@ -195,12 +204,11 @@ def _text(m: _Migrated) -> str:
         value = documents[0] if len(documents) == 1 else {"apiVersion": "v1", "kind": "List", "items": documents}
         return json.dumps(plain(value), indent=2) + "\n"
     pieces: list[str] = []
-    for kind, value in m.parts:
-        if kind == "text":
-            pieces.append(value)
+    for part in m.parts:
+        if isinstance(part, _Written):
+            pieces.append(part.marker + dump(part.data, part.indent))
         else:
-            data, indent, marker = value
-            pieces.append(marker + dump(data, indent))
+            pieces.append(part)
     return _join(pieces)
 
 

@@ -53,7 +53,7 @@ def _resolve(obj: Any, text: str, spec: Mapping) -> Path:
         for end in range(k + 1, len(tokens) + 1):
             if not isinstance(tokens[end - 1], str) or not isinstance(node, Mapping):
                 break
-            key = ".".join(tokens[k:end])
+            key = ".".join(map(str, tokens[k:end]))  # (all str: checked as `end` grew)
             if key in node:
                 node, found, k = node[key], True, end
                 path.append(key)

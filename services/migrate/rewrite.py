@@ -31,7 +31,7 @@ from typing import Any
 from dralloc.migrate import gfd, resources
 from dralloc.migrate.podspecs import Path, dotted, find_pod_specs, mappings, role
 from dralloc.migrate.resources import GpuResource
-from dralloc.migrate.usage import MARGIN, MIG_MODELS, Fit, Usage, fit
+from dralloc.migrate.usage import MARGIN, MIG_MODELS, Fit, Share, Usage, fit, share
 
 POD_CLAIM = "gpu"
 """The pod's `resourceClaims` entry that its GPU containers reference."""
@@ -41,7 +41,11 @@ TIME_SLICING_CONFIG = {
     "kind": "GpuConfig",
     "sharing": {"strategy": "TimeSlicing"},
 }
-"""NVIDIA's DRA driver config for `nvidia.com/gpu.shared` (time-slicing): the claim's GPUs stay shareable."""
+"""NVIDIA's DRA driver config for `nvidia.com/gpu.shared` (time-slicing): the claim's GPUs stay shareable
+(`GpuConfig`, group `resource.nvidia.com/v1beta1`, `sharing.strategy` TimeSlicing or MPS: k8s-dra-driver-gpu
+`api/nvidia.com/resource/v1beta1/gpuconfig.go`, `sharing.go`)."""
+SHAREABLE = "device.allowMultipleAllocations"
+"""A share's selector: only a multi-allocatable GPU (KEP-5075), never a whole one taken for a share."""
 
 _AFFINITY_PATH = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
@@ -103,6 +107,9 @@ class _Ask:
     resource: GpuResource
     count: int
     fit: Fit | None = None
+    share: Share | None = None
+    share_first: bool = False
+    """The share is tried before the MIG slice (it holds less memory than the smallest fitting slice)."""
     request: str = ""
 
 
@@ -133,6 +140,8 @@ def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: 
     templates: list[dict] = []
     handled: set[int] = set()
     for path, spec in list(find_pod_specs(obj)):
+        if not isinstance(spec, MutableMapping):  # documents are parsed into dicts; anything else cannot be rewritten
+            raise DecodeError(path, "a pod spec that cannot be rewritten in place")
         handled.add(id(spec))
         label = role(obj, path)
         base = _dns(f"{name or 'pod'}-{label}-gpu" if label else f"{name or 'pod'}-gpu")
@@ -183,13 +192,18 @@ def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, b
     body: list[dict] = []
     config: list[dict] = []
     for name, ask in requests:
-        if ask.fit is not None:
-            # right-sized: the MIG slice first, the whole GPU it had where no such slice is free
-            # (so the pod still runs everywhere it ran before: nodes without MIG, other models)
-            body.append({"name": name, "firstAvailable": [
-                _device_request("mig", resources.MIG_CLASS, 1, [*selectors[True], ask.fit.selector()]),
-                _device_request("gpu", resources.GPU_CLASS, 1, selectors[False]),
-            ]})
+        if ask.fit is not None or ask.share is not None:
+            # right-sized: the MIG slice or the share (the one holding less memory first), then the
+            # whole GPU it had where neither is free (so the pod still runs everywhere it ran before:
+            # nodes without MIG or sharing, other models)
+            options = []
+            if ask.fit is not None:
+                options.append(_device_request("mig", resources.MIG_CLASS, 1, [*selectors[True], ask.fit.selector()]))
+            if ask.share is not None:
+                portion = _device_request("share", resources.GPU_CLASS, 1, [*selectors[False], SHAREABLE])
+                portion["capacity"] = {"requests": {"memory": ask.share.quantity()}}
+                options.insert(0 if ask.share_first else len(options), portion)
+            body.append({"name": name, "firstAvailable": [*options, _device_request("gpu", resources.GPU_CLASS, 1, selectors[False])]})
             continue
         expressions = list(selectors[ask.resource.kind == "mig"])
         if ask.resource.kind == "mig":
@@ -313,7 +327,7 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
         if ask.resource.kind != "gpu":
             continue
         name = c.body.get("name")
-        peak = usage.peak(namespace, workload, name)
+        peak = usage.peak(namespace, workload, name) if isinstance(name, str) else None
         who = f"{what}: {dotted(c.path)} ({name})"
         if peak is None:
             continue  # nothing is right-sized without data
@@ -321,14 +335,25 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
             report.changes.append(f"{who}: kept {ask.count} whole GPUs (right-sizing moves one-GPU containers only)")
             continue
         answer = fit(peak, models)
-        if isinstance(answer, str):
-            report.changes.append(f"{who}: kept a whole GPU: {answer}")
+        portion = share(peak)
+        if isinstance(answer, str) and isinstance(portion, str):
+            report.changes.append(f"{who}: kept a whole GPU: {answer}; no share: {portion}")
             continue
-        ask.resource = GpuResource(resources.GPU, "mig")
-        ask.fit = answer
+        steps: list[str] = []
+        if not isinstance(answer, str):
+            ask.resource = GpuResource(resources.GPU, "mig")
+            ask.fit = answer
+            steps.append(f"MIG {answer.describe()}")
+        if not isinstance(portion, str):
+            ask.share = portion
+            ask.share_first = isinstance(answer, str) or portion.memory_mib < answer.smallest_mib
+            steps.insert(0 if ask.share_first else len(steps), f"a share of a GPU ({portion.quantity()} of its memory)")
+        need = portion if isinstance(answer, str) else answer
         report.changes.append(
-            f"{who}: 1 GPU -> MIG {answer.describe()} (a whole GPU where none is free): peak {peak.memory_mib:g} MiB / "
-            f"{peak.utilization:g}% fits {answer.need_mib} MiB / {answer.need_percent:g}% with {MARGIN:.0%} headroom"
+            f"{who}: 1 GPU -> {', else '.join(steps)} (a whole GPU where none is free): peak {peak.memory_mib:g} MiB / "
+            f"{peak.utilization:g}% fits {need.need_mib} MiB / {need.need_percent:g}% with {MARGIN:.0%} headroom"
+            + (f"; no MIG: {answer}" if isinstance(answer, str) else "")
+            + (f"; no share: {portion}" if isinstance(portion, str) else "")
         )
 
 
@@ -355,7 +380,7 @@ def _requests(asking: list[_Container]) -> list[tuple[str, _Ask]]:
     for c in asking:
         if c.init and not c.sidecar:
             for i, ask in enumerate(c.asks):
-                donors = [a for a in app_asks if a.resource == ask.resource and a.fit is None and a.count >= ask.count]
+                donors = [a for a in app_asks if a.resource == ask.resource and a.fit is None and a.share is None and a.count >= ask.count]
                 if donors:
                     ask.request = min(donors, key=lambda a: a.count).request
                 else:
@@ -393,20 +418,21 @@ def _node_selection(spec: MutableMapping, path: Path, kinds: set[bool], keep: bo
             return None
 
     selector = spec.get("nodeSelector")
-    if selector is not None and not isinstance(selector, Mapping):
+    if selector is not None and not isinstance(selector, MutableMapping):
         raise DecodeError((*path, "nodeSelector"), "expected a mapping of labels")
-    for key in [k for k in (selector or {}) if gfd.is_gfd(k)]:
-        value = selector[key]
-        cel = translate(gfd.Requirement(key, "In", (str(value),)))
-        if cel is None:
-            continue
-        for mig, expression in cel.items():
-            if expression:
-                out[mig].append(expression)
-        if not keep:
-            del selector[key]
-    if selector is not None and not selector and not keep:
-        del spec["nodeSelector"]
+    if selector is not None:
+        for key in [k for k in selector if gfd.is_gfd(k)]:
+            value = selector[key]
+            cel = translate(gfd.Requirement(key, "In", (str(value),)))
+            if cel is None:
+                continue
+            for mig, expression in cel.items():
+                if expression:
+                    out[mig].append(expression)
+            if not keep:
+                del selector[key]
+        if not selector and not keep:
+            del spec["nodeSelector"]
 
     required = _dig(spec, _AFFINITY_PATH)
     if required is None:
@@ -442,9 +468,9 @@ def _node_selection(spec: MutableMapping, path: Path, kinds: set[bool], keep: bo
     if any(c is None for term in translated for c in term):
         return out
     for mig in kinds:
-        alternatives = []
+        alternatives: list[str] = []
         for term in translated:
-            parts = [c[mig] for c in term if c[mig]]
+            parts = [text for c in term if c is not None and (text := c[mig])]  # (no c is None: returned above)
             if not parts:  # a term every GPU satisfies: the whole OR is true
                 alternatives = []
                 break
@@ -457,13 +483,14 @@ def _node_selection(spec: MutableMapping, path: Path, kinds: set[bool], keep: bo
 
 
 def _dig(obj: Mapping, keys: tuple[str, ...]) -> Any:
+    node: Any = obj
     for depth, key in enumerate(keys):
-        if obj is None:
+        if node is None:
             return None
-        if not isinstance(obj, Mapping):
+        if not isinstance(node, Mapping):
             raise DecodeError(keys[:depth], "expected a mapping")
-        obj = obj.get(key)
-    return obj
+        node = node.get(key)
+    return node
 
 
 def _expressions(term: Mapping, path: Path) -> list:
