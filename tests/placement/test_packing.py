@@ -51,3 +51,36 @@ def test_hole_order():
     assert _hole_order(1, 8) == (1, 2, 3, 5, 4, 6, 7)
     # a unit of two: 2 (leaves 0), 3, 4, 6 (leaves 4), then 5, 7; counts below two last
     assert _hole_order(2, 8) == (2, 3, 4, 6, 5, 7, 1)
+
+
+def test_among_equally_full_nodes_the_one_with_more_claims_takes_a_small_claim():
+    """A node held by one claim is whole again as soon as that claim leaves; one held by two
+    waits for both. One more small claim on the node with more claims delays a whole node least."""
+    engine = make_engine([("l40s-pcie", 3)])
+    used(engine, "l40s-pcie-0", 4, "one-claim")  # 4 free, one claim to wait for
+    used(engine, "l40s-pcie-1", 2, "a")
+    used(engine, "l40s-pcie-1", 2, "b")  # 4 free, two claims to wait for
+    assert engine.allocate([claim("small", 1)])[0].node == "l40s-pcie-1"
+    # the counts follow releases: four claims came and went on l40s-pcie-0, one holds it now
+    for key in ("small", "a", "b", "one-claim"):
+        engine.release(f"default/{key}")
+    for name in "defg":
+        used(engine, "l40s-pcie-0", 1, name)
+    for name in "defg":
+        engine.release(f"default/{name}")
+    used(engine, "l40s-pcie-0", 4, "h")
+    used(engine, "l40s-pcie-1", 2, "i")
+    used(engine, "l40s-pcie-1", 2, "j")
+    assert engine.allocate([claim("small-2", 1)])[0].node == "l40s-pcie-1"
+
+
+def test_the_claims_per_node_follow_allocations_and_releases():
+    engine = make_engine([("l40s-pcie", 2)])
+    kinds = engine.placement.kinds
+    used(engine, "l40s-pcie-0", 2, "a")
+    assert engine.allocate([claim("b", 1, nics=1)], node="l40s-pcie-0")[0].status == "allocated"
+    assert kinds.claims["l40s-pcie-0"] == {"default/a": 2, "default/b": 2}  # its GPU and its NIC
+    assert kinds.by_claims[2] == 1 << engine.inventory.node_rank["l40s-pcie-0"]
+    engine.release("default/a")
+    engine.release("default/b")
+    assert kinds.claims["l40s-pcie-0"] == {} and not any(kinds.by_claims.values()) and not kinds.held

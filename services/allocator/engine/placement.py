@@ -12,7 +12,9 @@ Two hooks:
   nodes already partly used (of the claim's kind: GPUs for a GPU claim, not
   the node's NICs) before whole free ones, so a claim fills a hole before it
   breaks a node that an 8-GPU claim or a gang member could take; in each,
-  the fewest free devices of the kind first; nodes outside multi-node
+  the fewest free devices of the kind first (among equally full ones the
+  node with the most claims: it drains last anyway, so one more claim there
+  delays a whole node least); nodes outside multi-node
   domains first, then domain by domain, the fullest domain (NVLink clique or
   rack) first, so whole domains stay free for gangs; then rank. The counts are
   kept per node and kind as the ledger changes (`KindIndex`), so the order
@@ -265,24 +267,39 @@ class Placement:
 
     def _buckets(self, viable: int, free_ge: list[int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
-        the nodes with at least k free) in `_hole_order(need)`, then rank; lazily. `with_none`:
-        then the nodes with none free (they may still have shared devices)."""
-        names = self.inv.node_names
-        known = self.inv.node_known
+        the nodes with at least k free) in `_hole_order(need)`, then the most claims holding
+        devices there (`KindIndex.by_claims`), then rank; lazily. `with_none`: then the nodes
+        with none free (they may still have shared devices)."""
         top = len(free_ge)
+        by_claims, by_claims_first = self.kinds.by_claims, self.kinds.most_claims_first
         for k in _hole_order(need, top):  # lazily: the first bucket usually holds the node taken
             at_least = viable & free_ge[k]
             if not at_least:
                 continue
             bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
-            while bucket:  # lowest rank first, lazily: the first node usually fits
-                low = bucket & -bucket
-                bucket ^= low
-                r = low.bit_length() - 1
-                if names[r] in known:
-                    yield r
+            # equally full: the node with the most claims first. It drains last anyway (every claim
+            # on it must leave before it is whole again), so one more claim there delays a whole
+            # node least; a node with few claims is the next to become whole for a large claim.
+            for n in by_claims_first:
+                part = bucket & by_claims[n]
+                if part:
+                    bucket ^= part
+                    yield from self._lowest_first(part)
+                    if not bucket:
+                        break
+            yield from self._lowest_first(bucket)
         if with_none:
             yield from self._known(viable & ~(free_ge[1] if top > 1 else 0))
+
+    def _lowest_first(self, ranks: int) -> Iterator[int]:
+        """The known node ranks of `ranks`, lowest first, lazily (the first node usually fits)."""
+        names, known = self.inv.node_names, self.inv.node_known
+        while ranks:
+            low = ranks & -ranks
+            ranks ^= low
+            r = low.bit_length() - 1
+            if names[r] in known:
+                yield r
 
     def _known(self, ranks: int) -> Iterator[int]:
         names, known = self.inv.node_names, self.inv.node_known
@@ -655,7 +672,9 @@ def kind_of(rec: DeviceRec) -> tuple[str, str]:
 class KindIndex:
     """Free exclusive node-local devices per kind and node, and per kind the bitsets of node
     ranks with at least k free (the ledger's `free_ge`, by kind) and of the nodes with every
-    device of the kind free (`whole`). Kept in step with the ledger (its `on_charge` hook) and
+    device of the kind free (`whole`). Also the claims holding exclusive devices on each node
+    (`claims`) and the node ranks by that number (`by_claims`): among equally full nodes best fit
+    takes the one with the most claims. Kept in step with the ledger (its `on_charge` hook) and
     with pool rebuilds, so best fit reads it per claim for free."""
 
     def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
@@ -665,6 +684,14 @@ class KindIndex:
         self.total: dict[tuple[str, str], dict[str, int]] = {}
         self.ge: dict[tuple[str, str], list[int]] = {}
         self.whole: dict[tuple[str, str], int] = {}
+        self.held: dict[tuple[str, str, str], tuple[str, str]] = {}
+        """Device key -> (its node, the claim holding it), for the exclusive node-local devices in use."""
+        self.claims: dict[str, dict[str, int]] = {}
+        """Node -> claim -> its exclusive devices there."""
+        self.by_claims: dict[int, int] = {}
+        """n >= 1 -> the node ranks with exactly n claims holding devices there."""
+        self.most_claims_first: list[int] = []
+        """The keys of `by_claims` with a node, largest first."""
         ledger.on_charge.append(self._charge)
         inventory.on_pool_rebuilt.append(self._rebuilt)  # after the ledger's own (registered first)
 
@@ -673,6 +700,34 @@ class KindIndex:
             return
         kind = kind_of(rec)
         self._set(kind, rec.local_node, self.free.get(kind, {}).get(rec.local_node, 0) - sign)
+        # the ledger names the holder before it charges a device and forgets it before it frees one
+        if sign > 0:
+            claim = self.ledger.exclusive.get(rec.key)
+            if claim is not None:
+                self.held[rec.key] = (rec.local_node, claim)
+                self._hold(rec.local_node, claim, +1)
+        elif (was := self.held.pop(rec.key, None)) is not None:
+            self._hold(*was, -1)
+
+    def _hold(self, node: str, claim: str, sign: int) -> None:
+        """One more (+1) or one fewer (-1) device of `claim` on `node`; O(1) (two bitset flips when
+        the node's number of claims changes)."""
+        on = self.claims.setdefault(node, {})
+        before = len(on)
+        left = on.get(claim, 0) + sign
+        if left > 0:
+            on[claim] = left
+        else:
+            on.pop(claim, None)
+        after = len(on)
+        if after == before:
+            return
+        bit = 1 << self.inv._see_node(node)
+        if before:
+            self.by_claims[before] &= ~bit
+        if after:
+            self.by_claims[after] = self.by_claims.get(after, 0) | bit
+        self.most_claims_first = sorted((n for n, ranks in self.by_claims.items() if ranks), reverse=True)
 
     def _rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
         inv, used = self.inv, self.ledger.used_bits
@@ -688,6 +743,15 @@ class KindIndex:
             for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
                 self.total.setdefault(kind, {})[node] = totals.get(kind, 0)
                 self._set(kind, node, counts.get(kind, 0), force=True)
+        # who holds what, again from the ledger: a device gone from its pool is never freed one by one
+        for rec in old_devices:
+            if (was := self.held.pop(rec.key, None)) is not None:
+                self._hold(*was, -1)
+        for rec in pool.devices:  # type: ignore[attr-defined]
+            claim = self.ledger.exclusive.get(rec.key)
+            if claim is not None and not rec.multi and rec.local_node is not None and rec.key not in self.held:
+                self.held[rec.key] = (rec.local_node, claim)
+                self._hold(rec.local_node, claim, +1)
 
     def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
         free = self.free.setdefault(kind, {})
