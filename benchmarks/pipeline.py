@@ -61,12 +61,11 @@ from dralloc.bus import (
     ConsumerConfig,
     DeliverPolicy,
     LocalCluster,
+    LocalServer,
     NatsError,
     die_with_parent,
-    nats_server_binary,
     until_jetstream_answers,
     wait_for_jetstream,
-    wait_for_port,
 )
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
@@ -96,51 +95,9 @@ class Options:
 # --- processes --------------------------------------------------------------------------
 
 
-class NatsServer:
-    """A nats-server with JetStream in `root`; restartable on the same port and store.
-
-    `config`: the text of a server configuration (auth, TLS), written to root/nats.conf;
-    `env`: variables it may reference.
-    """
-
-    def __init__(self, root: Path, config: str | None = None, env: dict[str, str] | None = None, scheme: str = "nats") -> None:
-        self.root = root
-        self.port = -1  # the first start picks a free port, restarts reuse it
-        self.proc: asyncio.subprocess.Process | None = None
-        self.starts = 0
-        self.config, self.env, self.scheme = config, env or {}, scheme
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        self.starts += 1
-        logfile = self.root / f"nats-server.{self.starts}.log"  # a fresh log: readiness is read from it
-        config: list[str] = []
-        if self.config is not None:
-            (self.root / "nats.conf").write_text(self.config)
-            config = ["-c", str(self.root / "nats.conf")]
-        self.proc = await asyncio.create_subprocess_exec(
-            nats_server_binary(), *config, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / "store"),
-            "-l", str(logfile), env={**os.environ, **self.env},
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )  # fmt: skip
-        self.port = await wait_for_port(self.proc, logfile, 15.0)
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-
-    async def restart(self) -> None:
-        await self.stop()
-        await self.start()
+NatsServer = LocalServer
+"""A nats-server with JetStream in a directory, restartable on its port and store: the bus's
+(`dralloc.bus.LocalServer`), under the name the tests import."""
 
 
 class Service:

