@@ -61,10 +61,7 @@ view until it leads again.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -77,19 +74,20 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from dralloc.schemas import events as ev
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricExporter
     from opentelemetry.sdk.resources import Resource
 
     from dralloc.allocator.engine import Engine
     from dralloc.allocator.reservations import Reservations
-    from dralloc.bus import Bus
 
 log = logging.getLogger("dralloc.metrics")
 
 _configured = False
 
 
-def setup(resource: Resource | None = None) -> None:
-    """Install a meter provider with the exporter the OTEL_* variables name (once per process).
+def setup(resource: Resource | None = None, exporter: MetricExporter | None = None) -> None:
+    """Install a meter provider exporting with `exporter` (once per process; none: nothing is
+    installed). `dralloc.telemetry.setup` calls it with the exporter the OTEL_* variables name.
 
     `resource`: the process's, as its traces have it (``service.name`` dralloc-<service>); without
     it the points would say ``unknown_service`` and the allocator's lag could not be told from the
@@ -98,27 +96,12 @@ def setup(resource: Resource | None = None) -> None:
     if _configured:
         return
     _configured = True
-    name = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower()
-    if not name and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        name = "otlp"
-    if name in ("", "none"):
+    if exporter is None:
         return
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
-    if name == "console":
-        exporter = ConsoleMetricExporter()
-    elif name == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        except ImportError:
-            log.warning("OTEL_METRICS_EXPORTER=otlp but opentelemetry-exporter-otlp is not installed; not exporting")
-            return
-        exporter = OTLPMetricExporter()
-    else:
-        log.warning("OTEL_METRICS_EXPORTER=%s is not supported (console, otlp or none); not exporting", name)
-        return
     # The SDK's default buckets (0, 5, 10, ... 10000) are for milliseconds: a duration in seconds
     # would land all in the first one. (A view, not the histogram's advisory: that needs SDK 1.30.)
     seconds = View(instrument_name="dralloc.allocation.duration", aggregation=ExplicitBucketHistogramAggregation(DURATION_BUCKETS_S))
@@ -398,29 +381,6 @@ def consumer_lag() -> ConsumerLag:
     if _lag is None:
         _lag = ConsumerLag()
     return _lag
-
-
-LAG_EVERY_S = 2.0
-"""How often a consumer's backlog is asked for (one JetStream API request each)."""
-
-
-async def report_lag(bus: Bus, stream: str, consumer: str, stop: asyncio.Event, every: float = LAG_EVERY_S) -> None:
-    """Report the durable `consumer`'s backlog on `stream` until `stop` is set; then stop reporting it
-    (a standby does not speak for the consumer it no longer reads)."""
-    from dralloc.bus import NatsError  # here: the bus imports telemetry, which sets up these metrics
-
-    backlog = consumer_lag().backlog
-    try:
-        while not stop.is_set():
-            try:
-                info = await bus.js.consumer_info(stream, consumer)
-                backlog[(stream, consumer)] = info.num_pending + info.num_ack_pending
-            except (NatsError, TimeoutError):  # not created yet, or NATS away: the next round tells
-                pass
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
-    finally:
-        backlog.pop((stream, consumer), None)
 
 
 _allocator: AllocatorMetrics | None = None

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -45,31 +47,54 @@ _configured = False
 
 
 def setup(service_name: str) -> None:
-    """Install the tracer provider once per process (later calls are no-ops)."""
+    """Install the tracer provider, and the meter provider (`dralloc.metrics.setup`), once per
+    process (later calls are no-ops), each with the exporter the OTEL_* variables name (`exporter`)."""
     global _configured
     if _configured:
         return
     _configured = True
     attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or f"dralloc-{service_name}"}
     provider = PropagatingTracerProvider(Resource.create(attributes))
-    exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if not exporter_name and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        exporter_name = "otlp"
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    spans = exporter("traces")
+    if spans is not None:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    if exporter_name == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    elif exporter_name == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.warning("OTEL_TRACES_EXPORTER=otlp but opentelemetry-exporter-otlp is not installed; not exporting")
-        else:
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(spans))
     trace.set_tracer_provider(provider)
-    from dralloc import metrics  # the same OTEL_* rules for metrics (dralloc.metrics)
+    from dralloc import metrics  # the metrics name the same service as the spans
 
-    metrics.setup(provider.resource)  # the metrics name the same service as the spans
+    metrics.setup(provider.resource, exporter("metrics"))
+
+
+EXPORTERS: dict[tuple[str, str], tuple[str, str]] = {
+    ("traces", "console"): ("opentelemetry.sdk.trace.export", "ConsoleSpanExporter"),
+    ("traces", "otlp"): ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "OTLPSpanExporter"),
+    ("metrics", "console"): ("opentelemetry.sdk.metrics.export", "ConsoleMetricExporter"),
+    ("metrics", "otlp"): ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "OTLPMetricExporter"),
+}
+"""(signal, exporter name) -> (module, class) of the exporter: the OTLP ones come from the optional
+``opentelemetry-exporter-otlp`` package, so they are imported only when named."""
+
+
+def exporter(signal: str) -> Any | None:
+    """A new exporter for `signal` (``traces`` or ``metrics``) as ``OTEL_<SIGNAL>_EXPORTER`` names it:
+    ``console``, ``otlp`` (also when only ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set), else None: for
+    unset or ``none``, and (logged) for a name not supported or an OTLP exporter not installed."""
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
+    name = os.environ.get(variable, "").strip().lower()
+    if not name and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        name = "otlp"
+    if name in ("", "none"):
+        return None
+    if (signal, name) not in EXPORTERS:
+        log.warning("%s=%s is not supported (console, otlp or none); not exporting", variable, name[:100])
+        return None
+    module, cls = EXPORTERS[(signal, name)]
+    try:
+        return getattr(importlib.import_module(module), cls)()
+    except ImportError:
+        log.warning("%s=%s but opentelemetry-exporter-otlp is not installed; not exporting", variable, name)
+        return None
 
 
 class PropagatingTracerProvider(trace.TracerProvider):

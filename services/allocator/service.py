@@ -92,8 +92,8 @@ from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.allocator.reservations import parse_wait
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
-from dralloc.bus import MAX_BATCH, ApiError, Bus, NotFound, Permanent, PubAck
-from dralloc.metrics import allocator_metrics, report_lag
+from dralloc.bus import MAX_BATCH, ApiError, Bus, NotFound, Permanent, PubAck, report_lag
+from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 

@@ -5,7 +5,8 @@ tests/test_architecture.py), so delivery rules live in one place. Its modules, o
 concern each: `server` (starting nats-server), `client` (`Bus`: connecting,
 publishing), `streams` (the streams, creating and checking them), `streamcheck`
 (pure checks of messages and stream configurations), `consume` (the consumer
-loop), `deadletter`, `replay`, `kv`, `run`
+loop), `deadletter`, `replay`, `kv`, `lag` (consumer backlog
+metrics), `run`
 (`dralloc run <service>`) and `errors`. Import from `dralloc.bus` itself: this
 module re-exports the public names.
 
@@ -110,6 +111,7 @@ from dralloc.bus.errors import (
     Permanent,
     PublishRefused,
 )
+from dralloc.bus.lag import LAG_EVERY_S, report_lag
 from dralloc.bus.run import STREAM_OWNER, run_service, until_jetstream_answers
 from dralloc.bus.server import (
     LocalCluster,
@@ -142,6 +144,7 @@ __all__ = [
     "DUPLICATE_WINDOW_S",
     "FETCH_WAIT_S",
     "INITIAL_REFUSALS",
+    "LAG_EVERY_S",
     "MAX_BATCH",
     "MAX_IN_FLIGHT",
     "RESUBMITTABLE",
@@ -178,6 +181,7 @@ __all__ = [
     "header_bytes",
     "nats_server_binary",
     "replicas_from_env",
+    "report_lag",
     "run_service",
     "until_jetstream_answers",
     "wait_for_jetstream",

@@ -18,8 +18,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dralloc.bus import Bus
-from dralloc.metrics import report_lag
+from dralloc.bus import Bus, report_lag
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, KVSink, StatusSink
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from dralloc import demo
-from dralloc.bus import Bus, embedded_nats
-from dralloc.metrics import consumer_lag, report_lag
+from dralloc.bus import Bus, embedded_nats, report_lag
+from dralloc.metrics import consumer_lag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from pipeline import CLASSES, claim_event  # noqa: E402
