@@ -51,3 +51,21 @@ def test_explain_with_scoring_off_says_so():
     engine = make_engine([("l40s-pcie", 1)], scoring=False)
     outcome = engine.allocate([claim("pair", 2)], explain=True)[0]
     assert outcome.explanation.notes == ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]
+
+
+def test_explain_of_a_large_claim_that_does_not_fit_names_what_it_would_hold_while_it_waits():
+    engine = make_engine([("l40s-pcie", 2)])
+    for name, gpus, node in (("a", 2, "l40s-pcie-0"), ("b", 2, "l40s-pcie-0"), ("c", 4, "l40s-pcie-1")):
+        devices(engine.allocate([claim(name, gpus)], node=node)[0])
+    outcome = engine.allocate([claim("eight", 8)], explain=True)[0]
+    assert outcome.status == "unsatisfiable"
+    # l40s-pcie-1 waits for one claim to leave, l40s-pcie-0 for two: the closest is l40s-pcie-1
+    assert outcome.explanation.notes[-1] == (
+        "if it may wait (dralloc.dev/max-wait), the allocator holds for it what is closest to fitting "
+        "(other claims take it last; it waits for the claims there to leave): node l40s-pcie-1 (4 of 8 devices in use, by default/c)"
+    )
+    # a small claim holds nothing while it waits (it fits in the holes claims leave anywhere)
+    devices(engine.allocate([claim("d", 4)], node="l40s-pcie-1")[0])
+    devices(engine.allocate([claim("e", 4)], node="l40s-pcie-0")[0])
+    small = engine.allocate([claim("one", 1)], explain=True)[0]
+    assert small.status == "unsatisfiable" and not any("may wait" in note for note in small.explanation.notes)

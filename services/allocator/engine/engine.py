@@ -23,6 +23,7 @@ from typing import Literal
 import msgspec
 
 from dralloc.allocator.engine import adoption, cel
+from dralloc.allocator.engine.gang import reservation_for
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.placement import Placement, demand_of
@@ -640,6 +641,9 @@ class Engine:
         for pool in list(self.inventory.unusable.values())[:5]:
             why = f"invalid: {pool.invalid}" if pool.invalid else f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
             explanation.notes.append(f"pool {pool.label} is not used: {why}")
+        if node is None and len(plans) == 1 and not plans[0].error:
+            # a large claim that may wait holds the node closest to fitting it (reservations)
+            explanation.notes += self.placement.describe_wait(reservation_for(self, [plans[0].claim]))
         k = self.explain_nodes
         if node is None and self.explain_untried:
             tried = set(nodes)

@@ -566,6 +566,30 @@ class Placement:
             lines.append(f"reserved: node {node} holds devices reserved for a claim that waits; taken because no node without one could hold this claim")
         return lines
 
+    def describe_wait(self, devices: int) -> list[str]:
+        """What a claim that may wait would hold while it waits, in words for `dralloc explain`:
+        per node of `devices` (a reservation, `gang.reservation_for`), its matching devices in use
+        and the claims holding them, which the claim waits for. [] for no reservation."""
+        if not devices:
+            return []
+        inv, ledger = self.inv, self.ledger
+        per_node: dict[str, list[DeviceRec]] = {}
+        for i in iter_bits(devices):
+            rec = inv.devices[i]
+            if rec is not None and rec.local_node is not None:
+                per_node.setdefault(rec.local_node, []).append(rec)
+        parts = []
+        for node in sorted(per_node, key=lambda n: inv.node_rank.get(n, 0)):
+            recs = per_node[node]
+            holders = sorted({h for rec in recs if (h := ledger.exclusive.get(rec.key)) is not None})
+            shown = ", ".join(holders[:4]) + (f" and {len(holders) - 4} more" if len(holders) > 4 else "")
+            busy = sum(1 for rec in recs if (ledger.used_bits >> rec.id) & 1)
+            parts.append(f"node {node} ({busy} of {len(recs)} devices in use" + (f", by {shown})" if holders else ")"))
+        return [
+            "if it may wait (dralloc.dev/max-wait), the allocator holds for it what is closest to fitting "
+            f"(other claims take it last; it waits for the claims there to leave): {'; '.join(parts)}"
+        ]
+
     def _hole(self, node: str, demand: Demand, chosen: list[int]) -> str:
         """What the choice leaves free on the node of the first request's devices, in words
         (`_hole_order`: a block of a power of two is a useful hole, other sizes awkward)."""
