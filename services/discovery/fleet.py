@@ -6,12 +6,17 @@ A fleet file (YAML or JSON) lists how many nodes of which hardware profile:
     - {profile: h100-sxm, count: 4}
     - {profile: l40s-pcie, count: 2, prefix: infer}
     - {profile: gb200-nvl72, count: 36}      # two NVL72 racks of 18 trays
+    - {profile: l40s-pcie, count: 4, sharing: memory}  # GPUs shared by memory (sharing.py: dralloc's example)
 
 or, with a slice layout for the whole fleet:
 
     layout: "1.34"
     nodes:
     - {profile: h200-sxm-mig, count: 100}
+
+`sharing: memory` publishes the entry's whole, non-MIG GPUs as multi-allocatable
+by memory (KEP-5075 consumable capacity; `sharing.py`, dralloc's example: NVIDIA's
+driver does not publish it); `build_fleet` applies it (`dralloc demo`, `dralloc plan`).
 
 Nodes are named `<prefix>-<n>` (prefix defaults to the profile name, n counts
 from 0 per prefix). Multi-node NVLink profiles are grouped into racks of
@@ -38,6 +43,7 @@ import yaml
 
 from dralloc.discovery.inventory import NodeInventory, node_object
 from dralloc.discovery.profiles import PROFILES, simulate
+from dralloc.discovery.sharing import SHARING_MODES, share_memory
 from dralloc.discovery.slices import LAYOUTS, build_slices
 from dralloc.schemas.resource import Node, ResourceSlice
 
@@ -53,6 +59,8 @@ class FleetNode:
     name: str
     profile: str
     rack: str | None
+    sharing: str | None = None
+    """`memory`: the node's whole GPUs are published multi-allocatable (`sharing.share_memory`, by `build_fleet`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +94,13 @@ def load_fleet(spec: Any) -> FleetSpec:
     counters: dict[str, int] = {}
     for i, entry in enumerate(spec):
         profile, count, prefix = _entry(entry, f"{where}: entry {i}")
+        sharing = entry.get("sharing") if isinstance(entry, dict) else None
         hw = PROFILES[profile]
         for _ in range(count):
             n = counters.get(prefix, 0)
             counters[prefix] = n + 1
             rack = f"{prefix}-rack-{n // hw.rack_size}" if hw.rack_size else None
-            nodes.append(FleetNode(f"{prefix}-{n}", profile, rack))
+            nodes.append(FleetNode(f"{prefix}-{n}", profile, rack, sharing))
         if len(nodes) > MAX_FLEET_NODES:
             raise FleetError(f"{where}: more than {MAX_FLEET_NODES} nodes")
     return FleetSpec(tuple(nodes), layout)
@@ -102,9 +111,11 @@ def _entry(entry: Any, where: str) -> tuple[str, int, str]:
         entry = {"profile": entry[0], "count": entry[1]}
     if not isinstance(entry, dict):
         raise FleetError(f"{where}: expected a mapping like {{profile: h100-sxm, count: 4}}")
-    unknown = set(entry) - {"profile", "count", "prefix"}
+    unknown = set(entry) - {"profile", "count", "prefix", "sharing"}
     if unknown:
         raise FleetError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    if "sharing" in entry and entry["sharing"] not in SHARING_MODES:
+        raise FleetError(f"{where}: sharing: {entry['sharing']!r} is not one of {', '.join(SHARING_MODES)}")
     profile = entry.get("profile")
     if profile not in PROFILES:
         raise FleetError(f"{where}: profile: {profile!r} is not one of {', '.join(sorted(PROFILES))}")
@@ -132,4 +143,8 @@ def build_fleet(spec: Any, *, layout: str | None = None) -> list[tuple[str, list
     """(node name, its slices) for every node of the fleet, in fleet order."""
     fleet = load_fleet(spec)
     layout = layout or fleet.layout
-    return [(inv.node, build_slices(inv, layout=layout)) for inv in fleet_inventories(fleet)]
+    out = []
+    for node, inv in zip(fleet.nodes, fleet_inventories(fleet)):
+        slices = build_slices(inv, layout=layout)
+        out.append((inv.node, share_memory(slices) if node.sharing else slices))
+    return out

@@ -12,6 +12,18 @@ translated so that a claim lands exactly on the GPUs the labels selected:
 | `nvidia.com/gpu.compute.major` | `cudaComputeCapability` | the major version (`9`) |
 | `nvidia.com/cuda.driver.major` | `driverVersion` | the driver's major version (`580`) |
 
+The attribute names and values are those NVIDIA's DRA driver publishes, checked
+against github.com/NVIDIA/k8s-dra-driver-gpu (main, commit 22407113):
+`cmd/gpu-kubelet-plugin/deviceinfo.go` (`GpuInfo.Attributes`: `type` `gpu`,
+`uuid`, `productName` = NVML's device name, `brand`, `architecture`,
+`cudaComputeCapability`, `driverVersion` and `cudaDriverVersion` as versions),
+`partitions.go` (`fullGpuCapacity`: capacity `memory` in bytes, NVML's total),
+`mig.go` (`CommonAttributesMig`: `type` `mig`, `parentUUID`, `profile` such as
+`1g.10gb`, the parent's product, architecture and versions; `CommonCapacitiesMig`:
+`multiprocessors`, `copyEngines`, ..., `memory` of the slice, not the GPU's) and
+go-nvlib's `GetArchitectureAsString` (`Hopper`, `Ampere`, `Ada Lovelace`,
+`Blackwell`: GFD's family label is the same in lower case with dashes).
+
 Operators: `In`, `NotIn`, `Gt`, `Lt` (integers), `Exists` (every GPU has the
 label: nothing to select). A requirement that cannot be expressed (an invalid
 value, `DoesNotExist`, `Gt` on a name, memory for a MIG request) is left on the

@@ -33,13 +33,13 @@ from typing import Any
 import msgspec
 
 from dralloc.allocator.engine import Engine
-from dralloc.discovery.fleet import FleetError, FleetSpec, fleet_inventories, load_fleet
-from dralloc.discovery.slices import build_slices
+from dralloc.discovery.fleet import FleetError, FleetSpec, build_fleet, load_fleet
 from dralloc.migrate.command import files, load_usage
 from dralloc.migrate.documents import InputError, kind_of, plain, read
 from dralloc.migrate.plan_device_plugin import FirstFit
 from dralloc.migrate.podspecs import Path, find_pod_specs
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
+from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import DeviceClass, ResourceClaim
 
 MAX_REPLICAS = 10_000
@@ -51,7 +51,8 @@ CLASSES = [
     {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
      "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}},
 ]
-"""NVIDIA's DRA driver classes, as `examples/deviceclasses.yaml` defines them."""
+"""NVIDIA's DRA driver classes, as `examples/deviceclasses.yaml` defines them and NVIDIA's Helm chart installs them
+(k8s-dra-driver-gpu `deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-gpu.yaml`, `deviceclass-mig.yaml`)."""
 
 
 @dataclass(slots=True)
@@ -82,6 +83,7 @@ class ModeResult:
     per_workload: dict[str, float] = field(default_factory=dict)
     """GPU-equivalents held per workload."""
     mig_workloads: set[str] = field(default_factory=set)
+    share_workloads: set[str] = field(default_factory=set)
     seconds: float = 0.0
 
 
@@ -153,29 +155,33 @@ def _replicas(obj: Any, path: Path, where: str) -> int:
     return count
 
 
-def _engine(spec: FleetSpec) -> tuple[Engine, dict[tuple[str, str], str]]:
-    """An engine over the fleet with its MIG partitions published; (pool, MIG device) -> its GPU's name."""
+def _engine(spec: FleetSpec) -> tuple[Engine, dict[tuple[str, str], str], dict[tuple[str, str], int]]:
+    """An engine over the fleet with its MIG partitions published and its `sharing` entries shared;
+    (pool, MIG device) -> its GPU's name; (pool, shareable GPU) -> its memory (nano units)."""
     engine = Engine(scoring=True)
     for cls in CLASSES:
         engine.apply(msgspec.convert(cls, DeviceClass))
     engine.inventory.register_nodes([n.name for n in spec.nodes])
     parents: dict[tuple[str, str], str] = {}
-    for inventory in fleet_inventories(spec):
-        for s in build_slices(inventory, layout=spec.layout):
+    shared: dict[tuple[str, str], int] = {}
+    for _, slices in build_fleet(spec):
+        for s in slices:
             by_uuid = {}
             for d in s.spec.devices:
                 uuid = d.attributes.get("uuid")
                 if uuid is not None and uuid.string:
                     by_uuid[uuid.string] = d.name
+                if d.allow_multiple_allocations and "memory" in d.capacity:
+                    shared[(s.spec.pool.name, d.name)] = parse_quantity(d.capacity["memory"].value)
             for d in s.spec.devices:
                 parent = d.attributes.get("parentUUID")
                 if parent is not None and parent.string in by_uuid:
                     parents[(s.spec.pool.name, d.name)] = by_uuid[parent.string]
             engine.apply(s)
-    return engine, parents
+    return engine, parents, shared
 
 
-def _allocate_dra(engine: Engine, parents: dict, workloads: list[Workload]) -> ModeResult:
+def _allocate_dra(engine: Engine, parents: dict, shared: dict, workloads: list[Workload]) -> ModeResult:
     """Every pod's DRA claim through the engine, in input order."""
     result = ModeResult()
     started = time.perf_counter()
@@ -196,11 +202,15 @@ def _allocate_dra(engine: Engine, parents: dict, workloads: list[Workload]) -> M
                 for r in outcome.allocation.devices.results:
                     parent = parents.get((r.pool, r.device))
                     result.gpus.add((r.pool, parent or r.device))
-                    if parent is None:
-                        held += 1
-                    else:
+                    total = shared.get((r.pool, r.device))
+                    if parent is not None:
                         result.mig_workloads.add(w.name)
                         held += _mig_share(r.device)
+                    elif total and r.share_id is not None and "memory" in r.consumed_capacity:
+                        result.share_workloads.add(w.name)
+                        held += parse_quantity(r.consumed_capacity["memory"]) / total
+                    else:
+                        held += 1
         result.per_workload[w.name] = held
     result.seconds = time.perf_counter() - started
     return result
@@ -229,6 +239,11 @@ def _allocate_device_plugin(first_fit: FirstFit, workloads: list[Workload]) -> M
     return result
 
 
+def _why(mig: bool, share: bool) -> str:
+    """What the workload's DRA pods hold besides whole GPUs."""
+    return {(True, True): "MIG slices and GPU shares", (True, False): "MIG slices", (False, True): "GPU shares"}.get((mig, share), "whole GPUs")
+
+
 def _mig_share(device: str) -> float:
     """A MIG device's compute share of its GPU from dralloc's device name (`gpu-0-mig-1g10gb-19-0`: 1/7)."""
     slices = device.split("-mig-", 1)[1].split("g", 1)[0]
@@ -249,16 +264,16 @@ def plan(paths: Sequence[str], fleet: Any, usage_path: str | None = None) -> tup
     dp_fleet = time.perf_counter() - loaded
     dp = _allocate_device_plugin(first_fit, workloads)
     before_dra = time.perf_counter()
-    dra_engine, dra_parents = _engine(spec)
+    dra_engine, dra_parents, dra_shared = _engine(spec)
     dra_fleet = time.perf_counter() - before_dra
-    dra = _allocate_dra(dra_engine, dra_parents, workloads)
+    dra = _allocate_dra(dra_engine, dra_parents, dra_shared, workloads)
     drivers = sorted(
         (
             {"workload": w.name, "pods": w.pods,
              "device_plugin_gpus": round(dp.per_workload.get(w.name, 0.0), 2),
              "dra_gpus": round(dra.per_workload.get(w.name, 0.0), 2),
              "saved": round(dp.per_workload.get(w.name, 0.0) - dra.per_workload.get(w.name, 0.0), 2),
-             "why": "MIG slices" if w.name in dra.mig_workloads else "whole GPUs"}
+             "why": _why(w.name in dra.mig_workloads, w.name in dra.share_workloads)}
             for w in workloads
         ),
         key=lambda d: (-d["saved"], d["workload"]),

@@ -18,6 +18,10 @@ SHARED = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 NVIDIA_PREFIX = "nvidia.com/"
 
+# NVIDIA's DRA driver's DeviceClasses (github.com/NVIDIA/k8s-dra-driver-gpu, commit 22407113,
+# deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-gpu.yaml and deviceclass-mig.yaml):
+# `device.attributes['gpu.nvidia.com'].type == 'gpu'` / `== 'mig'` on driver `gpu.nvidia.com`.
+# (`vfio.gpu.nvidia.com`, type `vfio`, passes whole GPUs to VMs: no device-plugin resource maps to it.)
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
 

@@ -15,8 +15,12 @@ Several rows for one container (samples, pods) count by their maximum.
 
 A one-GPU container is moved to the smallest MIG profile that holds its peak
 memory plus `MARGIN` (20%) and whose share of the GPU's multiprocessors covers
-its peak activity plus the same margin; a container without data, asking for
-more than one GPU, or whose need does not fit a partition keeps its whole GPU.
+its peak activity plus the same margin, or to a share of a GPU (KEP-5075
+consumable capacity: `memory` asked of a multi-allocatable GPU) that holds the
+peak memory plus the margin in whole GiB, when its peak activity plus the margin
+is at most `SHARE_MAX_PERCENT` (sharers time-slice the engines: none has
+multiprocessors of its own). A container without data, asking for more than one
+GPU, or whose need fits neither keeps its whole GPU.
 The profiles are NVIDIA's tables for the MIG-capable GPUs dralloc models
 (H100 80GB, H200, A100 80GB): the request selects, per GPU model, that model's
 smallest fitting profile, so the claim is satisfiable on any of them.
@@ -66,6 +70,8 @@ class Fit:
     """(productName, profile), in MIG_MODELS order."""
     need_mib: int
     need_percent: float
+    smallest_mib: int = 0
+    """The least memory among the chosen profiles (what a share is compared with)."""
 
     def selector(self) -> str:
         """CEL: a MIG device of one of the fitting (model, profile) pairs."""
@@ -160,6 +166,7 @@ def fit(peak: Peak, models: tuple[GpuModel, ...] = MIG_MODELS) -> Fit | str:
     if not models:
         return "the pod's GPU labels select no MIG-capable GPU model"
     chosen: list[tuple[str, str]] = []
+    smallest = 0
     for model in models:
         whole = max(model.mig_profiles, key=lambda p: p.multiprocessors)
         candidates = [
@@ -172,6 +179,37 @@ def fit(peak: Peak, models: tuple[GpuModel, ...] = MIG_MODELS) -> Fit | str:
         if candidates:
             best = min(candidates, key=lambda p: (p.memory_mib, p.multiprocessors, p.name))
             chosen.append((model.product_name, best.name))
+            smallest = min(smallest or best.memory_mib, best.memory_mib)
     if not chosen:
         return f"peak {peak.memory_mib:g} MiB / {peak.utilization:g}% (+{MARGIN:.0%}: {need_mib} MiB / {need_percent:g}%) needs a whole GPU"
-    return Fit(tuple(chosen), need_mib, need_percent)
+    return Fit(tuple(chosen), need_mib, need_percent, smallest)
+
+
+SHARE_MAX_PERCENT = 25.0
+"""A share of a GPU is offered only to a container whose peak activity plus the margin is at most
+this: sharers time-slice the GPU's engines (none gets multiprocessors of its own, unlike MIG)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A share of one GPU: its memory, in whole GiB (the capacity request)."""
+
+    memory_gib: int
+    need_mib: int
+    need_percent: float
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_gib * 1024
+
+    def quantity(self) -> str:
+        return f"{self.memory_gib}Gi"
+
+
+def share(peak: Peak) -> Share | str:
+    """The share of a GPU that holds `peak` with the margin, or why a share does not suit it."""
+    need_mib = math.ceil(peak.memory_mib * (1 + MARGIN))
+    need_percent = min(100.0, peak.utilization * (1 + MARGIN))
+    if need_percent > SHARE_MAX_PERCENT:
+        return f"{need_percent:g}% of the engines is more than a share's {SHARE_MAX_PERCENT:g}%"
+    return Share(max(1, math.ceil(need_mib / 1024)), need_mib, need_percent)
