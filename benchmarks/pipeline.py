@@ -70,6 +70,7 @@ from dralloc.bus import (
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
+from dralloc.stats import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = REPO / "examples" / "deviceclasses.yaml"
@@ -351,13 +352,6 @@ def check(claims: Iterable[Stored], allocations: Iterable[Stored], names: set[st
         latencies_ms=latencies,
         commit_times=sorted(commits),
     )
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 # --- the run ------------------------------------------------------------------------------------

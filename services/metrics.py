@@ -44,30 +44,23 @@ Instruments (meter ``dralloc``):
   allocator's ``CLAIMS``/``allocator`` while it leads, the status writer's
   ``ALLOCATIONS``/``statuswriter-<sink>``.
 
-Free devices and fragmentation are worked out from the allocator's engine (the
-allocator hands each term's engine over: `AllocatorMetrics.rebuilding`) when a
-reader collects, never per claim: bitset arithmetic over the ledger's
-devices in use, per node and class, and per shared counter in use (~30 ms on
-59,088 devices over 1,236 nodes, 26k of them MIG partitions with no room). The
-first collection of a term also evaluates each class's selectors once per
-device (~2.5 s for that fleet and 3 classes; new devices only, later). The SDK collects in
-its exporter thread while the allocator changes the engine on its event loop:
-the views read are ints and dicts copied whole (atomic under the GIL), class
-selectors are evaluated by a `Verdicts` of the metrics' own (the engine's cache
-is never touched from that thread), and a collection that races a pool being
-rebuilt keeps the previous numbers. A standby keeps reporting its last term's
-view until it leads again.
+Free devices and fragmentation come from snapshots of the allocator's engine
+(`Engine.snapshot`, immutable), never from its live state: the allocator takes
+one on its event loop, under the lock it holds for engine work, about every
+`OBSERVE_S` while a meter provider is installed (`wanted`), and hands it over
+with its reservations per node (`AllocatorMetrics.observed`); the SDK's exporter
+thread reads only the last one handed over. A standby keeps reporting its last
+term's view until it leads again.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import msgspec
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -77,8 +70,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter
     from opentelemetry.sdk.resources import Resource
 
-    from dralloc.allocator.engine import Engine
-    from dralloc.allocator.reservations import Reservations
+    from dralloc.allocator.engine import EngineSnapshot
 
 log = logging.getLogger("dralloc.metrics")
 
@@ -120,9 +112,8 @@ class AllocatorMetrics:
         self.duration = meter.create_histogram("dralloc.allocation.duration", unit="s", description="claim decision time in the allocator")
         self.claims = meter.create_counter("dralloc.claims", description="decisions written, by outcome")
         self._held: dict[str, Counter[tuple[str, str]]] = {}  # claim -> (node, class) -> devices
-        self.fleet: FleetView | None = None
-        self.reservations: Reservations | None = None
-        """The leading term's reservations (set by the allocator at rebuild)."""
+        self.view = FleetReadings()
+        """What the exporter thread reads: replaced whole (one reference) by `observed`, never changed."""
         meter.create_observable_gauge(
             "dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits"
         )
@@ -135,10 +126,15 @@ class AllocatorMetrics:
             "dralloc.class.fragmentation", [self._observe_class_fragmentation], description="share of free devices on partly used nodes"
         )
 
-    def rebuilding(self, engine: Engine) -> None:
-        """A new term replays the decisions into a new engine: forget what the last one knew, watch this one."""
+    def rebuilding(self) -> None:
+        """A new term replays the decisions into a new engine: forget the claims the last one held (its
+        fleet view stays until the new term hands one over)."""
         self._held.clear()
-        self.fleet = FleetView(engine)
+
+    def observed(self, snapshot: EngineSnapshot, reserved: Mapping[str, int]) -> None:
+        """The owner of the engine hands over a snapshot of it (taken with ``fleet=True``) and its devices
+        reserved per node; from then on the gauges report those."""
+        self.view = fleet_readings(snapshot, reserved)
 
     def decided(self, event: ev.Event, seconds: float | None = None, *, replayed: bool = False) -> None:
         if isinstance(event, ev.AllocationCommitted):
@@ -164,199 +160,55 @@ class AllocatorMetrics:
         return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in sorted(total.items())]
 
     def _observe_reserved(self, options: CallbackOptions) -> Iterable[Observation]:
-        held = self.reservations.per_node() if self.reservations is not None else {}
-        return [Observation(n, {"node": node}) for node, n in sorted(held.items())]
-
-    def _snapshot(self) -> Snapshot:
-        return self.fleet.snapshot() if self.fleet is not None else Snapshot()
+        return [Observation(n, {"node": node}) for node, n in self.view.reserved]
 
     def _observe_free(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in self._snapshot().free.items()]
+        return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in self.view.free]
 
     def _observe_node_fragmentation(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(f, {"node": node, "device_class": cls}) for (node, cls), f in self._snapshot().node_fragmentation.items()]
+        return [Observation(f, {"node": node, "device_class": cls}) for (node, cls), f in self.view.node_fragmentation]
 
     def _observe_class_fragmentation(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(f, {"device_class": cls}) for cls, f in self._snapshot().class_fragmentation.items()]
+        return [Observation(f, {"device_class": cls}) for cls, f in self.view.class_fragmentation]
 
 
-@dataclass
-class Snapshot:
-    """Free devices and fragmentation at one moment (see the module docstring for the definitions)."""
+class FleetReadings(msgspec.Struct, frozen=True):
+    """The fleet gauges' values at one snapshot (see the module docstring for the definitions)."""
 
-    free: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, class) -> free devices
-    node_fragmentation: dict[tuple[str, str], float] = field(default_factory=dict)
-    class_fragmentation: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _NodeClass:
-    """One class's devices on one node, as bitsets shifted by the node's lowest device id."""
-
-    devices: int
-    total: int
-    blocks: list[int]  # per NVLink domain (devices without one: one block)
-    biggest: int
+    free: tuple[tuple[tuple[str, str], int], ...] = ()
+    """((node, class), free devices); node "" for devices not local to one node."""
+    node_fragmentation: tuple[tuple[tuple[str, str], float], ...] = ()
+    class_fragmentation: tuple[tuple[str, float], ...] = ()
+    reserved: tuple[tuple[str, int], ...] = ()
+    """(node, devices reserved for a waiting claim or gang)."""
 
 
-FRESH_S = 0.5
-"""A snapshot serves every gauge of one collection (each has its own callback); older ones are worked out again."""
+def fleet_readings(snapshot: EngineSnapshot, reserved: Mapping[str, int]) -> FleetReadings:
+    """The gauges' values from an engine snapshot and the reservations per node (pure)."""
+    spare: dict[str, int] = {}  # class -> free node-local devices
+    stranded: dict[str, int] = {}  # class -> of those, on partly used nodes
+    for u in snapshot.usage:
+        spare[u.device_class] = spare.get(u.device_class, 0) + u.free
+        if u.free < u.total:
+            stranded[u.device_class] = stranded.get(u.device_class, 0) + u.free
+    return FleetReadings(
+        free=tuple(((u.node, u.device_class), u.free) for u in snapshot.usage) + tuple((("", cls), n) for cls, n in snapshot.nonlocal_free),
+        node_fragmentation=tuple(((u.node, u.device_class), u.fragmentation) for u in snapshot.usage),
+        class_fragmentation=tuple((cls, stranded.get(cls, 0) / n if n else 0.0) for cls, n in sorted(spare.items())),
+        reserved=tuple(sorted(reserved.items())),
+    )
 
 
-class FleetView:
-    """Free devices and fragmentation of one engine's state, worked out when a reader collects."""
+OBSERVE_S = 0.5
+"""How often the allocator hands a fresh engine snapshot to the metrics (while `wanted`)."""
 
-    def __init__(self, engine: Engine) -> None:
-        from dralloc.allocator.engine.verdicts import (
-            Verdicts,  # only the allocator watches an engine
-        )
 
-        self.engine = engine
-        self.verdicts = Verdicts(engine.inventory)  # its own: the engine's cache belongs to the event loop
-        self._last = Snapshot()
-        self._taken_at = -FRESH_S
-        self._nodes: dict[str, tuple[int, tuple, int, dict[str, _NodeClass]]] = {}
-        """Node -> (its device bits, class versions, lowest id, class -> _NodeClass): rebuilt when either changes."""
-        self._counters: tuple = (-1, {}, {}, 0)
-        """(inventory version, `_counter_users` for it)."""
-        self._blocked: dict[tuple, tuple[int, list[int]]] = {}
-        """Counter in use -> (amount used, the devices it leaves no room for), while the amount stays."""
+def wanted() -> bool:
+    """Whether anything reads the metrics (a meter provider with readers is installed): only then is
+    taking engine snapshots worth the allocator's time."""
+    from opentelemetry.sdk.metrics import MeterProvider
 
-    def snapshot(self) -> Snapshot:
-        now = time.monotonic()
-        if now - self._taken_at >= FRESH_S:
-            try:
-                self._last = self.compute()
-            except (AttributeError, KeyError, RuntimeError) as exc:  # a pool rebuilt under our feet: next time
-                log.debug("metrics: free devices not worked out this time: %s", exc)
-            self._taken_at = now
-        return self._last
-
-    def compute(self) -> Snapshot:
-        inv = self.engine.inventory
-        classes = self._class_devices()
-        free = self._free()
-        versions = tuple(sorted((name, inv.class_versions.get(name, 0)) for name in classes))
-        out = Snapshot()
-        spare: dict[str, int] = {}  # class -> free node-local devices
-        stranded: dict[str, int] = {}  # class -> of those, on partly used nodes
-        nodes = {}
-        for node, bits in list(inv.local.items()):
-            if not bits:
-                continue
-            cached = self._nodes.get(node)
-            if cached is None or cached[0] != bits or cached[1] != versions:
-                cached = (bits, versions, *self._node_classes(bits, classes))
-            nodes[node] = cached
-            _, _, lo, per_class = cached
-            here = (free >> lo) & (bits >> lo)
-            for cls, nc in per_class.items():
-                mine = here & nc.devices
-                n = mine.bit_count()
-                out.free[(node, cls)] = n
-                largest = max((mine & block).bit_count() for block in nc.blocks)
-                out.node_fragmentation[(node, cls)] = 1 - largest / min(n, nc.biggest) if n else 0.0
-                spare[cls] = spare.get(cls, 0) + n
-                if n < nc.total:
-                    stranded[cls] = stranded.get(cls, 0) + n
-        self._nodes = nodes  # nodes gone are forgotten
-        for cls, matched in classes.items():
-            if inv.nonlocal_bits & matched:
-                out.free[("", cls)] = (free & inv.nonlocal_bits & matched).bit_count()
-            if cls in spare:
-                out.class_fragmentation[cls] = stranded.get(cls, 0) / spare[cls] if spare[cls] else 0.0
-        return out
-
-    def _class_devices(self) -> dict[str, int]:
-        """Class name -> bits of the devices its selectors accept (evaluated once per device and class version)."""
-        from dralloc.allocator.engine import cel
-        from dralloc.allocator.engine.plan import Alt
-
-        inv = self.engine.inventory
-        out, alts = {}, {}
-        for name, cls in sorted(inv.classes.items()):
-            try:
-                for selector in cls.spec.selectors:
-                    cel.compile_selector(selector.cel.expression if selector.cel else "")
-            except cel.CelCompileError:  # a class no claim can use: it has no devices
-                out[name] = 0
-                continue
-            version = inv.class_versions.get(name, 0)
-            key = (name, version, ())
-            alts[name] = alt = Alt(
-                result_name=name, base=name, sub=None, cls=cls, class_version=version, selectors=(), all_mode=False,
-                count=1, admin=False, tolerations=[], capacity=None, verdict_key=key, class_key=key,
-            )  # fmt: skip
-            self.verdicts.get(alt, 0)  # every class known before any is evaluated: one CEL environment per device serves all
-        for name, alt in alts.items():
-            out[name] = self.verdicts.get(alt, inv.live).matched & inv.live
-        return out
-
-    def _free(self) -> int:
-        """Bits of the devices free to take (see the module docstring)."""
-        from dralloc.allocator.engine.inventory import bits_of
-
-        inv, ledger = self.engine.inventory, self.engine.ledger
-        shared = [rec.id for key, shares in list(ledger.shares.items()) if shares and (rec := inv.by_key.get(key)) is not None]
-        consumers, capacity, oversized = self._counter_users()
-        # A device whose counter is used so far that its own amount no longer fits is not free (the
-        # ledger's counter_room, worked out per counter in use rather than per device).
-        blocked: set[int] = set()  # (a device consumes several counters: each once)
-        cache: dict[tuple, tuple[int, list[int]]] = {}
-        for key, used in list(ledger.counter_used.items()):
-            hit = self._blocked.get(key)
-            if hit is None or hit[0] != used:
-                room = capacity.get(key, 0) - used
-                hit = (used, [i for amount, i in consumers.get(key, ()) if amount > room])
-            cache[key] = hit
-            blocked.update(hit[1])
-        self._blocked = cache
-        return inv.live & ~ledger.used_bits & ~bits_of(shared) & ~bits_of(list(blocked)) & ~oversized
-
-    def _counter_users(self) -> tuple[dict[tuple, list[tuple[int, int]]], dict[tuple, int], int]:
-        """For the current inventory version: counter -> (amount, device id) of the devices consuming it,
-        counter -> what it holds, and the bits of devices that need more than a counter holds at all."""
-        from dralloc.allocator.engine.inventory import bits_of
-
-        inv = self.engine.inventory
-        version, *known = self._counters
-        if version != inv.version:
-            consumers: dict[tuple, list[tuple[int, int]]] = {}
-            capacity: dict[tuple, int] = {}
-            too_big = []
-            for rec in list(inv.devices):
-                if rec is None or not rec.consumes:
-                    continue
-                counters = inv.pool_of(rec).counters
-                for key, amount in rec.consumes:
-                    consumers.setdefault(key, []).append((amount, rec.id))
-                    capacity[key] = counters.get(key, 0)
-                    if amount > capacity[key]:
-                        too_big.append(rec.id)
-            known = [consumers, capacity, bits_of(too_big)]
-            self._counters = (inv.version, *known)
-            self._blocked = {}
-        return known[0], known[1], known[2]
-
-    def _node_classes(self, bits: int, classes: dict[str, int]) -> tuple[int, dict[str, _NodeClass]]:
-        """A node's devices per class and NVLink domain, shifted by its lowest device id."""
-        from dralloc.allocator.engine.inventory import iter_bits
-        from dralloc.allocator.engine.topology import NVLINK_DOMAIN
-
-        devices = self.engine.inventory.devices
-        lo = (bits & -bits).bit_length() - 1
-        per_class = {}
-        for cls, matched in classes.items():
-            mine = bits & matched
-            if not mine:
-                continue
-            domains: dict[object, int] = {}
-            for i in iter_bits(mine):
-                domain = devices[i].attribute(NVLINK_DOMAIN)  # type: ignore[union-attr]
-                domains[domain] = domains.get(domain, 0) | 1 << (i - lo)
-            blocks = list(domains.values())
-            per_class[cls] = _NodeClass(mine >> lo, mine.bit_count(), blocks, max(b.bit_count() for b in blocks))
-        return lo, per_class
+    return isinstance(metrics.get_meter_provider(), MeterProvider)
 
 
 class ConsumerLag:

@@ -201,18 +201,10 @@ def allocate_objects(
     return result
 
 
-def holders_by_node(engine: Engine) -> dict[str | None, list[str]]:
-    """node -> the claims holding devices there (None: devices usable from every node), sorted."""
-    by_node: dict[str | None, list[str]] = {}
-    for key, record in engine.ledger.claims.items():
-        by_node.setdefault(record.node, []).append(key)
-    return {node: sorted(keys) for node, keys in by_node.items()}
-
-
 def _note_holders(result: Run, outcomes: Sequence[Outcome], explain: bool) -> None:
     """Who held what when these claims were decided (what explain names as blocking them)."""
     if explain and any(o.status != "allocated" for o in outcomes):
-        snapshot = holders_by_node(result.engine)
+        snapshot = result.engine.snapshot().holders_by_node()  # explain reads a snapshot, not the live ledger
         for outcome in outcomes:
             if outcome.status != "allocated":
                 result.holders[outcome.claim] = snapshot

@@ -10,7 +10,7 @@ import pytest
 
 from dralloc import demo
 from dralloc.bus import Bus, embedded_nats
-from dralloc.metrics import allocator_metrics
+from dralloc.metrics import FleetReadings, allocator_metrics
 from dralloc.schemas import events as ev
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -35,7 +35,7 @@ async def committed(bus: Bus) -> dict[str, list[str]]:
 @pytest.fixture
 async def system(tmp_path, request):
     """discovery (the fleet the test names), ingestor (the DeviceClasses) and allocator."""
-    allocator_metrics().fleet = None  # not the engine an earlier test's allocator left behind
+    allocator_metrics().view = FleetReadings()  # not the view an earlier test's allocator left behind
     (tmp_path / "classes.yaml").write_text(CLASSES.read_text())
     async with embedded_nats() as url, await Bus.connect(url, name="test") as bus:
         await bus.ensure_streams()

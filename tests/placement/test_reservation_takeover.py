@@ -90,6 +90,7 @@ async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the
     held = successor.book.reservations.held["ml/big"]
     assert (held.nodes, held.until) == (("n-0",), failure.reserved_until)
     assert len(await decisions(bus)) == written  # nothing new to say: the stream already says it
+    await successor.observe_once()  # what its observe loop hands the metrics while they are read
     gauge = allocator_metrics()._observe_reserved(None)  # dralloc.devices.reserved
     assert [(o.value, dict(o.attributes)) for o in gauge] == [(8, {"node": "n-0"})]
 
@@ -105,6 +106,7 @@ async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the
     placed = (await decisions(bus))[-1]
     assert isinstance(placed, ev.AllocationCommitted) and placed.key == "ml/big" and placed.node == "n-0"
     assert successor.book.reservations.held == {} and successor.engine.placement.reserved == 0
+    await successor.observe_once()
     assert allocator_metrics()._observe_reserved(None) == []
 
 

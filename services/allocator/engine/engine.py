@@ -29,6 +29,7 @@ from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.placement import Placement, demand_of
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
+from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdicts
 from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.schemas.resource import (
@@ -139,6 +140,7 @@ class Engine:
         """Whether it also reports nodes not tried (too few free or matching devices), after the tried ones."""
         # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
         self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
+        self._observer: Observer | None = None  # made by the first `snapshot`
 
     # --- inventory -----------------------------------------------------------------------
 
@@ -268,6 +270,14 @@ class Engine:
     def _plan(self, claim: ResourceClaim) -> ClaimPlan:
         inv = self.inventory
         return plan_claim(claim, inv.classes, inv.class_versions, cel.compile_selector, cel.CelCompileError)
+
+    def snapshot(self, *, fleet: bool = False) -> EngineSnapshot:
+        """A read-only picture for observers (snapshot.py): who holds what, and with `fleet` the free
+        devices per node and class. Taken by the engine's owner between its own calls (never from
+        another thread while it works); the result is immutable and may then be read anywhere."""
+        if self._observer is None:
+            self._observer = Observer(self.inventory, self.ledger)
+        return self._observer.take(fleet=fleet)
 
     def interrupt(self) -> None:
         """Abandon the allocation in progress (another thread: the process stops). It raises
