@@ -84,6 +84,8 @@ class ModeResult:
     """GPU-equivalents held per workload."""
     mig_workloads: set[str] = field(default_factory=set)
     share_workloads: set[str] = field(default_factory=set)
+    mig_pods: int = 0
+    share_pods: int = 0
     seconds: float = 0.0
 
 
@@ -199,6 +201,7 @@ def _allocate_dra(engine: Engine, parents: dict, shared: dict, workloads: list[W
                     result.not_fitted += 1
                     continue
                 result.nodes.add(outcome.node)
+                mig = share = False
                 for r in outcome.allocation.devices.results:
                     parent = parents.get((r.pool, r.device))
                     result.gpus.add((r.pool, parent or r.device))
@@ -206,11 +209,15 @@ def _allocate_dra(engine: Engine, parents: dict, shared: dict, workloads: list[W
                     if parent is not None:
                         result.mig_workloads.add(w.name)
                         held += _mig_share(r.device)
+                        mig = True
                     elif total and r.share_id is not None and "memory" in r.consumed_capacity:
                         result.share_workloads.add(w.name)
                         held += parse_quantity(r.consumed_capacity["memory"]) / total
+                        share = True
                     else:
                         held += 1
+                result.mig_pods += mig
+                result.share_pods += share
         result.per_workload[w.name] = held
     result.seconds = time.perf_counter() - started
     return result
@@ -290,6 +297,8 @@ def plan(paths: Sequence[str], fleet: Any, usage_path: str | None = None) -> tup
         "dra_nodes": len(dra.nodes),
         "not_fitted_device_plugin": dp.not_fitted,
         "not_fitted_dra": dra.not_fitted,
+        "dra_pods_on_mig": dra.mig_pods,
+        "dra_pods_on_shares": dra.share_pods,
         "drivers": drivers,
         "seconds": {
             "read_and_migrate": round(loaded - started, 3),

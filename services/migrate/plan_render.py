@@ -21,20 +21,24 @@ def table(result: dict, console: Console) -> None:
     summary.add_row("nodes used", str(result["device_plugin_nodes"]), str(result["dra_nodes"]),
                     str(result["device_plugin_nodes"] - result["dra_nodes"]))
     summary.add_row("pods that did not fit", str(result["not_fitted_device_plugin"]), str(result["not_fitted_dra"]), "")
+    summary.add_row("pods on MIG slices", "0", str(result["dra_pods_on_mig"]), "")
+    summary.add_row("pods on GPU shares", "0", str(result["dra_pods_on_shares"]), "")
     console.print(summary)
     drivers = [d for d in result["drivers"] if d["saved"]][:TOP]
     if not drivers:
         console.print("No workload uses fewer GPUs under DRA (no MIG asks, no right-sizing data).")
         return
-    top = Table(title="Workloads driving the difference (GPU-equivalents: a MIG slice counts Ng/7)", header_style="bold")
+    top = Table(title="Workloads driving the difference (GPU-equivalents: a MIG slice counts Ng/7, a share its memory fraction)",
+                header_style="bold")
     for column in ("workload", "pods", "device plugin", "DRA", "saved", "why"):
         top.add_column(column, justify="right" if column in ("pods", "device plugin", "DRA", "saved") else "left")
     for d in drivers:
         top.add_row(d["workload"], str(d["pods"]), f"{d['device_plugin_gpus']:g}", f"{d['dra_gpus']:g}", f"{d['saved']:g}", d["why"])
     console.print(top)
     seconds = result["seconds"]
-    console.print(f"planned in {seconds['total']:.1f} s (fleet built twice: {seconds['device_plugin_fleet'] + seconds['dra_fleet']:.1f} s; "
-                  f"allocation: {seconds['device_plugin_allocate'] + seconds['dra_allocate']:.1f} s)")
+    console.print(f"planned in {seconds['total']:.1f} s (reading and migrating {seconds['read_and_migrate']:.1f} s; device plugin "
+                  f"{seconds['device_plugin_fleet'] + seconds['device_plugin_allocate']:.1f} s; DRA fleet {seconds['dra_fleet']:.1f} s, "
+                  f"allocation {seconds['dra_allocate']:.1f} s)")
 
 
 class PlotUnavailable(RuntimeError):
@@ -70,8 +74,13 @@ def chart(result: dict, path: str, fmt: str) -> None:
     if drivers:
         right = axes[0][1]
         names = [d["workload"] for d in reversed(drivers)]
-        right.barh(names, [d["saved"] for d in reversed(drivers)], color="#76b900")
-        right.set_title("GPU-equivalents saved, by workload")
+        colors = {"MIG slices": "#76b900", "GPU shares": "#1f77b4", "MIG slices and GPU shares": "#17becf"}
+        right.barh(names, [d["saved"] for d in reversed(drivers)], color=[colors.get(d["why"], "#9e9e9e") for d in reversed(drivers)])
+        for why in [w for w in colors if any(d["why"] == w for d in drivers)]:
+            right.barh([], [], color=colors[why], label=why)  # legend entries for the kinds shown
+        right.legend(loc="lower right")
+        right.set_title(f"GPU-equivalents saved, by workload ({result['dra_pods_on_mig']} pods on MIG slices, "
+                        f"{result['dra_pods_on_shares']} on GPU shares)")
         right.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, format=fmt)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 from migrate_helpers import EXAMPLES, documents, migrate
+from typer.testing import CliRunner
 
 from dralloc.allocator.engine import Engine
+from dralloc.cli import app
 from dralloc.discovery.fleet import FleetError, build_fleet, load_fleet
 from dralloc.discovery.profiles import H100
 from dralloc.migrate.plan import CLASSES, plan
@@ -108,5 +110,19 @@ def test_plan_counts_shares_as_the_memory_they_hold(tmp_path):
     assert (result["device_plugin_gpus"], result["dra_gpus"], result["gpus_saved"]) == (2, 1, 1)
     (driver,) = result["drivers"]
     assert driver["why"] == "GPU shares" and driver["dra_gpus"] == pytest.approx(2 * 9 * 1024 / 46068, abs=0.01)
+    assert (result["dra_pods_on_shares"], result["dra_pods_on_mig"]) == (2, 0)
     without, _ = plan([str(workloads)], [{"profile": "l40s-pcie", "count": 1}], str(usage))
     assert without["dra_gpus"] == 2 and without["drivers"][0]["why"] == "whole GPUs"
+
+
+def test_the_table_and_the_chart_show_the_shares(tmp_path):
+    (tmp_path / "usage.csv").write_text(HEADER + "inference,vllm-llama3-1,vllm,7600,9\n")
+    (tmp_path / "vllm.yaml").write_text(L40S_VLLM)
+    (tmp_path / "fleet.yaml").write_text("- {profile: l40s-pcie, count: 1, sharing: memory}\n")
+    args = ["plan", "-f", str(tmp_path / "vllm.yaml"), "--fleet", str(tmp_path / "fleet.yaml"), "--usage", str(tmp_path / "usage.csv")]
+    table = CliRunner().invoke(app, args)
+    assert table.exit_code == 0, table.stderr
+    assert "pods on GPU shares" in table.stdout and "GPU shares" in table.stdout.split("why")[-1]
+    svg = tmp_path / "plan.svg"
+    drawn = CliRunner().invoke(app, [*args, "-o", "svg", "--chart-file", str(svg)])
+    assert drawn.exit_code == 0 and "2 on GPU shares" in svg.read_text()
