@@ -75,6 +75,7 @@ from dralloc.schemas.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
+from dralloc.stats import percentile
 
 
 @dataclass(slots=True)
@@ -352,13 +353,6 @@ def _peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
-
-
 def _busy_gpus(engine: Engine) -> int:
     """Physical devices holding anything (whole, a MIG partition of it, a share of it)."""
     busy = set()
@@ -430,8 +424,8 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         "claims_per_second": round(len(latencies) / (finished - run_started), 1),
         # CPU time beside wall time: on a shared machine the wall clock counts other people's work
         "claims_per_cpu_second": round(len(latencies) / max(finished_cpu - run_cpu, 1e-9), 1),
-        "p50_ms": round(_percentile(ordered, 0.50) * 1000, 3),
-        "p99_ms": round(_percentile(ordered, 0.99) * 1000, 3),
+        "p50_ms": round((percentile(ordered, 50) or 0.0) * 1000, 3),
+        "p99_ms": round((percentile(ordered, 99) or 0.0) * 1000, 3),
         "max_ms": round(ordered[-1] * 1000, 3) if ordered else 0.0,
         "cold_start_s": round(cold_start, 3),
         "cold_start_cpu_s": round(cold_start_cpu, 3),

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -66,6 +65,7 @@ from dralloc.schemas.resource import (
     ObjectMeta,
     ResourceClaim,
 )
+from dralloc.stats import percentile
 
 FLEET = [
     ("gb200-nvl72", 36),
@@ -519,12 +519,9 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
 # --- numbers -------------------------------------------------------------------------------
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (None for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 2)
+def _minutes(value: float | None) -> float | None:
+    """A wait in minutes as reported: two decimals (None, for no waits, stays None)."""
+    return None if value is None else round(value, 2)
 
 
 def summary(r: Result) -> dict:
@@ -537,8 +534,8 @@ def summary(r: Result) -> dict:
         "large_rejected_with_enough_free_gpus": r.large_rejected_with_enough_free_gpus,
         "small_claims_rejected": r.small_claims_rejected,
         "large_waited": sum(1 for w in r.large_waits if w > 0),
-        "large_wait_p50_min": _percentile(r.large_waits, 0.5),
-        "large_wait_p99_min": _percentile(r.large_waits, 0.99),
+        "large_wait_p50_min": _minutes(percentile(r.large_waits, 50)),
+        "large_wait_p99_min": _minutes(percentile(r.large_waits, 99)),
         "mean_utilization": round(sum(samples) / len(samples), 4) if samples else 0.0,
         "gpu_hours_served": round(r.gpu_minutes / 60, 1),
         "multi_device_claims": r.multi_device,
@@ -590,8 +587,8 @@ def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: fl
             "small_claims": sum(r.small_claims for r in results),
             "small_claims_rejected": sum(r.small_claims_rejected for r in results),
             "rejected": sum(r.rejected for r in results),
-            "large_wait_p50_min": _percentile(waits, 0.5),
-            "large_wait_p99_min": _percentile(waits, 0.99),
+            "large_wait_p50_min": _minutes(percentile(waits, 50)),
+            "large_wait_p99_min": _minutes(percentile(waits, 99)),
             "mean_utilization": round(sum(summary(r)["mean_utilization"] for r in results) / len(results), 4) if results else 0.0,
             "gpu_hours_served": round(sum(r.gpu_minutes for r in results) / 60, 1),
         }

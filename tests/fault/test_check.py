@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import msgspec
-from pipeline import Stored, check, claim_event, percentile
+from pipeline import Stored, check, claim_event
 
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaimStatus
@@ -44,9 +44,3 @@ def test_lost_duplicated_and_double_allocated_are_counted():
 def test_a_released_device_may_be_given_again():
     a, b = submitted("a", 1), submitted("b", 1)
     assert check([a, b], [committed(1, 2, a, "gpu-0"), released(2, a), committed(3, 3, b, "gpu-0")]).double_allocated_devices == 0
-
-
-def test_percentile_is_nearest_rank():
-    assert percentile(list(range(1, 101)), 99) == 99
-    assert percentile([5.0], 50) == 5.0
-    assert percentile([], 50) is None
