@@ -210,7 +210,8 @@ def _allocate_dra(engine: Engine, parents: dict, shared: dict, workloads: list[W
                         result.mig_workloads.add(w.name)
                         held += _mig_share(r.device)
                         mig = True
-                    elif total and r.share_id is not None and "memory" in r.consumed_capacity:
+                    elif total and r.share_id is not None and parse_quantity(r.consumed_capacity.get("memory", "0")) < total:
+                        # a share; a whole-GPU request on a shareable GPU consumes all its memory: a whole GPU
                         result.share_workloads.add(w.name)
                         held += parse_quantity(r.consumed_capacity["memory"]) / total
                         share = True

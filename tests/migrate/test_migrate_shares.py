@@ -111,6 +111,11 @@ def test_plan_counts_shares_as_the_memory_they_hold(tmp_path):
     (driver,) = result["drivers"]
     assert driver["why"] == "GPU shares" and driver["dra_gpus"] == pytest.approx(2 * 9 * 1024 / 46068, abs=0.01)
     assert (result["dra_pods_on_shares"], result["dra_pods_on_mig"]) == (2, 0)
+    # a whole-GPU pod on a shareable GPU holds all its memory: a whole GPU, not a share
+    busy = tmp_path / "busy.csv"
+    busy.write_text(HEADER + "inference,vllm-llama3-1,vllm,7600,90\n")
+    whole, _ = plan([str(workloads)], fleet, str(busy))
+    assert (whole["dra_gpus"], whole["dra_pods_on_shares"], whole["drivers"][0]["why"]) == (2, 0, "whole GPUs")
     without, _ = plan([str(workloads)], [{"profile": "l40s-pcie", "count": 1}], str(usage))
     assert without["dra_gpus"] == 2 and without["drivers"][0]["why"] == "whole GPUs"
 
