@@ -15,8 +15,12 @@ added) and checks five contracts:
 - client-via-contracts: the CLI's client code (`dralloc.client`: submit, get, top) talks
   to the services through the bus and `schemas/`, never their modules; it may drive the
   engine, a library (ARCHITECTURE.md: the CLI, benchmarks and tests all drive it).
-- nats-through-bus: nats-py (`nats`) is imported only by the bus (`dralloc.bus`,
-  `services/bus.py` or a `services/bus/` package).
+- nats-through-bus: nats-py (`nats`) is imported only by the bus (the `dralloc.bus`
+  package).
+- no-cycles: no import cycle among dralloc's top-level modules and packages (`dralloc.bus`,
+  `dralloc.metrics`, `dralloc.allocator`, ...; the engine counts on its own, a library inside
+  the allocator package): a cycle means neither side can be understood, tested or changed
+  without the other. Every import edge inside a cycle is reported.
 
 Every import counts, including function-local and `TYPE_CHECKING` ones: a lazy import
 is still a dependency. Known violations that cannot be fixed now without colliding
@@ -46,6 +50,58 @@ CLIENT = "dralloc.client"
 SERVICES = ("allocator", "discovery", "ingestor", "statuswriter")
 # Top-level modules the engine may not reach: I/O, concurrency, transport, clients.
 ENGINE_FORBIDDEN = ("asyncio", "nats", "opentelemetry", "kubernetes", "kubernetes_asyncio")
+
+
+def unit(module: str) -> str | None:
+    """The unit an import cycle is counted between: the engine, else dralloc's top-level module or
+    package the module is in (None outside dralloc: benchmarks are clients, not layers)."""
+    if _within(module, ENGINE):
+        return ENGINE
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "dralloc" and len(parts) > 1 else None
+
+
+def cycles(edges: Mapping[str, Iterable[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node of a directed graph (Tarjan's
+    algorithm, iterative): each is a set of nodes that import one another, directly or not."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            step = next(successors, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(edges.get(step, ())))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
 
 
 @dataclass(frozen=True)
@@ -243,6 +299,20 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
             if imp.module.split(".")[0] in ENGINE_FORBIDDEN:
                 add("engine-pure", imp, imp.module)
 
+    # no-cycles: every import between two units of one strongly connected component.
+    between: dict[str, set[str]] = {}
+    crossing: list[tuple[Import, str, str]] = []
+    for imp in imports:
+        for target in _targets(imp, files):
+            here, there = unit(imp.importer), unit(target)
+            if here and there and here != there:
+                between.setdefault(here, set()).add(there)
+                crossing.append((imp, here, there))
+    for component in cycles(between):
+        for imp, here, there in crossing:
+            if here in component and there in component:
+                add("no-cycles", imp, there)
+
     return sorted(found, key=lambda v: (v.path, v.line, v.rule, v.target))
 
 
@@ -270,6 +340,13 @@ def test_the_checker_sees_the_real_tree() -> None:
     assert any(_within(m, BUS) for m in files)
     engine_imports = {imp.module for imp in imports_of("dralloc.allocator.engine.engine", files["dralloc.allocator.engine.engine"], REPO)}
     assert "dralloc.allocator.engine.inventory" in engine_imports
+
+
+def test_cycles_finds_each_component_once() -> None:
+    """Tarjan's components on a small graph: two cycles, a self-contained chain, a dead end."""
+    edges = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": [], "e": ["f"], "f": ["e", "a"], "g": ["a"]}
+    assert sorted(sorted(c) for c in cycles(edges)) == [["a", "b", "c"], ["e", "f"]]
+    assert cycles({"a": ["b"], "b": ["c"]}) == []
 
 
 def _tree(root: Path, sources: Mapping[str, str]) -> Path:
@@ -331,4 +408,35 @@ def test_each_new_violation_is_caught(tmp_path: Path, path: str, source: str, ru
     sources["schemas/helper.py"] = "from opentelemetry import trace\n"
     violations = check(_tree(tmp_path, sources), SYNTHETIC_ROOTS)
     expected = [(rule, t) for t in ((targets,) if isinstance(targets, str) else targets)]
-    assert [(v.rule, v.target) for v in violations] == expected, violations
+    # (a layer broken backwards also closes an import cycle: no-cycles has tests of its own)
+    assert [(v.rule, v.target) for v in violations if v.rule != "no-cycles"] == expected, violations
+
+
+def test_an_import_cycle_is_caught(tmp_path: Path) -> None:
+    """bus -> telemetry -> metrics -> bus (as it was before #12 item 3): every edge of the cycle is
+    reported, a function-local import included; the allocator importing all three is not in it."""
+    sources = dict(CLEAN)
+    sources["services/bus.py"] += "from dralloc import telemetry\n"
+    sources["services/telemetry.py"] = "def setup():\n    from dralloc import metrics\n"
+    sources["services/metrics.py"] = "from dralloc.bus import Bus\n"
+    sources["services/allocator/service.py"] += "from dralloc import metrics, telemetry\n"
+    found = {(v.rule, v.importer, v.target) for v in check(_tree(tmp_path / "before", sources), SYNTHETIC_ROOTS)}
+    assert found == {
+        ("no-cycles", "dralloc.bus", "dralloc.telemetry"),
+        ("no-cycles", "dralloc.telemetry", "dralloc.metrics"),
+        ("no-cycles", "dralloc.metrics", "dralloc.bus"),
+    }
+    sources["services/metrics.py"] = "x = 1\n"  # the lag reporter moved into the bus: no cycle left
+    assert check(_tree(tmp_path / "after", sources), SYNTHETIC_ROOTS) == []
+
+
+def test_the_engine_is_its_own_unit_for_cycles(tmp_path: Path) -> None:
+    """metrics reading engine snapshots, the allocator service importing metrics: no cycle, since the
+    engine (a library) is not the allocator service; metrics importing the service would be one."""
+    sources = dict(CLEAN)
+    sources["services/metrics.py"] = "from dralloc.allocator.engine import Engine\n"
+    sources["services/allocator/service.py"] += "from dralloc import metrics\n"
+    assert check(_tree(tmp_path / "engine", sources), SYNTHETIC_ROOTS) == []
+    sources["services/metrics.py"] += "from dralloc.allocator import service\n"
+    found = {(v.rule, v.importer, v.target) for v in check(_tree(tmp_path / "service", sources), SYNTHETIC_ROOTS)}
+    assert found == {("no-cycles", "dralloc.metrics", "dralloc.allocator"), ("no-cycles", "dralloc.allocator.service", "dralloc.metrics")}
