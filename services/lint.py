@@ -19,6 +19,7 @@ workload kinds that embed pod templates are read too (dralloc.pods).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -175,11 +176,11 @@ def _hardware_problems(where: str, field: str, expression: str, found: list[Prob
         selection = hardware.selects(expression)
         if selection is None or not selection.errors:
             return []
-        hints = (
+        runtime_hints = (
             f"for example: {cut(selection.errors[0], 2 * MAX_SHOWN)}",
             "test the driver first: device.driver == '<driver>' && ... (CEL's && skips the rest when the left side is false)",
         )
-        return [Problem(where, field, "fails at run time on devices of other drivers (a DeviceClass sees every device)", hints)]
+        return [Problem(where, field, "fails at run time on devices of other drivers (a DeviceClass sees every device)", runtime_hints)]
     out = []
     for problem in found:
         hints = [h for h in problem.hints if not h.startswith(SUGGESTED)]
@@ -205,7 +206,9 @@ def _known_domains_only(expression: str) -> bool:
     from dralloc import hardware
 
     found = hardware.domains(expression)
-    return bool(found) and all(d in hardware.PUBLISHERS for d in found)
+    if not found:
+        return False
+    return all(d in hardware.PUBLISHERS for d in found)
 
 
 def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Mapping[str, DeviceClass], hardware: bool) -> list[Problem]:
@@ -290,7 +293,7 @@ def _selectors(obj: object) -> list[tuple[str, DeviceSelector, str | None]]:
     if spec is None:
         return []
     path = "spec.spec" if isinstance(obj, ResourceClaimTemplate) else "spec"
-    found = []
+    found: list[tuple[str, DeviceSelector, str | None]] = []
     for i, request in enumerate(spec.devices.requests):
         if request.exactly is not None:
             found += [
@@ -309,11 +312,21 @@ def _cel_problems(where: str, field: str, selector: DeviceSelector) -> list[Prob
     """The CEL diagnosis of one selector, with the names real drivers publish (dralloc.hardware's
     tables: no fleet needed, so the ingestor reports the same): unknown names get the closest real
     one, the suggestion uses the right domain, NVLink points to the constraint."""
-    from dralloc import hardware
-
     if selector.cel is None:
         return []
-    expression = selector.cel.expression
+    found = _diagnosis(selector.cel.expression)
+    return [] if found is None else [Problem(where, field, *found)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _diagnosis(expression: str) -> tuple[str, tuple[str, ...]] | None:
+    """`_cel_problems`'s message and hints for an expression, None when it has no problem.
+
+    Cached: a workload sends the same few selectors with every claim, and the submit path and the
+    ingestor lint each claim (parsing and diagnosing a selector is most of their CPU per claim).
+    Bounded, as the input is hostile: 1,024 expressions of at most the API's 10 KiB each."""
+    from dralloc import hardware
+
     hints = list(diagnose(expression))
     message = ""
     try:
@@ -343,10 +356,10 @@ def _cel_problems(where: str, field: str, selector: DeviceSelector) -> list[Prob
         # It compiles, but it cannot mean what it says in the v1 device environment.
         message = "this selector cannot match as written in resource.k8s.io/v1"
     if not message:
-        return []
+        return None
     if candidate is not None:
         hints.append(f"{SUGGESTED}{cut(candidate, 2 * MAX_SHOWN)}")
-    return [Problem(where, field, message, tuple(dict.fromkeys(hints)))]
+    return message, tuple(dict.fromkeys(hints))
 
 
 def _compiles(expression: str) -> bool:
