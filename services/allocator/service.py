@@ -98,6 +98,7 @@ from dralloc.metrics import OBSERVE_S, allocator_metrics
 from dralloc.metrics import wanted as metrics_wanted
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
+from dralloc.settings import overridden
 
 log = logging.getLogger("dralloc.allocator")
 
@@ -137,10 +138,7 @@ class Config:
             max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
             snapshot=_snapshot_policy(env.get("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", str(Policy.every))),
         )
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(config, key, value)
-        return config
+        return overridden(config, overrides)
 
 
 def _cel_budget(text: str) -> int:

@@ -50,16 +50,13 @@ from dralloc.discovery.replay import ReplayError, ReplaySource
 from dralloc.discovery.slices import LAYOUTS
 from dralloc.discovery.sysfs import read_nics
 from dralloc.schemas import events as ev
+from dralloc.settings import env_flag, env_seconds, overridden
 
 log = logging.getLogger("dralloc.discovery")
 
 SOURCES = ("nvml", "profile", "replay", "fleet")
 PUBLISH_BATCH = 256
 """Publishes in flight at once (a fleet of thousands of nodes starts in seconds, not minutes)."""
-
-
-def _flag(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass
@@ -85,17 +82,12 @@ class Config:
             replay=env.get("DRALLOC_DISCOVERY_REPLAY") or None,
             fleet=env.get("DRALLOC_DISCOVERY_FLEET") or None,
             layout=env.get("DRALLOC_DISCOVERY_LAYOUT", "1.35"),
-            mig=_flag(env.get("DRALLOC_DISCOVERY_MIG", "true")),
-            nics=_flag(env.get("DRALLOC_DISCOVERY_NICS", "false")),
-            kubernetes=_flag(env.get("DRALLOC_DISCOVERY_KUBERNETES", "false")),
+            interval=env_seconds("DRALLOC_DISCOVERY_INTERVAL", 30.0),
+            mig=env_flag("DRALLOC_DISCOVERY_MIG", default=True),
+            nics=env_flag("DRALLOC_DISCOVERY_NICS"),
+            kubernetes=env_flag("DRALLOC_DISCOVERY_KUBERNETES"),
         )
-        try:
-            config.interval = float(env.get("DRALLOC_DISCOVERY_INTERVAL", "30"))
-        except ValueError:
-            raise ValueError("DRALLOC_DISCOVERY_INTERVAL must be a number of seconds") from None
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(config, key, value)
+        overridden(config, overrides)
         config.check()
         return config
 

@@ -21,23 +21,9 @@ from typing import Any, Literal
 from dralloc.bus import Bus, NatsError, PublishRefused
 from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
 from dralloc.schemas import events as ev
+from dralloc.settings import env_flag, env_seconds, overridden
 
 log = logging.getLogger("dralloc.ingestor")
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def env_seconds(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, not {value!r}") from None
 
 
 @dataclass
@@ -61,9 +47,7 @@ class Config:
             namespace=env.get("DRALLOC_INGESTOR_NAMESPACE") or None,
             kubeconfig=env.get("KUBECONFIG") or None,
         )
-        for key, value in overrides.items():
-            if value is not None and value != []:
-                setattr(config, key, value)
+        overridden(config, overrides)
         if config.source not in ("files", "kubernetes"):
             raise ValueError(f"unknown source {config.source!r}: use files or kubernetes")
         if config.source == "files" and not config.paths:

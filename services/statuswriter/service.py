@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from dralloc.bus import Bus, report_lag
 from dralloc.schemas import events as ev
+from dralloc.settings import overridden
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, KVSink, StatusSink
 
 
@@ -39,9 +40,7 @@ class Config:
             bucket=env.get("DRALLOC_STATUSWRITER_BUCKET", DEFAULT_BUCKET),
             kubeconfig=env.get("KUBECONFIG") or None,
         )
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(config, key, value)
+        overridden(config, overrides)
         if config.sink not in ("local", "kubernetes"):
             raise ValueError(f"unknown sink {config.sink!r}: use local or kubernetes")
         return config
