@@ -98,10 +98,10 @@ class Bus:
                 nc.connect(
                     [u.strip() for u in url.split(",") if u.strip()],  # a cluster: several URLs, comma-separated
                     name=f"dralloc-{name}",
-                    connect_timeout=timeout,
+                    connect_timeout=timeout,  # type: ignore[arg-type]  # nats-py says int; seconds as float work (asyncio timeouts)
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]  # (as connect_timeout)
                     drain_timeout=2,
                     error_cb=on_error,
                     closed_cb=on_closed,
@@ -133,8 +133,8 @@ class Bus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def stream_configs(self) -> list[StreamConfig]:
-        """`STREAMS` with the deployment's replicas (`replicas_from_env`)."""
+    def stream_configs(self) -> dict[str, StreamConfig]:
+        """`STREAMS` with the deployment's replicas (`replicas_from_env`), by name."""
         return streams.stream_configs()
 
     async def ensure_streams(self) -> None:

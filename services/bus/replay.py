@@ -60,14 +60,14 @@ async def _scan(bus: Bus, stream: str, config: ConsumerConfig, upto: int, found:
     (with their sequences) go to `found`, the subject and sequence of each unusable one to `unusable`."""
     sub = await bus.js.pull_subscribe("", durable=None, stream=stream, config=config)
     try:
-        pending = (await sub.consumer_info()).num_pending
+        pending = (await sub.consumer_info()).num_pending or 0
         while pending > 0:
             try:
                 messages = await sub.fetch(min(pending, 512), timeout=FETCH_WAIT_S)
             except (nats.errors.TimeoutError, TimeoutError):
                 # Messages counted may be gone before they are delivered (a ClaimDeleted
                 # expired, an event superseded): ask the server what is left.
-                pending = (await sub.consumer_info()).num_pending
+                pending = (await sub.consumer_info()).num_pending or 0
                 continue
             for msg in messages:
                 pending = msg.metadata.num_pending

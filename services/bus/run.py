@@ -7,7 +7,8 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -39,7 +40,7 @@ STREAM_OWNER = "allocator"
 them (`Bus.check_streams`): infra/nats/auth.conf gives no other service user the right."""
 
 
-async def run_service(name: str, serve: Callable[..., Awaitable[None]], config: object, url: str | None) -> None:
+async def run_service(name: str, serve: Callable[..., Coroutine[Any, Any, None]], config: object, url: str | None) -> None:
     """`dralloc run <name>`: connect, ensure (or check) the streams, serve until SIGINT/SIGTERM.
 
     Raises `BusError` (the process exits non-zero, and its supervisor restarts it) when the

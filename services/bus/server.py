@@ -247,7 +247,7 @@ async def wait_for_jetstream(url: str, timeout: float = 30.0) -> None:
     """Wait until JetStream at `url` answers account requests (a cluster has elected its meta leader)."""
     deadline = time.monotonic() + timeout
     nc = nats.NATS()
-    await nc.connect([u for u in url.split(",") if u], connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    await nc.connect([u for u in url.split(",") if u], connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)  # type: ignore[arg-type]  # nats-py says int; a float works (asyncio.sleep)
     try:
         while True:
             try:

@@ -131,23 +131,23 @@ def header_bytes(headers: dict[str, str] | None) -> int:
     return len("NATS/1.0\r\n\r\n") + sum(len(k.encode()) + len(str(v).encode()) + 4 for k, v in headers.items())
 
 
-def stream_configs() -> list[StreamConfig]:
-    """`STREAMS` with the deployment's replicas (`replicas_from_env`)."""
+def stream_configs() -> dict[str, StreamConfig]:
+    """`STREAMS` with the deployment's replicas (`replicas_from_env`), by name."""
     replicas = replicas_from_env()
-    return [dataclasses.replace(config, num_replicas=replicas) for config in STREAMS.values()]
+    return {name: dataclasses.replace(config, num_replicas=replicas) for name, config in STREAMS.items()}
 
 
 async def ensure_streams(bus: Bus) -> None:
     """`Bus.ensure_streams`: create the missing streams, bring the others up to date."""
-    for config in stream_configs():
+    for name, config in stream_configs().items():
         try:
-            info = await bus.js.stream_info(config.name)
+            info = await bus.js.stream_info(name)
         except nats.js.errors.NotFoundError:
             with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another service
                 await bus.js.add_stream(config)
                 continue
-            info = await bus.js.stream_info(config.name)
-        refuse_weakened(config.name, info.config, config)
+            info = await bus.js.stream_info(name)
+        refuse_weakened(name, info.config, config)
         # never fewer replicas than the stream has (an operator may run more than dralloc asks)
         config = dataclasses.replace(config, num_replicas=max(config.num_replicas or 1, info.config.num_replicas or 1))
         if streamcheck.differs(info.config, config):
@@ -157,23 +157,23 @@ async def ensure_streams(bus: Bus) -> None:
 
 async def check_streams(bus: Bus, stop: asyncio.Event | None = None, *, wait: float = FETCH_WAIT_S) -> None:
     """`Bus.check_streams`: wait for each stream, refuse one that is weakened or set up otherwise."""
-    for config in stream_configs():
+    for name, config in stream_configs().items():
         told = False
         while True:
             try:
-                info = await bus.js.stream_info(config.name)
+                info = await bus.js.stream_info(name)
                 break
             except nats.js.errors.NotFoundError:
                 if not told:
-                    log.warning("%s: stream %s does not exist yet; waiting for the allocator to create it", bus.name, config.name)
+                    log.warning("%s: stream %s does not exist yet; waiting for the allocator to create it", bus.name, name)
                     told = True
                 if stop is not None and stop.is_set():
                     return
                 await asyncio.sleep(wait)
-        refuse_weakened(config.name, info.config, config)
+        refuse_weakened(name, info.config, config)
         if missing := [f for f in streamcheck.differs(info.config, config) if f not in ("num_replicas",)]:
             raise BusError(
-                f"stream {config.name} is not set up as dralloc needs ({', '.join(missing)} differ); the allocator "
+                f"stream {name} is not set up as dralloc needs ({', '.join(missing)} differ); the allocator "
                 "brings it up to date at its start (or run `dralloc get deadletters` as the admin user)"
             )
     await check_atomic(bus)
