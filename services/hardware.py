@@ -22,15 +22,14 @@ Three questions, each a pure function over that fleet:
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dralloc.allocator.engine.cel import CelError, DeviceEnv, compile_selector, device_env
 from dralloc.allocator.engine.cel_diagnose import pretty
-from dralloc.allocator.engine.cel_syntax import CelSyntaxError, Has, Ident, Index, Lit, Node, Select, parse
+from dralloc.allocator.engine.cel_syntax import CelSyntaxError, Has, Ident, Index, Lit, Node, Select, children, map_children, parse
 from dralloc.schemas.resource import Device, ResourceSlice
 
 PUBLISHERS = {
@@ -132,7 +131,7 @@ def references(expression: str) -> list[Reference]:
         ref = _reference(node)
         if ref is not None and ref not in found:
             found.append(ref)
-        for child in _children(node):
+        for child in children(node):
             visit(child)
 
     visit(ast)
@@ -157,7 +156,7 @@ def domains(expression: str) -> set[str] | None:
                 found.add(index.value)
             case Select(Ident("device"), "attributes" | "capacity"):
                 pass  # reached only when not indexed by a literal (handled above)
-        stack += _children(node)
+        stack += children(node)
     return found
 
 
@@ -173,18 +172,6 @@ def _reference(node: Node) -> Reference | None:
     return None
 
 
-def _children(node: Node) -> list[Node]:
-    out: list[Node] = []
-    for f in dataclasses.fields(node):  # type: ignore[arg-type]
-        value = getattr(node, f.name)
-        items = value if isinstance(value, tuple) else (value,)
-        for item in items:
-            if isinstance(item, tuple):
-                out += [x for x in item if dataclasses.is_dataclass(x)]
-            elif dataclasses.is_dataclass(item):
-                out.append(item)
-    return out
-
 
 def _rewrite(node: Node, renames: dict[Reference, Reference]) -> Node:
     """`node` with each reference in `renames` replaced (same syntactic form)."""
@@ -198,17 +185,7 @@ def _rewrite(node: Node, renames: dict[Reference, Reference]) -> Node:
                 return Has(Index(outer, Lit(new.domain, "string")), new.name)
             case Index(Index(outer, _), _, optional):
                 return Index(Index(outer, Lit(new.domain, "string")), Lit(new.name, "string"), optional)
-    changes = {}
-    for f in dataclasses.fields(node):  # type: ignore[arg-type]
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            changes[f.name] = _rewrite(value, renames)
-        elif isinstance(value, tuple):
-            changes[f.name] = tuple(
-                tuple(_rewrite(x, renames) for x in item) if isinstance(item, tuple) else (_rewrite(item, renames) if dataclasses.is_dataclass(item) else item)
-                for item in value
-            )
-    return dataclasses.replace(node, **changes) if changes else node  # type: ignore[type-var]
+    return map_children(node, lambda child: _rewrite(child, renames))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,23 +208,23 @@ def unknown_references(expression: str) -> list[Unknown]:
     """
     out: list[Unknown] = []
     for ref in references(expression):
-        table: dict[str, object] = ATTRIBUTES if ref.kind == "attributes" else CAPACITIES  # type: ignore[assignment]
+        table: Mapping[str, Collection[str]] = ATTRIBUTES if ref.kind == "attributes" else CAPACITIES
         if ref.domain not in table:
             close = difflib.get_close_matches(ref.domain, list(table), n=1, cutoff=0.85)
             if close:
-                replacement = Reference(ref.kind, close[0], ref.name) if ref.name in table[close[0]] else None  # type: ignore[operator]
+                replacement = Reference(ref.kind, close[0], ref.name) if ref.name in table[close[0]] else None
                 out.append(Unknown(ref, f"no driver publishes {ref.kind} under domain {ref.domain!r}: did you mean {close[0]!r}?", replacement))
             continue
-        if ref.name in table[ref.domain]:  # type: ignore[operator]
+        if ref.name in table[ref.domain]:
             continue
-        elsewhere = sorted(d for d, names in table.items() if ref.name in names)  # type: ignore[operator]
+        elsewhere = sorted(d for d, names in table.items() if ref.name in names)
         publisher = PUBLISHERS.get(ref.domain, ref.domain)
         if len(elsewhere) == 1:
             replacement = Reference(ref.kind, elsewhere[0], ref.name)
             hint = f"{publisher} publishes no {ref.kind[:-1] if ref.kind == 'attributes' else ref.kind} {ref.name!r} under {ref.domain}; {PUBLISHERS.get(elsewhere[0], elsewhere[0])} publishes it as {elsewhere[0]}/{ref.name}"
             out.append(Unknown(ref, hint, replacement))
             continue
-        candidates = sorted(table[ref.domain])  # type: ignore[arg-type]
+        candidates = sorted(table[ref.domain])
         close = difflib.get_close_matches(ref.name, candidates, n=3, cutoff=0.6)
         folded = [c for c in candidates if c.lower() == ref.name.lower()]
         replacement = Reference(ref.kind, ref.domain, (folded or close)[0]) if folded or len(close) == 1 else None
@@ -267,7 +244,7 @@ def corrected(expression: str, unknown: Sequence[Unknown]) -> str | None:
     except (CelSyntaxError, RecursionError):
         return None
     quote = "'" if expression.count("'") > expression.count('"') else '"'
-    return pretty(_rewrite(ast, renames), quote)  # type: ignore[arg-type]
+    return pretty(_rewrite(ast, renames), quote)
 
 
 def mentions_nvlink(expression: str) -> bool:

@@ -45,12 +45,12 @@ async def snapshot(bus: Bus, state: FleetState | None = None) -> tuple[FleetStat
         )
         sub = await bus.js.pull_subscribe("", durable=None, stream=stream, config=config)
         try:
-            pending = (await sub.consumer_info()).num_pending
+            pending = (await sub.consumer_info()).num_pending or 0
             while pending > 0:
                 try:
                     messages = await sub.fetch(min(pending, 512), timeout=FETCH_S)
                 except (NatsTimeout, TimeoutError):
-                    pending = (await sub.consumer_info()).num_pending
+                    pending = (await sub.consumer_info()).num_pending or 0
                     continue
                 for msg in messages:
                     pending = msg.metadata.num_pending

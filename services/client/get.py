@@ -44,9 +44,9 @@ class View:
     """Rows for one kind: column names, rows (cells), the name of each row, and objects for json/yaml."""
 
     columns: tuple[str, ...]
-    rows: list[tuple[str, ...]]
-    names: list[str]
-    objects: list[object]
+    rows: Sequence[tuple[str, ...]]
+    names: Sequence[str]
+    objects: Sequence[object]
     extra: list[Table] | None = None
 
 
@@ -131,7 +131,7 @@ def classes_view(state: FleetState, *, wide: bool, now: float) -> View:
     rows, names, objects = [], [], []
     for name, (cls, since) in sorted(state.classes.items()):
         matched, used, free = usage.get(name, (0, 0, 0))
-        row = (name, str(matched), str(used), str(free), cls.spec.extended_resource_name or "", age(since, now))
+        row: tuple[str, ...] = (name, str(matched), str(used), str(free), cls.spec.extended_resource_name or "", age(since, now))
         if wide:
             row += (" && ".join(s.cel.expression for s in cls.spec.selectors if s.cel is not None),)
         rows.append(row)

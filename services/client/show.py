@@ -21,7 +21,7 @@ def claims_table(statuses: list[ClaimStatus], title: str | None = None):
     from rich.table import Table
 
     styles = {"allocated": "green", "unsatisfiable": "yellow", "error": "red", "pending": "dim"}
-    counts = Counter(s.state for s in statuses)
+    counts: Counter[str] = Counter(s.state for s in statuses)
     caption = ", ".join(f"{counts[state]} {state}" for state in styles if counts[state]) or "no claims"
     table = Table(
         "CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, caption=caption, header_style="bold", box=None

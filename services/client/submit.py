@@ -153,6 +153,8 @@ async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> 
             try:
                 # the decision's own subject (namespace and name as the allocator writes them)
                 msg = await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", meta.namespace or "default", meta.name))
+                if msg.data is None:
+                    continue
                 decision = ev.decode(msg.data)
             except (NotFound, ev.EventDecodeError):
                 continue
@@ -195,7 +197,7 @@ def render(submission: Submission, output: str) -> None:
     if submission.decisions is not None:
         console.print(claims_table(submission.decisions))
         return
-    rows = table("OBJECT", "EVENT", "RESULT")
+    published = table("OBJECT", "EVENT", "RESULT")
     for r in submission.published:
-        rows.add_row(r.object, r.event, "unchanged (already published)" if r.duplicate else f"published (seq {r.sequence})")
-    console.print(rows)
+        published.add_row(r.object, r.event, "unchanged (already published)" if r.duplicate else f"published (seq {r.sequence})")
+    console.print(published)

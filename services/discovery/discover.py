@@ -51,7 +51,7 @@ def inventory_from(
         inventory = read_inventory(recorder or source, node, mig=mig)
     finally:
         source.close()
-    if recorder is not None:
+    if recorder is not None and capture:
         recorder.save(capture)
     if nics and not replay:
         inventory.nics = read_nics(node)

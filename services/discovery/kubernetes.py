@@ -38,12 +38,12 @@ class KubernetesSlices:
             body = to_builtins(s)
             name = s.metadata.name
             try:
-                status, answer = await _call(self.api.create_resource_slice(body, _preload_content=False))
+                status, answer = await _call(self.api.create_resource_slice(body, _preload_content=False))  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
                 if status == 409:  # an earlier run's slice: replace it at its resourceVersion
                     status, answer = await _call(self.api.read_resource_slice(name, _preload_content=False))
                     if status == 200:
                         body["metadata"]["resourceVersion"] = answer["metadata"]["resourceVersion"]
-                        status, answer = await _call(self.api.replace_resource_slice(name, body, _preload_content=False))
+                        status, answer = await _call(self.api.replace_resource_slice(name, body, _preload_content=False))  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
                 if status >= 300:
                     log.error("kubernetes: ResourceSlice %s: %s %s", name, status, answer.get("message", ""))
             except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as exc:

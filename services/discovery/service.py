@@ -120,10 +120,12 @@ def scanner(config: Config) -> tuple[Scan, bool]:
         fleet = load_fleet(config.fleet)
         return (lambda: list(fleet_inventories(fleet))), False
 
+    replay = config.replay if config.source == "replay" else None  # (a replay source has one: Config checks)
+
     def scan() -> list[NodeInventory]:
         # A fresh source per scan: a replay file may have changed, and NVML is re-initialised,
         # so a GPU that fell off the bus is seen as gone rather than cached.
-        source = ReplaySource.from_file(config.replay) if config.source == "replay" else PynvmlSource()
+        source = ReplaySource.from_file(replay) if replay is not None else PynvmlSource()
         try:
             inventory = read_inventory(source, config.node, mig=config.mig)
         finally:

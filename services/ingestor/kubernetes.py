@@ -49,7 +49,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 import msgspec
@@ -63,11 +63,29 @@ from dralloc.kube import KubeSettings, api_client, body_of, describe, ensure_ok
 from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, claim_from_template
 from dralloc.schemas import events as ev
 from dralloc.schemas.limits import json_problem, without_deep_items
-from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice, to_builtins
+from dralloc.schemas.resource import (
+    DeviceClass,
+    DeviceTaintRule,
+    ObjectMeta,
+    Pod,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    ResourceSlice,
+    to_builtins,
+)
 
 log = logging.getLogger("dralloc.ingestor.kubernetes")
 
-T = TypeVar("T", bound=msgspec.Struct)
+
+
+class _Listed(Protocol):
+    """What a reflector follows: a Kubernetes object (its metadata carries the resourceVersion)."""
+
+    @property
+    def metadata(self) -> ObjectMeta: ...
+
+
+T = TypeVar("T", bound=_Listed)
 
 WATCH_SECONDS = 300
 """Server-side watch timeout: the watch is renewed (from its resourceVersion) this often."""
@@ -424,7 +442,7 @@ class KubernetesSource:
         for reflector in self.reflectors:
             if reflector.item_type in (ResourceClaim, DeviceClass):
                 await reflector.synced.wait()
-        core = CoreV1Api(self.gate.core.api_client)
+        core = self.gate.core
         listers = ([("pods in " + ns, _bind(core.list_namespaced_pod, ns)) for ns in self.options.namespaces]
                    or [("pods", core.list_pod_for_all_namespaces)])
         reflectors = [Reflector(what, lister, GatedPod, self.gate.on_pod, self.report, watch_seconds=self.options.watch_seconds)
@@ -539,9 +557,9 @@ class ClaimController:
         template = msgspec.json.decode(body, type=ResourceClaimTemplate)
         wanted = claim_from_template(pod, entry, template, suffix="")
         # No name: the API server completes `generateName`, as for the real controller's claims.
-        body = to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))
+        claim_body = to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))
         claim = msgspec.json.decode(await body_of(self.resource.create_namespaced_resource_claim(
-            namespace, body, _preload_content=False)), type=ResourceClaim)
+            namespace, claim_body, _preload_content=False)), type=ResourceClaim)  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
         self.created[(pod.metadata.uid or "", entry.name)] = claim.metadata.name
         log.info("created ResourceClaim %s/%s for Pod %s", namespace, claim.metadata.name, pod.metadata.name)
         return claim.metadata.name

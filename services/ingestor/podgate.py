@@ -228,7 +228,7 @@ class PodGate:
             spec["affinity"] = pinned_affinity(pod.spec.affinity, next(iter(nodes)))
         patch = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": spec}
         try:
-            await body_of(self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace or "default", patch,
+            await body_of(self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace or "default", patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
                                                          _content_type=MERGE_PATCH, _preload_content=False))
         except ApiException as exc:
             if exc.status in (404, 409):
@@ -252,7 +252,7 @@ class PodGate:
             body = to_builtins(wanted)
             body["metadata"].pop("name", None)
             created = msgspec.json.decode(await body_of(self.resource.create_namespaced_resource_claim(
-                pod.metadata.namespace or "default", body, _preload_content=False)), type=ResourceClaim)
+                pod.metadata.namespace or "default", body, _preload_content=False)), type=ResourceClaim)  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
             name = created.metadata.name
             log.info("Pod %s/%s: created extended-resource claim %s", pod.metadata.namespace, pod.metadata.name, name)
         self.extended[uid] = name
@@ -260,7 +260,7 @@ class PodGate:
             mappings = [{"containerName": m.container, "resourceName": m.resource, "requestName": m.request}
                         for m in request_mappings(pod, wanted)]
             patch = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": name, "requestMappings": mappings}}}
-            await body_of(self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace or "default", patch,
+            await body_of(self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace or "default", patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
                                                                 _content_type=MERGE_PATCH, _preload_content=False))
         return name
 

@@ -47,6 +47,8 @@ SourceEvent = (
     | ev.NodeRemoved
     | ev.DeviceTaintRulePublished
     | ev.DeviceTaintRuleRemoved
+    | ev.PodSubmitted  # the Kubernetes source's pod gate (scheduling-gated Pods)
+    | ev.PodDeleted
 )
 
 Report = Callable[[str], None]
@@ -100,9 +102,9 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
             for problem in problems:
                 report(f"{item.source}: {obj.kind}/{obj.metadata.name}: field {problem.field}: {problem.message}")
             continue
-        for problem in selector_problems(obj, f"{item.source}: {obj.kind}/{obj.metadata.name}"):
+        for selector_problem in selector_problems(obj, f"{item.source}: {obj.kind}/{obj.metadata.name}"):
             # Published all the same: the allocator records the failure for each claim it affects.
-            report(f"{problem}\n    published anyway: claims that use this selector fail with this error")
+            report(f"{selector_problem}\n    published anyway: claims that use this selector fail with this error")
         if isinstance(obj, DeviceClass):
             inventory.append(ev.DeviceClassPublished(device_class=obj))
         elif isinstance(obj, ResourceSlice):
@@ -115,12 +117,12 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
             claims.append(ev.ClaimSubmitted(claim=with_identity(obj)))
         elif isinstance(obj, Pod):
             resolved = pod_claims(obj, templates, invalid=invalid_templates, offline=False)
-            for error in resolved.errors:
-                report(f"{item.source}: Pod/{obj.metadata.name}: {error}")
+            for pod_error in resolved.errors:
+                report(f"{item.source}: Pod/{obj.metadata.name}: {pod_error}")
             for claim in resolved.made:  # a claim made from a template is named after its Pod: checked too
                 made = ev.ClaimSubmitted(claim=with_identity(claim))
-                if (problem := ev.identity_problem(made)) is not None:
-                    report(f"{item.source}: Pod/{obj.metadata.name}: its claim is not published: {problem}")
+                if (identity_problem := ev.identity_problem(made)) is not None:
+                    report(f"{item.source}: Pod/{obj.metadata.name}: its claim is not published: {identity_problem}")
                 else:
                     claims.append(made)
     return inventory + claims
@@ -129,9 +131,8 @@ def events_from_manifests(manifests: Manifests, report: Report) -> list[SourceEv
 def removal_of(event: SourceEvent) -> SourceEvent | None:
     """The event that undoes `event` (a file or object that disappeared)."""
     match event:
-        case ev.ClaimSubmitted(claim=claim):
-            meta = claim.metadata
-            return ev.ClaimDeleted(namespace=meta.namespace or "default", name=meta.name, uid=meta.uid or "")
+        case ev.ClaimSubmitted():
+            return claim_deletion(event)
         case ev.DeviceClassPublished(device_class=cls):
             return ev.DeviceClassRemoved(name=cls.metadata.name)
         case ev.ResourceSlicePublished(slice=s):
@@ -143,6 +144,12 @@ def removal_of(event: SourceEvent) -> SourceEvent | None:
     return None
 
 
+def claim_deletion(event: ev.ClaimSubmitted) -> ev.ClaimDeleted:
+    """The event that deletes the claim `event` submitted."""
+    meta = event.claim.metadata
+    return ev.ClaimDeleted(namespace=meta.namespace or "default", name=meta.name, uid=meta.uid or "")
+
+
 def changes(previous: dict[str, SourceEvent], current: Iterable[SourceEvent]) -> tuple[list[SourceEvent], dict[str, SourceEvent]]:
     """Events that turn the `previous` state (by subject) into `current`: removals first, then news."""
     now = {event.subject: event for event in current}
@@ -151,7 +158,7 @@ def changes(previous: dict[str, SourceEvent], current: Iterable[SourceEvent]) ->
     for subject, event in now.items():
         old = previous.get(subject)
         if old is not None and old.msg_id != event.msg_id and isinstance(old, ev.ClaimSubmitted):
-            replaced.append(removal_of(old))  # a changed claim is a new object: delete the old one first
+            replaced.append(claim_deletion(old))  # a changed claim is a new object: delete the old one first
     fresh = [event for subject, event in now.items() if subject not in previous or previous[subject].msg_id != event.msg_id]
     return removed + replaced + fresh, now
 

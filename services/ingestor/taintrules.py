@@ -48,7 +48,7 @@ def lister(api: ApiClient) -> Callable[..., Awaitable[Any]]:
         query = [(_QUERY[k], v) for k, v in kwargs.items() if v is not None]
         return await api.call_api(
             PATH, "GET", {}, query, {"Accept": "application/json"},
-            body=None, post_params=[], files={}, response_types_map={200: "object"},
+            body=None, post_params={}, files={}, response_types_map={200: "object"},
             auth_settings=["BearerToken"], _return_http_data_only=True,
             _preload_content=preload, _request_timeout=timeout, collection_formats={},
         )

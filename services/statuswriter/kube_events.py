@@ -107,7 +107,7 @@ class EventRecorder:
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
         try:
-            await body_of(core.create_namespaced_event(involved.namespace, body, _preload_content=False))
+            await body_of(core.create_namespaced_event(involved.namespace, body, _preload_content=False))  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
             return _Seen(count=1, written=self.clock())
         except ApiException as exc:
             if exc.status != 409:
@@ -119,5 +119,5 @@ class EventRecorder:
         return _Seen(count=count, written=self.clock())
 
     async def _patch(self, core: CoreV1Api, namespace: str, name: str, count: int) -> None:
-        await body_of(core.patch_namespaced_event(name, namespace, {"count": count, "lastTimestamp": _now()},
+        await body_of(core.patch_namespaced_event(name, namespace, {"count": count, "lastTimestamp": _now()},  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
                                                   _content_type=MERGE_PATCH, _preload_content=False))

@@ -133,12 +133,18 @@ class KubernetesSink:
         """claim uid -> the allocation this writer wrote (as JSON), to recognise it again on release."""
         self._foreign: set[str] = set()
         """uids of claims found allocated by someone else: their allocation is never cleared here."""
-        self.events = EventRecorder(lambda: self._api)  # (failed() makes the client first)
+        self.events = EventRecorder(self._made_client)
 
     async def close(self) -> None:
         if self._api is not None and self._owns_api:
             await self._api.close()
             self._api = None
+
+    def _made_client(self) -> ApiClient:
+        """The client `_client()` made: Events are recorded only from failed(), which makes it first."""
+        if self._api is None:
+            raise RuntimeError("the status writer records an Event before it has a Kubernetes client (or after close)")
+        return self._api
 
     async def _client(self) -> ApiClient:
         if self._api is None:
@@ -215,7 +221,7 @@ class KubernetesSink:
                 return Result(event.key, Outcome.GONE, "the claim was deleted (or re-created) before its allocation was written")
             status = current.status
             have = status.allocation if status else None
-            if have is not None:
+            if status is not None and have is not None:
                 if not same_allocation(have, want):
                     self._written.pop(current.metadata.uid or "", None)
                     self._foreign.add(current.metadata.uid or "")
@@ -280,7 +286,7 @@ class KubernetesSink:
         body = {"metadata": {"resourceVersion": current.metadata.resource_version}, **patch}
         v1 = await self._v1()
         try:
-            await body_of(v1.patch_namespaced_resource_claim_status(name, namespace, body, _content_type=MERGE_PATCH,
+            await body_of(v1.patch_namespaced_resource_claim_status(name, namespace, body, _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
                                                                     _preload_content=False))
             return True
         except ApiException as exc:
@@ -298,7 +304,7 @@ class KubernetesSink:
                              "finalizers": [*current.metadata.finalizers, FINALIZER]}}
         v1 = await self._v1()
         try:
-            return _claim_of(await body_of(v1.patch_namespaced_resource_claim(
+            return _claim_of(await body_of(v1.patch_namespaced_resource_claim(  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
                 name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False)), namespace, name)
         except ApiException as exc:
             if exc.status in (404, 409):
@@ -317,7 +323,7 @@ class KubernetesSink:
             body = {"metadata": {"resourceVersion": current.metadata.resource_version,
                                  "finalizers": [f for f in current.metadata.finalizers if f != FINALIZER] or None}}
             try:
-                await body_of(v1.patch_namespaced_resource_claim(name, namespace, body, _content_type=MERGE_PATCH,
+                await body_of(v1.patch_namespaced_resource_claim(name, namespace, body, _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
                                                                  _preload_content=False))
                 return
             except ApiException as exc:

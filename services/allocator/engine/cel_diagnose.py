@@ -38,6 +38,8 @@ from .cel_syntax import (
     Node,
     Select,
     Unary,
+    children,
+    map_children,
     parse,
 )
 
@@ -68,34 +70,12 @@ def _driver_literals(node: Node) -> list[Lit]:
                         found.append(s)
                     if isinstance(s, ListLit):
                         found.extend(i for i in s.items if isinstance(i, Lit) and i.kind == "string")
-        for child in _children(n):
+        for child in children(n):
             visit(child)
 
     visit(node)
     return found
 
-
-def _children(n: Node) -> list[Node]:
-    match n:
-        case Select(o, _) | Has(o, _) | Unary(_, o):
-            return [o]
-        case Index(o, i):
-            return [o, i]
-        case Call(_, args, target):
-            return ([target] if target is not None else []) + list(args)
-        case Binary(_, l, r):
-            return [l, r]
-        case Cond(c, t, o):
-            return [c, t, o]
-        case ListLit(items):
-            return list(items)
-        case MapLit(entries):
-            return [x for kv in entries for x in kv]
-        case Comp(_, r, _, p, t):
-            return [r, p] + ([t] if t is not None else [])
-        case Bind(_, i, b):
-            return [i, b]
-    return []
 
 
 def _fix_driver(name: str) -> str | None:
@@ -174,7 +154,7 @@ class _Fixer:
                 fixed = Select(Index(outer, self.domain()), field)
                 self.note(f"device.{outer.field} is keyed by domain: use {self.show(fixed)}")
                 return fixed
-        return _map_children(n, f)
+        return map_children(n, f)
 
     @staticmethod
     def _outer(n: Node) -> TypeGuard[Select]:
@@ -220,32 +200,6 @@ def _is_quantity(n: Node) -> bool:
     return isinstance(n, (Select, Index)) and isinstance(n.operand, Index) and _is_device_field(
         n.operand.operand, "capacity")
 
-
-def _map_children(n: Node, f: Callable[[Node], Node]) -> Node:
-    match n:
-        case Select(o, field, optional):
-            return Select(f(o), field, optional)
-        case Has(o, field):
-            return Has(f(o), field)
-        case Unary(op, o):
-            return Unary(op, f(o))
-        case Index(o, i, optional):
-            return Index(f(o), f(i), optional)
-        case Call(name, args, target):
-            return Call(name, tuple(f(a) for a in args), f(target) if target is not None else None)
-        case Binary(op, l, r):
-            return Binary(op, f(l), f(r))
-        case Cond(c, t, o):
-            return Cond(f(c), f(t), f(o))
-        case ListLit(items):
-            return ListLit(tuple(f(i) for i in items))
-        case MapLit(entries):
-            return MapLit(tuple((f(k), f(v)) for k, v in entries))
-        case Comp(kind, r, var, p, t, var2):
-            return Comp(kind, f(r), var, f(p), f(t) if t is not None else None, var2)
-        case Bind(var, i, b):
-            return Bind(var, f(i), f(b))
-    return n
 
 
 # --- printing people can read (minimal parentheses) ---------------------------------------

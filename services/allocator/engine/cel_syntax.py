@@ -13,6 +13,7 @@ use in a device selector and are rejected with a clear message.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,58 @@ class Bind:
 
 
 Node = Lit | Ident | Select | Has | Index | Call | Unary | Binary | Cond | ListLit | MapLit | Comp | Bind
+
+
+def children(n: Node) -> list[Node]:
+    """The direct subexpressions of `n`, in source order."""
+    match n:
+        case Select(o, _) | Has(o, _) | Unary(_, o):
+            return [o]
+        case Index(o, i):
+            return [o, i]
+        case Call(_, args, target):
+            return ([target] if target is not None else []) + list(args)
+        case Binary(_, l, r):
+            return [l, r]
+        case Cond(c, t, o):
+            return [c, t, o]
+        case ListLit(items):
+            return list(items)
+        case MapLit(entries):
+            return [x for kv in entries for x in kv]
+        case Comp(_, r, _, p, t):
+            return [r, p] + ([t] if t is not None else [])
+        case Bind(_, i, b):
+            return [i, b]
+    return []
+
+
+def map_children(n: Node, f: Callable[[Node], Node]) -> Node:
+    """`n` with `f` applied to each direct subexpression (`n` itself when it has none)."""
+    match n:
+        case Select(o, field, optional):
+            return Select(f(o), field, optional)
+        case Has(o, field):
+            return Has(f(o), field)
+        case Unary(op, o):
+            return Unary(op, f(o))
+        case Index(o, i, optional):
+            return Index(f(o), f(i), optional)
+        case Call(name, args, target):
+            return Call(name, tuple(f(a) for a in args), f(target) if target is not None else None)
+        case Binary(op, l, r):
+            return Binary(op, f(l), f(r))
+        case Cond(c, t, o):
+            return Cond(f(c), f(t), f(o))
+        case ListLit(items):
+            return ListLit(tuple(f(i) for i in items))
+        case MapLit(entries):
+            return MapLit(tuple((f(k), f(v)) for k, v in entries))
+        case Comp(kind, r, var, p, t, var2):
+            return Comp(kind, f(r), var, f(p), f(t) if t is not None else None, var2)
+        case Bind(var, i, b):
+            return Bind(var, f(i), f(b))
+    return n
 
 
 # --- lexer -------------------------------------------------------------------------
