@@ -405,7 +405,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
 )
 
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Event)
+_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)  # (a union is not a type: annotated)
 
 
 class EventDecodeError(ValueError):

@@ -428,7 +428,7 @@ class Pod(_Obj, kw_only=True):
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
 
-KINDS: dict[tuple[str, str], type[_Obj]] = {
+KINDS: dict[tuple[str, str], type[Object]] = {
     ("v1", "Node"): Node,
     ("v1", "Pod"): Pod,
     (API_VERSION, "DeviceClass"): DeviceClass,

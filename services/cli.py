@@ -8,7 +8,7 @@ import their implementation lazily so that `dralloc --help` stays fast.
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
 import typer
@@ -205,7 +205,7 @@ def delete(
     _publish_files(lambda report: delete_paths(paths, nats_url, report), output)
 
 
-def _publish_files(run: Callable[[Callable[[str], None]], Awaitable[Any]], output: str) -> Any:
+def _publish_files(run: Callable[[Callable[[str], None]], Coroutine[Any, Any, Any]], output: str) -> Any:
     """Run a submit or delete (`run(report)`), print its problems and its table or JSON; exit 1
     when the bus cannot be reached, 2 when some input was bad. Returns the submission."""
     import asyncio
@@ -603,13 +603,15 @@ def _benchmarks_module(name: str):
     if not path.is_file():
         fail(f"{path} not found: benchmarks run from a repository checkout")
     spec = importlib.util.spec_from_file_location(f"dralloc_benchmarks_{name}", path)
+    if spec is None or spec.loader is None:
+        fail(f"{path}: not loadable as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
 
-def _print_bench(result: dict, as_json: bool, title: str, rows: list[tuple[str, ...]], columns: tuple[str, ...] = ("value",)) -> None:
+def _print_bench(result: dict, as_json: bool, title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = ("value",)) -> None:
     """One stable JSON object for machines, or a table of `rows` (metric, value per column) for people."""
     if as_json:
         import json

@@ -96,7 +96,7 @@ async def running(
     services: tuple[str, ...] = SERVICES,
 ) -> AsyncIterator[System]:
     """The services (default: all four) on this loop; stopped and closed on exit."""
-    configs = {
+    configs: dict[str, tuple[Callable[..., Awaitable[None]], Callable[[], object]]] = {
         "discovery": (discovery.serve, lambda: _discovery_config(fleet)),
         "allocator": (allocator.serve, allocator.Config),
         "statuswriter": (statuswriter.serve, statuswriter.Config),

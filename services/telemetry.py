@@ -160,7 +160,7 @@ class _Tracer(trace.Tracer):
         return NonRecordingSpan(SpanContext(_ids.generate_trace_id(), _ids.generate_span_id(), False, _NEW_TRACE_FLAGS))
 
     @contextlib.contextmanager
-    def start_as_current_span(
+    def start_as_current_span(  # type: ignore[override]  # the API's own decorator (_AgnosticContextManager) is private
         self,
         name: str,
         context: Context | None = None,

@@ -72,7 +72,7 @@ class Lease:
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until this process holds the lease (True) or `stop` is set (False)."""
         value = self.holder.encode()
-        seen: tuple[int, float] | None = None  # the holder's revision and when we first saw it
+        seen: tuple[int | None, float] | None = None  # the holder's revision and when we first saw it
         while not stop.is_set():
             sent = time.monotonic()
             try:

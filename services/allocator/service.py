@@ -479,7 +479,7 @@ class Allocator:
     async def _allocate_gang(self, complete: GangComplete) -> None:
         """A gang's members are all here: its decisions are written as one atomic batch (see the module docstring)."""
         began = time.perf_counter()
-        attributes = {"dralloc.gang": complete.name, "dralloc.gang.size": complete.size}
+        attributes: dict[str, str | int] = {"dralloc.gang": complete.name, "dralloc.gang.size": complete.size}
         with telemetry.tracer().start_as_current_span("allocate gang", attributes=attributes):
             plan = await self._engine_work(self.book.decide_gang, complete)
         if plan.unplaced and self.book.may_hold(plan.unplaced[0][0]):

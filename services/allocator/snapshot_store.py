@@ -22,7 +22,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dralloc.allocator.snapshot import Compacted, Policy, SnapshotUnusable, chunks_of, decode_body, encode_body, make_head, merge
@@ -232,7 +232,7 @@ class Snapshots:
 
     # -- the leader's writes --------------------------------------------------------------
 
-    def stored(self, first_seq: int, events: tuple[ev.AllocationEvent, ...] | list[ev.AllocationEvent]) -> None:
+    def stored(self, first_seq: int, events: Sequence[ev.AllocationEvent]) -> None:
         """This term's write was stored at `first_seq`..: the compacted record follows it."""
         self.since += self.compacted.stored(first_seq, events)
         if self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
