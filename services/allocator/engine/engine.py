@@ -26,6 +26,7 @@ from dralloc.allocator.engine import adoption, cel
 from dralloc.allocator.engine.gang import reservation_for
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
+from dralloc.allocator.engine.misfits import Misfits
 from dralloc.allocator.engine.placement import Placement, demand_of
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
@@ -140,6 +141,8 @@ class Engine:
         """Whether it also reports nodes not tried (too few free or matching devices), after the tried ones."""
         # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
         self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
+        self.misfits = Misfits(self.inventory, self.ledger)
+        """Failures per (claim shape, node), valid until the node changes: repeated attempts cost a lookup."""
         self._observer: Observer | None = None  # made by the first `snapshot`
 
     # --- inventory -----------------------------------------------------------------------
@@ -507,6 +510,22 @@ class Engine:
             raise _Failure(error, error=True, cel=True)
         if node is not None:
             self._learn(plans, node, mask)
+        memo = self.misfits.key(plans, node)
+        known = self.misfits.get(memo)
+        if known is not None:
+            if steps[0] + known.steps > self.budget:
+                raise BudgetExceeded  # where the search itself would have run out
+            steps[0] += known.steps
+            raise _Failure(known.message(plans[0].key), error=known.error)
+        before = steps[0]
+        try:
+            return self._place_search(plans, node, mask, order, steps)
+        except _Failure as failure:
+            self.misfits.put(memo, plans[0], failure.message, failure.error, steps[0] - before)
+            raise
+
+    def _place_search(self, plans: list[ClaimPlan], node: str | None, mask: int, order: list[int], steps: list[int]) -> list[list[Slot]]:
+        """`_place` after the CEL error check: candidates per request, then the search."""
         options: list[list[tuple[int, Alt, list[DeviceRec], dict]]] = []  # per request: feasible alternatives
         infeasible = ""
         for ci, plan in enumerate(plans):

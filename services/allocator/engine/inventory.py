@@ -75,10 +75,17 @@ class DeviceRec:
     multi: bool  # allowMultipleAllocations
     binds_to_node: bool
     _attrs: dict[str, Any] = field(default_factory=dict)
+    key: tuple[str, str, str] = ("", "", "")
+    """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
+    consume_totals: tuple[tuple[CounterKey, int], ...] = ()
+    """`consumes` summed per counter (a counter named twice counts twice): what the counter bound reads."""
 
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.driver, self.pool, self.name)
+    def __post_init__(self) -> None:
+        self.key = (self.driver, self.pool, self.name)
+        totals: dict[CounterKey, int] = {}
+        for counter, amount in self.consumes:
+            totals[counter] = totals.get(counter, 0) + amount
+        self.consume_totals = tuple(totals.items())
 
     @property
     def label(self) -> str:
@@ -139,6 +146,14 @@ class Pool:
     invalid: str | None = None
     devices: list[DeviceRec] = field(default_factory=list)
     counters: dict[CounterKey, int] = field(default_factory=dict)
+    _nodes: frozenset[str | None] | None = None
+
+    def nodes(self) -> frozenset[str | None]:
+        """The nodes the pool's devices are local to (None: a device local to no node); cached
+        (a pool's devices are fixed once built: a change builds a new Pool)."""
+        if self._nodes is None:
+            self._nodes = frozenset(rec.local_node for rec in self.devices)
+        return self._nodes
 
     @property
     def label(self) -> str:

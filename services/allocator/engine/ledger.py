@@ -50,18 +50,24 @@ class Ledger:
         self.shares: dict[DevKey, dict[str, tuple[str, dict[str, int]]]] = {}
         # derived, by current device id
         self.used_bits = 0  # exclusively allocated devices
+        self.used_ids: set[int] = set()  # the same, as ids: a membership test without shifting a fleet-sized int
         self.cap_used: dict[int, dict[str, int]] = {}
         self.counter_used: dict[CounterKey, int] = {}
         self.free_local: dict[str, int] = {}  # node -> free exclusive node-local devices
         self.free_ge: list[int] = [0]  # k -> bitset of node ranks with at least k free
         self.on_charge: list[Callable[[DeviceRec, int], None]] = []  # (device, +1 taken / -1 freed): placement's indexes
+        self.node_changes: dict[str, int] = {}
+        """node -> count of ledger changes that can alter what fits there: a device of a pool with a
+        device local to the node taken, shared or freed (misfits.py keys what failed on a node by it)."""
+        self.remote_changes = 0
+        """The same for devices local to no node (network-attached): they can be reached from many nodes."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
 
     # --- queries -----------------------------------------------------------------------
 
     def active(self, rec: DeviceRec) -> bool:
         """Whether the device is in use at all (and so consumes its counters)."""
-        return bool((self.used_bits >> rec.id) & 1) or bool(self.shares.get(rec.key))
+        return rec.id in self.used_ids or bool(self.shares.get(rec.key))
 
     def counter_room(self, rec: DeviceRec) -> bool:
         """Whether the device's counters fit beside what the ledger already uses."""
@@ -75,6 +81,8 @@ class Ledger:
         self.claims[record.claim] = record
         for entry in record.entries:
             rec = self.inv.by_key.get(entry.device)
+            if rec is not None:
+                self._touch(rec)
             if entry.kind == "exclusive":
                 self.exclusive[entry.device] = record.claim
                 if rec is not None:
@@ -96,6 +104,8 @@ class Ledger:
             return None
         for entry in record.entries:
             rec = self.inv.by_key.get(entry.device)
+            if rec is not None:
+                self._touch(rec)
             if entry.kind == "exclusive":
                 if self.exclusive.get(entry.device) == claim:
                     del self.exclusive[entry.device]
@@ -123,12 +133,26 @@ class Ledger:
 
     # --- derived state -------------------------------------------------------------------
 
+    def _touch(self, rec: DeviceRec) -> None:
+        """Count a change for every node the device's pool reaches (its counters are shared by
+        the whole pool, which may span nodes)."""
+        pool = self.inv.pools.get((rec.driver, rec.pool))
+        nodes = pool.nodes() if pool is not None else {rec.local_node}
+        changes = self.node_changes
+        for node in nodes:
+            if node is None:
+                self.remote_changes += 1
+            else:
+                changes[node] = changes.get(node, 0) + 1
+
     def _charge(self, rec: DeviceRec, sign: int) -> None:
         bit = 1 << rec.id
         if sign > 0:
             self.used_bits |= bit
+            self.used_ids.add(rec.id)
         else:
             self.used_bits &= ~bit
+            self.used_ids.discard(rec.id)
         if not rec.multi and rec.local_node is not None:
             self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - sign)
         self._counters(rec, sign)
@@ -165,6 +189,7 @@ class Ledger:
             if not rec.multi and rec.local_node is not None and not (self.used_bits & bit):
                 self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - 1)
             self.used_bits &= ~bit
+            self.used_ids.discard(rec.id)
             self.cap_used.pop(rec.id, None)
         for key in [k for k in self.counter_used if k[0] == pool.driver and k[1] == pool.name]:
             del self.counter_used[key]
@@ -172,6 +197,7 @@ class Ledger:
             busy = rec.key in self.exclusive
             if busy:
                 self.used_bits |= 1 << rec.id
+                self.used_ids.add(rec.id)
             elif not rec.multi and rec.local_node is not None:
                 self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) + 1)
             shares = self.shares.get(rec.key)

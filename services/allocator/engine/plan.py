@@ -60,6 +60,7 @@ class ClaimPlan:
     requests: list[Request] = field(default_factory=list)
     constraints: list[Constraint] = field(default_factory=list)
     error: str | None = None
+    shape: tuple | None = None  # misfits.shape_of's cache
 
 
 def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int], compile_selector: Any, compile_error: type[Exception]) -> ClaimPlan:

@@ -86,7 +86,11 @@ class Search:
     def _counters_can_fit(self) -> bool:
         """A lower bound: the unit needs N devices, so each counter must have room for
         the N smallest amounts its candidates consume (shared or already active
-        devices count as free, which keeps the bound safe)."""
+        devices count as free, which keeps the bound safe).
+
+        Per counter the candidates are one list of costs: the explicit ones (devices
+        not yet active that consume it) and zeros (shared picks, active devices, devices
+        that do not consume it); one pass over the candidates gathers them all."""
         union: dict[int, DeviceRec] = {}
         free_picks = 0  # a shared device can serve every request it is a candidate for, for nothing extra
         need = 0
@@ -99,18 +103,37 @@ class Search:
                     free_picks += 1
                 else:
                     union[rec.id] = rec
-        keys = {key for rec in union.values() for key, _ in rec.consumes}
-        for key in keys:
-            costs = [0] * free_picks
-            for rec in union.values():
-                cost = 0
-                if not self.ledger.active(rec):
-                    cost = sum(amount for k, amount in rec.consumes if k == key)
-                costs.append(cost)
-            costs.sort()
-            pool = self.inv.pools.get((key[0], key[1]))
-            room = (pool.counters.get(key, 0) if pool is not None else 0) - self.ledger.counter_used.get(key, 0)
-            if sum(costs[:need]) > room:
+        costs: dict[tuple, list[int]] = {}  # counter -> explicit costs
+        active = self.ledger.active
+        for rec in union.values():
+            if not rec.consume_totals:
+                continue
+            if active(rec):
+                for key, _ in rec.consume_totals:
+                    costs.setdefault(key, [])
+            else:
+                for key, amount in rec.consume_totals:
+                    costs.setdefault(key, []).append(amount)
+        if not costs:
+            return True
+        entries = free_picks + len(union)
+        pools = self.inv.pools
+        counter_used = self.ledger.counter_used
+        for key, explicit in costs.items():
+            explicit.sort()
+            zeros = entries - len(explicit)
+            # the `need` smallest of explicit + [0] * zeros: negatives, then zeros, then the rest
+            negatives = 0
+            while negatives < len(explicit) and explicit[negatives] < 0:
+                negatives += 1
+            take = min(negatives, need)
+            total = sum(explicit[:take])
+            rest = need - take - min(zeros, need - take)
+            if rest > 0:
+                total += sum(explicit[negatives:negatives + rest])
+            pool = pools.get((key[0], key[1]))
+            room = (pool.counters.get(key, 0) if pool is not None else 0) - counter_used.get(key, 0)
+            if total > room:
                 return False
         return True
 

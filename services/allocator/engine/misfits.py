@@ -1,0 +1,97 @@
+"""What failed on a node, remembered until something there changes.
+
+A claim that does not fit on a node fails there again, for the same reason,
+as long as nothing that node's search reads has changed: the devices usable
+from the node (the inventory's version), what the ledger holds of them and of
+their pools' counters (`Ledger.node_changes`, and `remote_changes` for devices
+local to no node), and the claim's shape. Near full, and for claims that fit
+nowhere, the engine tries many nodes per claim and most attempts repeat an
+earlier one exactly: this memo answers those from a dict.
+
+The shape is everything `Engine._place` reads of a one-claim unit, except the
+claim's name, which only appears in the message (`Misfit.message` puts it
+back). Units of several claims are not remembered. A remembered failure also
+keeps the search steps it spent, so that the unit's step budget runs out
+exactly where it would have (`Engine._place` charges them again).
+
+Pure: no I/O; the engine owns one and consults it per (unit, node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dralloc.allocator.engine.inventory import Inventory
+from dralloc.allocator.engine.ledger import Ledger
+from dralloc.allocator.engine.plan import ClaimPlan
+
+MAX_ENTRIES = 200_000
+"""Remembered failures before the memo starts over (each is a small tuple; stale ones are never hit again)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Misfit:
+    """A remembered failure: the message with the claim's name left out, and what raising it takes."""
+
+    claimed: bool  # the message starts with "claim <key>, " (put back by `message`)
+    text: str
+    error: bool
+    steps: int
+
+    def message(self, claim: str) -> str:
+        return f"claim {claim}, {self.text}" if self.claimed else self.text
+
+
+class Misfits:
+    def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
+        self.inv = inventory
+        self.ledger = ledger
+        self._memo: dict[tuple, Misfit] = {}
+
+    def key(self, plans: list[ClaimPlan], node: str | None) -> tuple | None:
+        """The memo key of placing `plans` on `node` now; None: not remembered (several claims)."""
+        if len(plans) != 1 or node is None:
+            return None
+        shape = shape_of(plans[0])
+        ledger = self.ledger
+        return (shape, node, self.inv.version, ledger.node_changes.get(node, 0), ledger.remote_changes)
+
+    def get(self, key: tuple | None) -> Misfit | None:
+        return self._memo.get(key) if key is not None else None
+
+    def put(self, key: tuple | None, plan: ClaimPlan, message: str, error: bool, steps: int) -> None:
+        if key is None:
+            return
+        prefix = f"claim {plan.key}, "
+        claimed = message.startswith(prefix)
+        if not claimed and plan.key in message:
+            return  # a message naming the claim elsewhere: not reusable for another claim
+        if len(self._memo) >= MAX_ENTRIES:
+            self._memo.clear()
+        self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix):] if claimed else message, error=error, steps=steps)
+
+
+def shape_of(plan: ClaimPlan) -> tuple:
+    """Everything placing the claim reads except its name: per request, per alternative, the
+    selector key, counts and modes, capacity, tolerations and names written into messages;
+    the constraints. Cached on the plan (a plan is built per allocation and not changed)."""
+    shape = plan.shape
+    if shape is None:
+        requests = tuple(
+            (
+                request.name,
+                tuple(
+                    (
+                        alt.result_name, alt.base, alt.sub, alt.verdict_key, alt.class_key, alt.all_mode, alt.count, alt.admin,
+                        tuple(sorted(alt.capacity.items())) if alt.capacity else None,
+                        tuple((t.key, t.operator, t.value, t.effect) for t in alt.tolerations),
+                        alt.constraint_attributes,
+                    )
+                    for alt in request.alts
+                ),
+            )
+            for request in plan.requests
+        )
+        constraints = tuple((c.attribute, c.match, tuple(sorted(c.requests))) for c in plan.constraints)
+        shape = plan.shape = (requests, constraints)
+    return shape

@@ -1,0 +1,70 @@
+"""The engine remembers what failed on a node (misfits.py) only while nothing there changes:
+a remembered failure must never hide a node that has become able to take the claim."""
+
+from __future__ import annotations
+
+import msgspec
+
+from dralloc.allocator.engine import Engine
+from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
+
+
+def _node(name: str) -> Node:
+    return msgspec.convert({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}, Node)
+
+
+def _class() -> DeviceClass:
+    return msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
+
+
+def _slice(name: str, node: str, devices: list[dict], *, pool: str, count: int = 1, counters: list | None = None) -> ResourceSlice:
+    spec = {"driver": "gpu.example.com", "pool": {"name": pool, "generation": 1, "resourceSliceCount": count}, "nodeName": node, "devices": devices}
+    if counters:
+        spec["sharedCounters"] = counters
+    return msgspec.convert({"metadata": {"name": name}, "spec": spec}, ResourceSlice)
+
+
+def _claim(name: str, count: int = 1) -> ResourceClaim:
+    return msgspec.convert(
+        {"metadata": {"name": name, "namespace": "ns"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count}}]}}},
+        ResourceClaim,
+    )
+
+
+def _engine(*slices: ResourceSlice) -> Engine:
+    engine = Engine()
+    for obj in (_node("node-1"), _node("node-2"), _class(), *slices):
+        engine.apply(obj)
+    return engine
+
+
+def test_a_remembered_failure_gives_the_same_message_and_ends_when_the_node_changes():
+    engine = _engine(*(_slice(f"{n}-gpus", n, [{"name": "gpu-0"}, {"name": "gpu-1"}], pool=n) for n in ("node-1", "node-2")))
+    full = engine.allocate([_claim("a", 2), _claim("b", 2)])
+    assert [o.status for o in full] == ["allocated", "allocated"]
+    (first,) = engine.allocate([_claim("c")], node="node-2")
+    (again,) = engine.allocate([_claim("d")], node="node-2")  # the same shape, nothing changed: remembered
+    assert first.status == again.status == "unsatisfiable"
+    assert again.message == first.message.replace("ns/c", "ns/d")
+    held = full[0] if full[0].node == "node-2" else full[1]
+    assert engine.release(held.claim)
+    (after,) = engine.allocate([_claim("e")], node="node-2")
+    assert after.status == "allocated" and after.node == "node-2"
+
+
+def test_a_change_on_another_node_of_the_same_pool_ends_what_was_remembered():
+    # one pool across two nodes, one counter shared by a device on each: taking the device on
+    # node-1 leaves node-2's without counter room; releasing it (a change on node-1) gives it back
+    counters = [{"name": "board", "counters": {"power": {"value": "1"}}}]
+    uses = [{"counterSet": "board", "counters": {"power": {"value": "1"}}}]
+    engine = _engine(
+        _slice("s-1", "node-1", [{"name": "dev-a", "consumesCounters": uses}], pool="shared", count=2, counters=counters),
+        _slice("s-2", "node-2", [{"name": "dev-b", "consumesCounters": uses}], pool="shared", count=2),
+    )
+    (x,) = engine.allocate([_claim("x")], node="node-1")
+    assert x.status == "allocated"
+    (y,) = engine.allocate([_claim("y")], node="node-2")
+    assert y.status == "unsatisfiable" and "counter" in y.message
+    assert engine.release("ns/x")
+    (z,) = engine.allocate([_claim("z")], node="node-2")
+    assert z.status == "allocated" and [r.device for r in z.allocation.devices.results] == ["dev-b"]
