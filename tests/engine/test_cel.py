@@ -32,6 +32,7 @@ import pytest
 import yaml
 from cel_oracle import device_activation as oracle_activation
 from cel_oracle import verdict as oracle_verdict
+from upstream_corpus import selectors_and_devices
 
 from dralloc.allocator.engine.cel import (
     MAX_COST,
@@ -107,32 +108,7 @@ def test_compile_errors(entry: dict) -> None:
 @pytest.fixture(scope="module")
 def upstream() -> tuple[list[str], list[tuple[str, dict]]]:
     """Every selector expression and every distinct device of the upstream corpus."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    expressions: set[str] = set()
-    devices: dict[str, tuple[str, dict]] = {}
-    for path in sorted((SHARED / "corpus" / "upstream-verdicts").glob("*.yaml")):
-        for doc in yaml.load_all(path.read_text(), Loader=loader):
-            if not isinstance(doc, dict):
-                continue
-            _collect_expressions(doc, expressions)
-            if doc.get("kind") == "ResourceSlice":
-                driver = doc["spec"]["driver"]
-                for dev in doc["spec"].get("devices") or []:
-                    key = msgspec.json.encode([driver, dev]).decode()
-                    devices.setdefault(key, (driver, dev))
-    return sorted(expressions), list(devices.values())
-
-
-def _collect_expressions(node: object, out: set[str]) -> None:
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == "expression" and isinstance(v, str):
-                out.add(v)
-            else:
-                _collect_expressions(v, out)
-    elif isinstance(node, list):
-        for v in node:
-            _collect_expressions(v, out)
+    return selectors_and_devices(SHARED / "corpus" / "upstream-verdicts")
 
 
 def test_upstream_corpus_selectors_agree_with_oracle(upstream) -> None:
