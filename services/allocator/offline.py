@@ -131,10 +131,11 @@ def load_engine(engine: Engine, objects: Sequence[tuple[Source | None, Object]])
         names.update(x for x in [s.spec.node_name, *(d.node_name for d in s.spec.devices)] if x)
     engine.inventory.register_nodes(sorted(names))
     warnings: list[str] = []
-    for obj in [*nodes, *classes, *rules, *slices]:
-        for problem in validate(obj):
-            warnings.append(f"{obj.kind}/{obj.metadata.name}: {problem}")
-        warnings += engine.apply(obj)
+    inventory: list[Node | DeviceClass | DeviceTaintRule | ResourceSlice] = [*nodes, *classes, *rules, *slices]
+    for item in inventory:
+        for problem in validate(item):
+            warnings.append(f"{item.kind}/{item.metadata.name}: {problem}")
+        warnings += engine.apply(item)
     pending: dict[str, ResourceClaim] = {}
     for source, obj in objects:
         if isinstance(obj, ResourceClaim):

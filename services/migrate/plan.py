@@ -197,7 +197,7 @@ def _allocate_dra(engine: Engine, parents: dict, shared: dict, workloads: list[W
                 n += 1
                 claim = msgspec.convert({"metadata": {"name": f"pod-{n}", "namespace": "plan"}, "spec": t.dra}, ResourceClaim)
                 (outcome,) = engine.allocate([claim])
-                if outcome.status != "allocated":
+                if outcome.status != "allocated" or outcome.node is None or outcome.allocation is None:  # (allocated: both set)
                     result.not_fitted += 1
                     continue
                 result.nodes.add(outcome.node)
@@ -275,17 +275,17 @@ def plan(paths: Sequence[str], fleet: Any, usage_path: str | None = None) -> tup
     dra_engine, dra_parents, dra_shared = _engine(spec)
     dra_fleet = time.perf_counter() - before_dra
     dra = _allocate_dra(dra_engine, dra_parents, dra_shared, workloads)
-    drivers = sorted(
-        (
-            {"workload": w.name, "pods": w.pods,
-             "device_plugin_gpus": round(dp.per_workload.get(w.name, 0.0), 2),
-             "dra_gpus": round(dra.per_workload.get(w.name, 0.0), 2),
-             "saved": round(dp.per_workload.get(w.name, 0.0) - dra.per_workload.get(w.name, 0.0), 2),
-             "why": _why(w.name in dra.mig_workloads, w.name in dra.share_workloads)}
-            for w in workloads
-        ),
-        key=lambda d: (-d["saved"], d["workload"]),
-    )
+    def saved(w: Workload) -> float:
+        return round(dp.per_workload.get(w.name, 0.0) - dra.per_workload.get(w.name, 0.0), 2)
+
+    drivers = [
+        {"workload": w.name, "pods": w.pods,
+         "device_plugin_gpus": round(dp.per_workload.get(w.name, 0.0), 2),
+         "dra_gpus": round(dra.per_workload.get(w.name, 0.0), 2),
+         "saved": saved(w),
+         "why": _why(w.name in dra.mig_workloads, w.name in dra.share_workloads)}
+        for w in sorted(workloads, key=lambda w: (-saved(w), w.name))
+    ]
     result = {
         "workloads": len(workloads),
         "pods": sum(w.pods for w in workloads),

@@ -348,7 +348,7 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
             ask.share = portion
             ask.share_first = isinstance(answer, str) or portion.memory_mib < answer.smallest_mib
             steps.insert(0 if ask.share_first else len(steps), f"a share of a GPU ({portion.quantity()} of its memory)")
-        need = portion if isinstance(answer, str) else answer
+        need = [x for x in (answer, portion) if not isinstance(x, str)][0]  # the MIG fit, else the share (not both str: above)
         report.changes.append(
             f"{who}: 1 GPU -> {', else '.join(steps)} (a whole GPU where none is free): peak {peak.memory_mib:g} MiB / "
             f"{peak.utilization:g}% fits {need.need_mib} MiB / {need.need_percent:g}% with {MARGIN:.0%} headroom"
