@@ -154,8 +154,9 @@ async def stored_times(bus: Bus, stream: str, count: int, timeout: float) -> lis
     return times
 
 
-async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, timeout: float = 120.0) -> dict[str, Any]:
-    """Run the chain for `count` messages of `payload` on `bus`'s server; the ceiling's rate and CPU.
+async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, server_pids: list[int] | None = None, timeout: float = 120.0) -> dict[str, Any]:
+    """Run the chain for `count` messages of `payload` on `bus`'s server; the ceiling's rate and CPU
+    (of this process as the source, of each stage, and of `server_pids`, the nats-servers).
 
     The source is this process, publishing as fast as the window allows (JetStream's ack awaited
     for each, as the submit path does), each with its own ``Nats-Msg-Id``."""
@@ -167,6 +168,7 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, time
             await stage.start()
         await asyncio.sleep(1.0)  # the stages connect and make their consumers before the first publish
         cpu_before = time.process_time()
+        servers_before = sum(process_cpu_seconds(pid) for pid in server_pids or [])
         in_flight: set[asyncio.Future[Any]] = set()
         for i in range(count):
             ack = await bus.send_bytes(f"ceil.in.{i}", payload, headers={"Nats-Msg-Id": f"ceil-{i}"}, timeout=30.0)
@@ -178,8 +180,10 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, time
         if in_flight:
             await asyncio.wait(in_flight)
         source_cpu = time.process_time() - cpu_before
-        times = await stored_times(bus, f"KV_{BUCKET}", count, timeout)
         cpu = {"source": round(source_cpu, 2), "relay": await stages[0].finish(timeout), "sink": await stages[1].finish(timeout)}
+        if server_pids:  # once the sink is done (its last put stored), before the timestamps are read
+            cpu["nats-server"] = round(sum(process_cpu_seconds(pid) for pid in server_pids) - servers_before, 2)
+        times = await stored_times(bus, f"KV_{BUCKET}", count, timeout)
     finally:
         for stage in stages:
             await stage.stop()
@@ -192,6 +196,7 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, time
         "payload_bytes": len(payload),
         "cpu_s": cpu,
         "cpu_ms_per_claim": round(sum(v for v in cpu.values() if v is not None) * 1000 / count, 3) if None not in cpu.values() else None,
+        "claims_per_cpu_second": round(count / sum(cpu.values()), 1) if None not in cpu.values() and sum(cpu.values()) > 0 else None,
     }
 
 

@@ -1,44 +1,71 @@
-"""`dralloc bench pipeline`: the whole system as separate processes, claims offered at a rate.
+"""`dralloc bench pipeline`: the whole system as separate processes, claims sent as users send them.
 
 What runs: a nats-server (JetStream, file storage, a fixed port after its
 first start so it can be restarted in place) and the four services, each as
-`python -m dralloc.cli run <service>`: discovery simulating a fleet of
-HGX H100 nodes (8 GPUs each, enough for every claim of the run; see Fleet
+`python -m dralloc.cli run <service>`: discovery simulating a fleet of HGX
+H100 nodes (8 GPUs each) and h200-sxm-mig nodes (each H200 also offered as
+MIG partitions that share its counters, the real H200 MIG table; see Fleet
 size), the
 ingestor publishing the DeviceClasses of examples/, the allocator (two with
-`--chaos`: active + standby) and the status writer. The benchmark itself
-offers the claims, one-GPU ResourceClaims published as `ClaimSubmitted` (as
-the ingestor or `dralloc submit` would), so their rate is exact.
+`--chaos`: active + standby) and the status writer (the local store, a KV
+bucket).
 
-Two phases, both measured from the server's own timestamps (the stream time
-of each ClaimSubmitted and of the claim's AllocationCommitted), so the
-benchmark's own delays do not count:
+How claims enter (the measured run): as a user's program sends them through
+the client's submit path, `dralloc submit`'s `submit_paths`: each batch of due
+claims (every ~5 ms) is written to a manifest file, read back, each claim
+decoded, validated and linted, given its uid, published and its store
+awaited, over one connection kept open (`Submitter`). Every tenth claim asks
+for a MIG slice (`mig.nvidia.com`, a CEL selector on the 1g.18gb profile), the
+rest for one whole H100 (`gpu.nvidia.com`, a CEL selector on productName). Why this path and not the ingestor service's file
+watch: that source re-reads every manifest of its directories on each change
+and polls at an interval, so a directory filling with thousands of claim
+files a second costs O(files) per poll and adds the interval to every
+latency; and `dralloc submit` per batch starts a Python process (~1.5 CPU
+seconds here, mostly imports: `/usr/bin/time dralloc submit -f one.yaml`). The submit path does the ingestor's own per-claim work
+(`dralloc.ingestor.sources.events_from_manifests`) in the user's process.
 
-- latency: claims at `rate` per second for `duration` seconds -> p50_ms, p99_ms;
-- throughput: `burst` claims offered at once (more than the system can take)
-  -> claims_per_second, commits over the time from the first to the last.
+Each claim's latency runs from when it was due (start + i / rate: a
+submitter that falls behind counts against it) to the status writer's stored
+record (the server's timestamp of the KV put in `KV_dralloc-claims`). Phases:
 
-Fleet size: every claim asks for one GPU and keeps it to the end (the
-benchmark deletes none, so no release is mixed into what it measures), so the
-fleet holds every claim with 10% to spare: 9,001 claims at the defaults ->
-1,238 nodes, 9,904 GPUs. Fewer GPUs would make the last claims fail and wait
-(the failure path, not allocation); a toy fleet of a few nodes would hide what
-a fleet costs per claim (ordering candidate nodes, evaluating class selectors
-on devices seen for the first time). The spare 10% keeps the last claims from
-searching a nearly full fleet, which a real cluster avoids too.
+- latency: claims at `rate` per second for `duration` seconds -> p50_ms,
+  p99_ms, and where the time went (`p50_ms_by_stage`: submit = offer to
+  ClaimSubmitted stored, allocate = to AllocationCommitted stored, status = to
+  the record);
+- throughput: claims offered at `sustain_rate` per second (above what the
+  system takes: `backlog_at_window_end` > `backlog_at_window_start` says so)
+  for `sustain` seconds -> claims_per_second, records stored per second in
+  the window from the end of the first quarter (warm-up) to the end of the
+  offering (the drain after it, without the submitter's load, is left out);
+  `cpu_s_in_window` per process (the wall clock counts others' work on a
+  shared machine; CPU seconds much less).
 
-With `chaos`, during both phases the active allocator is killed with SIGKILL
-every `kill_every` seconds (and started again, as a standby) and nats-server
-is restarted every `restart_every` seconds; afterwards ALLOCATIONS is read
-from the start and checked: every submitted claim exactly one outcome
-(`lost`: none, `duplicated`: more than one), no device committed to a claim
-while another live claim holds it (`double_allocated_devices`).
+Then the bus's ceiling on the same server (`benchmarks/ceiling.py`): the same
+chain of publishes, pull fetches, acks and a KV put with no work between ->
+jetstream_ceiling_claims_per_second, and ratio_of_ceiling.
+
+Fleet size: every claim keeps its device to the end (the benchmark deletes
+none, so no release is mixed into what it measures), so the fleet holds every
+claim with 10% to spare (`fleet_for`). Fewer devices would make the last
+claims fail and wait (the failure path, not allocation); a toy fleet of a few
+nodes would hide what a fleet costs per claim (ordering candidate nodes,
+evaluating class selectors on devices seen for the first time).
+
+With `chaos` (`run_chaos`): ClaimSubmitted published directly (retried
+through restarts) at `rate`, then `burst` at once; during both the active
+allocator is killed with SIGKILL every `kill_every` seconds (and started
+again, as a standby) and nats-server is restarted every `restart_every`
+seconds; afterwards ALLOCATIONS is read from the start and checked: every
+submitted claim exactly one outcome (`lost`: none, `duplicated`: more than
+one), no device committed to a claim while another live claim holds it
+(`double_allocated_devices`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -67,10 +94,16 @@ from dralloc.bus import (
     until_jetstream_answers,
     wait_for_jetstream,
 )
+from dralloc.client.submit import submit_paths
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
+from dralloc.schemas.status import DEFAULT_BUCKET, UnreadableStatus, decode_status, kv_key
 from dralloc.stats import percentile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ceiling.py beside this file (also when run by `dralloc bench`)
+from ceiling import measure as measure_ceiling  # noqa: E402
+from ceiling import process_cpu_seconds  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = REPO / "examples" / "deviceclasses.yaml"
@@ -81,8 +114,19 @@ NAMESPACE = "bench"
 @dataclass
 class Options:
     rate: float = 1000.0
+    """Claims per second offered in the latency phase."""
     duration: float = 5.0
+    """Seconds of the latency phase."""
+    sustain_rate: float = 4000.0
+    """Claims per second offered in the throughput phase (above what the system takes: its backlog grows)."""
+    sustain: float = 8.0
+    """Seconds of the throughput phase; the rate is over its last three quarters (the first is warm-up)."""
+    mig_every: int = 10
+    """Every this many claims, one asks for a MIG slice (1g.18gb) instead of a whole GPU (0: none)."""
+    ceiling: int = 20000
+    """Messages through the bus-only chain (`benchmarks/ceiling.py`) after the pipeline (0: not measured)."""
     burst: int = 4000
+    """With `chaos`: claims offered at once after the latency phase."""
     chaos: bool = False
     kill_every: float = 3.0
     restart_every: float = 7.0
@@ -163,6 +207,9 @@ class Stack:
     cluster: int = 1
     """nats-servers: more than one is a JetStream cluster on loopback (`dralloc.bus.LocalCluster`), the
     streams replicated on 3 of them (or all, if fewer), and a restart restarts one server at a time."""
+    mig_nodes: int = 0
+    """More nodes, of the h200-sxm-mig profile (each H200 also offered as MIG partitions sharing its
+    counters: the real H200 MIG table), named mig-<i>; `nodes` are h100-sxm (whole GPUs), named node-<i>."""
 
     def __post_init__(self) -> None:
         if self.cluster > 1:
@@ -174,7 +221,10 @@ class Stack:
 
     async def __aenter__(self) -> Stack:
         fleet = self.root / "fleet.yaml"
-        fleet.write_text(yaml.safe_dump([{"profile": "h100-sxm", "count": self.nodes, "prefix": "node"}]))
+        entries = [{"profile": "h100-sxm", "count": self.nodes, "prefix": "node"}]
+        if self.mig_nodes:
+            entries.append({"profile": "h200-sxm-mig", "count": self.mig_nodes, "prefix": "mig"})
+        fleet.write_text(yaml.safe_dump(entries))
         await self.nats.start()
         url = self.nats.url
         if self.cluster > 1 and self.nats_config is None:  # (under auth the services wait for JetStream themselves)
@@ -182,7 +232,7 @@ class Stack:
         env = {"DRALLOC_ALLOCATOR_LEASE_TTL": "2", "DRALLOC_ALLOCATOR_ACK_WAIT": "10", **self.env}
         specs = {
             "discovery": (["discovery"], {"DRALLOC_DISCOVERY_SOURCE": "fleet", "DRALLOC_DISCOVERY_FLEET": str(fleet),
-                                          "DRALLOC_DISCOVERY_MIG": "false", "DRALLOC_DISCOVERY_INTERVAL": "3600"}),
+                                          "DRALLOC_DISCOVERY_INTERVAL": "3600"}),
             "ingestor": (["ingestor", "-f", str(CLASSES), "--watch"], {"DRALLOC_INGESTOR_INTERVAL": "3600"}),
             "statuswriter": (["statuswriter"], {}),
             **{f"allocator-{i}": (["allocator"], {}) for i in range(self.allocators)},
@@ -224,7 +274,7 @@ class Stack:
                 nodes = await bus.js.stream_info("INVENTORY", subjects_filter="dra.nodes.>")
                 known = await bus.js.stream_info("INVENTORY", subjects_filter="dra.deviceclasses.>")
                 # the classes too: a probe that comes before its class fails first (two outcomes)
-                if len(nodes.state.subjects or {}) >= self.nodes and len(known.state.subjects or {}) >= classes:
+                if len(nodes.state.subjects or {}) >= self.nodes + self.mig_nodes and len(known.state.subjects or {}) >= classes:
                     break
                 await asyncio.sleep(0.2)
             before = -1
@@ -403,7 +453,8 @@ async def chaos(stack: Stack, bus: Bus, options: Options, stop: asyncio.Event, l
             log.append(f"{time.time():.3f} restarted nats-server")
 
 
-async def run(options: Options) -> dict[str, Any]:
+async def run_chaos(options: Options) -> dict[str, Any]:
+    """The chaos run: ClaimSubmitted published directly (retried through restarts), then a burst; the invariants checked."""
     rate_claims = int(options.rate * options.duration)
     total = rate_claims + options.burst + 1
     nodes = math.ceil(total * 1.1 / GPUS_PER_NODE)  # room for every claim: outcomes are commits
@@ -490,12 +541,275 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
+# --- the measured run: claims through the submit path, each ending at the status writer's record ---------
+
+
+MIG_SELECTOR = "device.attributes['gpu.nvidia.com'].profile == '1g.18gb'"
+GPU_SELECTOR = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
+MIG_SLICES_PER_NODE = 56
+"""1g.18gb slices an h200-sxm-mig node holds at once (8 GPUs x 7)."""
+
+
+def claim_manifest(name: str, mig: bool) -> dict[str, Any]:
+    """A ResourceClaim as a user writes it (no uid: the submit path derives one): one whole H100
+    (`gpu.nvidia.com`, a CEL selector on productName: that keeps whole-GPU claims off the MIG
+    nodes' H200s, so a MIG node's GPUs stay for slices), or one MIG slice of profile 1g.18gb
+    (`mig.nvidia.com`, a CEL selector on the profile)."""
+    if mig:
+        request = {"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 1, "selectors": [{"cel": {"expression": MIG_SELECTOR}}]}}
+    else:
+        request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1, "selectors": [{"cel": {"expression": GPU_SELECTOR}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [request]}},
+    }  # fmt: skip
+
+
+def is_mig(index: int, mig_every: int) -> bool:
+    """Whether the `index`-th claim of a run asks for a MIG slice."""
+    return mig_every > 0 and index % mig_every == mig_every - 1
+
+
+def fleet_for(gpu_claims: int, mig_claims: int) -> tuple[int, int]:
+    """(h100-sxm nodes, h200-sxm-mig nodes) holding every claim with 10% to spare: outcomes are commits.
+    (Whole-GPU claims select H100s, MIG claims H200 slices: each kind has its own nodes.)"""
+    nodes = math.ceil(gpu_claims * 1.1 / GPUS_PER_NODE)
+    mig_nodes = math.ceil(mig_claims * 1.1 / MIG_SLICES_PER_NODE) + (1 if mig_claims else 0)
+    return nodes, mig_nodes
+
+
+SUBMIT_ATTEMPTS = 5
+
+
+def server_pids(nats: Any) -> list[int]:
+    """The running nats-server processes of a `LocalServer` or `LocalCluster`."""
+    procs = getattr(nats, "procs", None) or [getattr(nats, "proc", None)]
+    return [proc.pid for proc in procs if proc is not None and proc.returncode is None]
+
+
+class Submitter:
+    """Claims sent as a user's program sends them: each batch written to a manifest file in `directory`
+    and handed to the client's submit path (`dralloc submit`'s `submit_paths`: the file read, each
+    object decoded, validated and linted, a uid derived, published and its store awaited) over one
+    connection. A claim's offer time is when it was due (start + i / rate), so a submitter falling
+    behind counts against the latency (no coordinated omission)."""
+
+    def __init__(self, bus: Bus, directory: Path) -> None:
+        self.bus, self.directory = bus, directory
+        self.offered: dict[str, float] = {}
+        """Claim name -> the wall-clock time it was due."""
+        self.problems: list[str] = []
+        self.batches = 0
+        self.retries = 0
+        """Batches submitted again after the server did not answer in time (as a user's program
+        retries; the same claims keep their uids, so a retry of a stored claim is a duplicate)."""
+
+    async def submit(self, texts: list[str]) -> None:
+        path = self.directory / f"batch-{self.batches}.yaml"
+        self.batches += 1
+        path.write_text("\n---\n".join(texts))
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                await submit_paths([str(path)], None, self.problems.append, bus=self.bus)
+                return
+            except (NatsError, TimeoutError):
+                if attempt == SUBMIT_ATTEMPTS - 1:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(0.1 * 2**attempt)
+
+    async def offer(self, names: list[str], rate: float, mig_every: int, first_index: int = 0) -> tuple[float, float]:
+        """Offer `names` at `rate` per second in batches (what is due every few ms, one file each);
+        returns the wall-clock (start, end) of the offering."""
+        # Made before the clock runs: the harness's own work. JSON is YAML; a file is one batch.
+        texts = [json.dumps(claim_manifest(name, is_mig(first_index + i, mig_every))) for i, name in enumerate(names)]
+        start_wall, start = time.time(), time.monotonic()
+        sent = 0
+        in_flight: set[asyncio.Task[None]] = set()
+        while sent < len(names):
+            due = min(len(names), int((time.monotonic() - start) * rate) + 1)
+            if due > sent:
+                for i in range(sent, due):
+                    self.offered[names[i]] = start_wall + i / rate
+                task = asyncio.create_task(self.submit(texts[sent:due]))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                sent = due
+                if len(in_flight) >= 64:  # bound the client's own backlog
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.sleep(0.005)
+        end_wall = time.time()
+        if in_flight:
+            await asyncio.gather(*in_flight)
+        return start_wall, end_wall
+
+
+@dataclass
+class Record:
+    """A status writer's record as stored: the claim's name, its state and the server's timestamp."""
+
+    name: str
+    state: str
+    time: float
+
+
+async def read_records(bus: Bus, bucket: str, namespace: str = NAMESPACE) -> dict[str, Record]:
+    """Every record of the status bucket about a claim in `namespace`, by claim name, stamped with the
+    time the server stored it (each record's first store: the bucket keeps one per claim)."""
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True)
+    sub = await bus.js.pull_subscribe("", durable=None, stream=f"KV_{bucket}", config=config)
+    prefix = f"$KV.{bucket}.{kv_key(namespace + '/')}"
+    records: dict[str, Record] = {}
+    try:
+        pending = (await sub.consumer_info()).num_pending
+        while pending > 0:
+            for msg in await sub.fetch(min(pending, 2000), timeout=5.0):
+                pending = msg.metadata.num_pending
+                if not msg.subject.startswith(prefix) or not msg.data:
+                    continue
+                try:
+                    status = decode_status(msg.subject[len(f"$KV.{bucket}.") :], msg.data)
+                except UnreadableStatus:
+                    continue
+                name = msg.subject[len(prefix) :]
+                records.setdefault(name, Record(name, status.state, msg.metadata.timestamp.timestamp()))
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return records
+
+
+async def wait_for_records(bus: Bus, bucket: str, count: int, timeout: float) -> None:
+    """Until the bucket holds `count` records (a count from the server, read without decoding), or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(NatsError, TimeoutError):
+            if (await bus.js.stream_info(f"KV_{bucket}")).state.messages >= count:
+                return
+        await asyncio.sleep(0.25)
+
+
+def latencies_ms(offered: dict[str, float], records: dict[str, Record], names: Iterable[str]) -> list[float]:
+    """Each named claim's time from its offer to its stored record, in ms (claims without a record: none)."""
+    return [(records[n].time - offered[n]) * 1000 for n in names if n in records and n in offered]
+
+
+def stage_latencies_ms(
+    offered: dict[str, float], claims: Iterable[Stored], allocations: Iterable[Stored], records: dict[str, Record], names: Iterable[str]
+) -> dict[str, list[float]]:
+    """Where each named claim's time went, in ms: `submit` (offer to its ClaimSubmitted stored in CLAIMS),
+    `allocate` (to its AllocationCommitted stored in ALLOCATIONS), `status` (to its stored record)."""
+    submitted: dict[str, float] = {}
+    for stored in claims:
+        if isinstance(stored.event, ev.ClaimSubmitted) and stored.event.claim.metadata.namespace == NAMESPACE:
+            submitted.setdefault(stored.event.claim.metadata.name, stored.time)
+    committed: dict[str, float] = {}
+    for stored in allocations:
+        if isinstance(stored.event, ev.AllocationCommitted) and stored.event.claim.metadata.namespace == NAMESPACE:
+            committed.setdefault(stored.event.claim.metadata.name, stored.time)
+    stages: dict[str, list[float]] = {"submit": [], "allocate": [], "status": []}
+    for name in names:
+        if name in offered and name in submitted and name in committed and name in records:
+            stages["submit"].append((submitted[name] - offered[name]) * 1000)
+            stages["allocate"].append((committed[name] - submitted[name]) * 1000)
+            stages["status"].append((records[name].time - committed[name]) * 1000)
+    return stages
+
+
+def window_rate(times: Iterable[float], start: float, end: float) -> float | None:
+    """Events per second with a time in [start, end)."""
+    if end <= start:
+        return None
+    return sum(1 for t in times if start <= t < end) / (end - start)
+
+
+def backlog_at(offered: dict[str, float], records: dict[str, Record], names: Iterable[str], at: float) -> int:
+    """Of `names`, how many were offered by `at` and had no stored record yet."""
+    return sum(1 for n in names if offered.get(n, math.inf) <= at and (n not in records or records[n].time > at))
+
+
+async def run(options: Options) -> dict[str, Any]:
+    """`dralloc bench pipeline`: the measured run (see the module docstring); with `chaos`, `run_chaos`."""
+    if options.chaos:
+        return await run_chaos(options)
+    paced = [f"rate-{i}" for i in range(int(options.rate * options.duration))]
+    sustained = [f"sustain-{i}" for i in range(int(options.sustain_rate * options.sustain))]
+    everything = paced + sustained
+    mig_claims = sum(1 for i in range(len(everything)) if is_mig(i, options.mig_every))
+    nodes, mig_nodes = fleet_for(len(everything) - mig_claims + 1, mig_claims)  # (+1: the readiness probe)
+    async with Stack(nodes=nodes, mig_nodes=mig_nodes, allocators=max(1, options.allocators), cluster=options.cluster) as stack:
+        bus = await Bus.connect(stack.nats.url, name="bench")
+        try:
+            await stack.ready(bus)
+            manifests = stack.root / "claims"
+            manifests.mkdir()
+            submitter = Submitter(bus, manifests)
+            await submitter.offer(paced, options.rate, options.mig_every)
+            await wait_for_records(bus, DEFAULT_BUCKET, len(paced) + 1, options.settle_timeout)
+            pids = {name: service.pid for name, service in stack.services.items()}
+            pids |= {f"nats-server-{i}": pid for i, pid in enumerate(server_pids(stack.nats))}
+            cpu_before = {name: process_cpu_seconds(pid) for name, pid in pids.items()} | {"bench": time.process_time()}
+            start, end = await submitter.offer(sustained, options.sustain_rate, options.mig_every, first_index=len(paced))
+            cpu_after = {name: process_cpu_seconds(pid) for name, pid in pids.items()} | {"bench": time.process_time()}
+            await wait_for_records(bus, DEFAULT_BUCKET, len(everything) + 1, options.settle_timeout)
+            records = await read_records(bus, DEFAULT_BUCKET)
+            stages = stage_latencies_ms(submitter.offered, await _read_all(bus, "CLAIMS"), await _read_all(bus, "ALLOCATIONS"), records, paced)
+            peak_rss = {name: service.peak_rss_mb() for name, service in stack.services.items()}
+            ceiling = None
+            if options.ceiling > 0:
+                payload = ev.encode(claim_event("ceiling-payload"))
+                ceiling = await measure_ceiling(bus, payload, options.ceiling, DEFAULT_BUCKET, server_pids(stack.nats))
+        finally:
+            await bus.close()
+    warm = start + (end - start) / 4
+    times = [records[n].time for n in sustained if n in records]
+    rate = window_rate(times, warm, end)
+    latencies = latencies_ms(submitter.offered, records, paced)
+    cpu_window = {name: round(cpu_after[name] - cpu_before[name], 2) for name in cpu_after}
+    stored_in_window = sum(1 for t in times if warm <= t < end)
+    states: dict[str, int] = {}
+    for name in everything:
+        state = records[name].state if name in records else "missing"
+        states[state] = states.get(state, 0) + 1
+    ceiling_rate = None if ceiling is None else ceiling["claims_per_second"]
+    return {
+        "claims_per_second": _round(rate),
+        "jetstream_ceiling_claims_per_second": ceiling_rate,
+        "ratio_of_ceiling": round(rate / ceiling_rate, 3) if rate and ceiling_rate else None,
+        "p50_ms": _round(percentile(latencies, 50)),
+        "p99_ms": _round(percentile(latencies, 99)),
+        "p50_ms_by_stage": {stage: _round(percentile(values, 50)) for stage, values in stages.items()},
+        "p99_ms_by_stage": {stage: _round(percentile(values, 99)) for stage, values in stages.items()},
+        "rate": options.rate,
+        "duration_s": options.duration,
+        "sustain_rate": options.sustain_rate,
+        "sustain_s": options.sustain,
+        "window_s": round(end - warm, 2),
+        "offered_per_second_in_window": _round(window_rate([submitter.offered[n] for n in sustained], warm, end)),
+        "backlog_at_window_start": backlog_at(submitter.offered, records, sustained, warm),
+        "backlog_at_window_end": backlog_at(submitter.offered, records, sustained, end),
+        "outcomes": states,
+        "submit_problems": len(submitter.problems),
+        "mig_claims": mig_claims,
+        "nodes": nodes,
+        "mig_nodes": mig_nodes,
+        "gpus": (nodes + mig_nodes) * GPUS_PER_NODE,
+        "allocators": max(1, options.allocators),
+        "nats_servers": options.cluster,
+        "cpu_s_in_window": cpu_window,
+        "cpu_ms_per_claim_in_window": round(sum(cpu_window.values()) * 1000 / stored_in_window, 3) if stored_in_window else None,
+        "claims_per_cpu_second": round(stored_in_window / sum(cpu_window.values()), 1) if sum(cpu_window.values()) > 0 else None,
+        "submit_retries": submitter.retries,
+        "ceiling": ceiling,
+        "peak_rss_mb": peak_rss,
+    }
+
+
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The report for people: (metric, value) rows."""
-    return [(key, str(value)) for key, value in report.items() if key != "chaos_events"]
+    return [(key, str(value)) for key, value in report.items() if key not in ("chaos_events", "ceiling")]
 
 
 if __name__ == "__main__":  # python benchmarks/pipeline.py [--chaos]
-    import json
-
     print(json.dumps(asyncio.run(run(Options(chaos="--chaos" in sys.argv))), indent=2))

@@ -734,7 +734,11 @@ def bench_placement(
 def bench_pipeline(
     rate: float = typer.Option(1000.0, "--rate", help="Claims offered per second in the latency phase."),
     duration: float = typer.Option(5.0, "--duration", help="Seconds of the latency phase."),
-    burst: int = typer.Option(4000, "--burst", help="Claims offered at once in the throughput phase."),
+    sustain_rate: float = typer.Option(4000.0, "--sustain-rate", help="Claims offered per second in the throughput phase (above capacity: a backlog grows)."),
+    sustain: float = typer.Option(8.0, "--sustain", help="Seconds of the throughput phase; claims/s is over its last three quarters."),
+    mig_every: int = typer.Option(10, "--mig-every", help="Every Nth claim asks for a MIG slice (1g.18gb of an H200) instead of a whole H100; 0: none."),
+    ceiling: int = typer.Option(20000, "--ceiling", help="Messages through the bus-only chain (the ceiling) after the pipeline; 0: not measured."),
+    burst: int = typer.Option(4000, "--burst", help="With --chaos: claims offered at once after the latency phase."),
     chaos: bool = typer.Option(False, "--chaos", help="kill -9 the active allocator and restart nats-server at intervals; check the invariants."),
     kill_every: float = typer.Option(3.0, "--kill-every", help="With --chaos: seconds between kills of the active allocator."),
     restart_every: float = typer.Option(7.0, "--restart-every", help="With --chaos: seconds between nats-server restarts."),
@@ -743,17 +747,22 @@ def bench_pipeline(
     cluster: int = typer.Option(1, "--cluster", help="nats-servers: 3 runs a JetStream cluster on loopback (R3 streams; --chaos restarts one server at a time)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """nats-server and the four services as separate processes, claims offered at a rate: claims/s sustained,
-    p50/p99 from ClaimSubmitted to AllocationCommitted (server timestamps); with --chaos also
-    submitted, outcomes, lost, duplicated, double_allocated_devices; with --hostile hostile_sent,
+    """nats-server and the four services as separate processes, claims sent through the submit path
+    (manifest files, as `dralloc submit` reads them) to a fleet with MIG nodes: p50/p99 from each
+    claim's offer to the status writer's stored record at --rate, claims/s over a sustained window at
+    --sustain-rate, the bus-only ceiling of the same chain and the ratio; with --chaos (claims
+    published directly, then a burst) submitted, outcomes, lost, duplicated,
+    double_allocated_devices; with --hostile hostile_sent,
     valid_submitted, valid_decided, max_stall_s, lost, duplicated, double_allocated_devices, services_restarted."""
     import asyncio
     import logging
 
     from dralloc.bus import BusError
 
-    if rate <= 0 or duration <= 0 or burst < 2 or allocators < 1 or not 1 <= cluster <= 5:
-        fail("--rate and --duration must be positive, --burst at least 2, --allocators at least 1, --cluster 1 to 5")
+    if rate <= 0 or duration <= 0 or sustain_rate <= 0 or sustain <= 0 or burst < 2 or allocators < 1 or not 1 <= cluster <= 5:
+        fail("--rate, --duration, --sustain-rate and --sustain must be positive, --burst at least 2, --allocators at least 1, --cluster 1 to 5")
+    if mig_every < 0 or ceiling < 0:
+        fail("--mig-every and --ceiling must be 0 or more")
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)  # NATS restarts under --chaos are expected, not news
     if hostile:
         try:
@@ -766,7 +775,7 @@ def bench_pipeline(
     module = _benchmarks_module("pipeline")
     options = module.Options(
         rate=rate, duration=duration, burst=burst, chaos=chaos, kill_every=kill_every, restart_every=restart_every, allocators=allocators,
-        cluster=cluster,
+        cluster=cluster, sustain_rate=sustain_rate, sustain=sustain, mig_every=mig_every, ceiling=ceiling,
     )
     try:
         result = asyncio.run(module.run(options))

@@ -1,0 +1,120 @@
+"""dralloc bench pipeline: claims through the submit path, each ending at the status writer's record,
+a fleet with MIG nodes, the rate over a sustained window, and the bus-only ceiling of the same chain.
+
+The pure parts (the claim mix, the fleet's size, the window arithmetic, the per-stage join) with made-up
+inputs; the ceiling against a real nats-server; the whole benchmark once, small, through the CLI
+(nats-server and the four services as processes). Nothing here asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dralloc.bus import Bus
+from dralloc.cli import app
+from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifests import load_text
+from dralloc.schemas import events as ev
+from dralloc.schemas.status import DEFAULT_BUCKET
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import ceiling  # noqa: E402
+import pipeline  # noqa: E402
+from pipeline import Record, Stored  # noqa: E402
+
+
+def test_claims_pass_the_submit_path_and_every_tenth_asks_for_a_mig_slice():
+    names = [f"c-{i}" for i in range(30)]
+    text = "\n---\n".join(json.dumps(pipeline.claim_manifest(n, pipeline.is_mig(i, 10))) for i, n in enumerate(names))
+    problems: list[str] = []
+    events = events_from_manifests(load_text(text, "batch.yaml"), problems.append)
+    assert problems == []
+    assert [e.claim.metadata.name for e in events] == names
+    classes = [e.claim.spec.devices.requests[0].exactly.device_class_name for e in events]
+    assert classes.count("mig.nvidia.com") == 3 and classes.count("gpu.nvidia.com") == 27
+    assert [i for i, c in enumerate(classes) if c == "mig.nvidia.com"] == [9, 19, 29]
+    mig = events[9].claim.spec.devices.requests[0].exactly
+    assert mig.selectors[0].cel.expression == pipeline.MIG_SELECTOR
+    assert all(e.claim.metadata.uid for e in events)  # derived by the submit path, as for any file
+    assert not any(pipeline.is_mig(i, 0) for i in range(30))
+
+
+@pytest.mark.parametrize(("gpu_claims", "mig_claims"), [(1, 0), (1000, 111), (9001, 1000)])
+def test_the_fleet_holds_every_claim_with_room_to_spare(gpu_claims, mig_claims):
+    nodes, mig_nodes = pipeline.fleet_for(gpu_claims, mig_claims)
+    assert nodes * pipeline.GPUS_PER_NODE >= gpu_claims * 1.1
+    assert mig_nodes * pipeline.MIG_SLICES_PER_NODE >= mig_claims * 1.1
+    assert (mig_nodes == 0) == (mig_claims == 0)
+
+
+def test_window_rate_counts_only_inside_the_window():
+    times = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 9.0]
+    assert pipeline.window_rate(times, 1.0, 3.0) == 2.0  # 1.0, 1.5, 2.0, 2.5 in [1, 3)
+    assert pipeline.window_rate(times, 3.0, 3.0) is None
+
+
+def test_backlog_and_latency_join_offers_to_records():
+    offered = {"a": 10.0, "b": 11.0, "c": 12.0, "d": 13.0}
+    records = {"a": Record("a", "allocated", 10.25), "b": Record("b", "allocated", 12.5), "c": Record("c", "unsatisfiable", 14.0)}
+    assert pipeline.backlog_at(offered, records, offered, 12.0) == 2  # b (stored at 12.5) and c (offered at 12.0)
+    assert pipeline.backlog_at(offered, records, offered, 20.0) == 1  # d never stored
+    assert sorted(pipeline.latencies_ms(offered, records, ["a", "b", "d"])) == [250.0, 1500.0]
+
+
+def test_stage_latencies_split_each_claim_at_its_stored_events():
+    submitted = pipeline.claim_event("a")
+    claim = submitted.claim
+    committed = ev.AllocationCommitted(claim=claim)  # (the join reads names and times only)
+    claims = [Stored(1, 10.004, submitted.subject, submitted, {})]
+    allocations = [Stored(1, 10.010, committed.subject, committed, {})]
+    stages = pipeline.stage_latencies_ms({"a": 10.0}, claims, allocations, {"a": Record("a", "allocated", 10.013)}, ["a"])
+    assert stages == {"submit": [pytest.approx(4.0)], "allocate": [pytest.approx(6.0)], "status": [pytest.approx(3.0)]}
+
+
+def test_middle_rate_leaves_out_the_first_and_last_quarter():
+    # 100 records: a slow start and end, 10 per second in the middle
+    times = [0.0] * 25 + [10 + i / 10 for i in range(50)] + [100.0] * 25
+    assert ceiling.middle_rate(times) == pytest.approx(10.0, rel=0.05)
+    assert ceiling.middle_rate([1.0, 1.0]) is None
+
+
+async def test_the_ceiling_relays_every_message_through_two_consumer_processes(bus: Bus):
+    await bus.key_value(DEFAULT_BUCKET)  # the status writer's bucket, whose configuration the ceiling copies
+    payload = ev.encode(pipeline.claim_event("payload"))
+    result = await ceiling.measure(bus, payload, 300, DEFAULT_BUCKET)
+    assert result["messages"] == 300 and result["stored"] == 300
+    assert result["claims_per_second"] is not None and result["claims_per_second"] > 0
+    assert result["cpu_s"]["relay"] is not None and result["cpu_s"]["sink"] is not None  # both stages ran to the end
+    names = [info.config.name async for info in _streams(bus)]
+    assert not {"CEIL_IN", "CEIL_OUT", "KV_ceil"} & set(names)  # removed afterwards
+
+
+async def _streams(bus: Bus):
+    for info in await bus.js.streams_info():
+        yield info
+
+
+def test_bench_pipeline_small_run_through_the_cli():
+    result = CliRunner().invoke(
+        app, ["bench", "pipeline", "--rate", "20", "--duration", "1", "--sustain-rate", "40", "--sustain", "1", "--ceiling", "200", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["outcomes"] == {"allocated": 60}  # 20 + 40 claims, each with its record in the status store
+    assert report["mig_claims"] == 6 and report["mig_nodes"] >= 1
+    assert report["submit_problems"] == 0
+    assert report["p50_ms"] is not None and report["p99_ms"] >= report["p50_ms"]
+    assert set(report["p99_ms_by_stage"]) == {"submit", "allocate", "status"}
+    assert report["claims_per_second"] is not None and report["ceiling"]["stored"] == 200
+    assert report["ratio_of_ceiling"] == pytest.approx(report["claims_per_second"] / report["jetstream_ceiling_claims_per_second"], abs=0.001)
+
+
+def test_bench_pipeline_refuses_nonsense():
+    result = CliRunner().invoke(app, ["bench", "pipeline", "--sustain", "0"])
+    assert result.exit_code == 2 and "--sustain" in result.stderr
+    result = CliRunner().invoke(app, ["bench", "pipeline", "--mig-every", "-1"])
+    assert result.exit_code == 2 and "--mig-every" in result.stderr
