@@ -2,7 +2,7 @@
 
     python benchmarks/plan_workloads.py --out /tmp/mix [--count 500] [--seed 7]
     dralloc plan -f examples/migrate -f /tmp/mix/workloads.yaml --usage /tmp/mix/usage.csv \
-        --fleet examples/migrate/fleet-1000.yaml
+        --fleet benchmarks/fleet-1000.yaml
 
 writes `workloads.yaml` (device-plugin manifests, as teams have them today) and
 `usage.csv` (peak framebuffer MiB and engine activity per container). The mix:

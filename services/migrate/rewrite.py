@@ -109,7 +109,8 @@ class _Ask:
     fit: Fit | None = None
     share: Share | None = None
     share_first: bool = False
-    """The share is tried before the MIG slice (it holds less memory than the smallest fitting slice)."""
+    """The share is tried first: no MIG slice fits (a slice, where one fits, comes first: it isolates
+    memory and multiprocessors in hardware, where sharers time-slice the engines)."""
     request: str = ""
 
 
@@ -193,9 +194,8 @@ def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, b
     config: list[dict] = []
     for name, ask in requests:
         if ask.fit is not None or ask.share is not None:
-            # right-sized: the MIG slice or the share (the one holding less memory first), then the
-            # whole GPU it had where neither is free (so the pod still runs everywhere it ran before:
-            # nodes without MIG or sharing, other models)
+            # right-sized: the MIG slice, the share, then the whole GPU it had where neither is free (so
+            # the pod still runs everywhere it ran before: nodes without MIG or sharing, other models)
             options = []
             if ask.fit is not None:
                 options.append(_device_request("mig", resources.MIG_CLASS, 1, [*selectors[True], ask.fit.selector()]))
@@ -346,7 +346,7 @@ def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, w
             steps.append(f"MIG {answer.describe()}")
         if not isinstance(portion, str):
             ask.share = portion
-            ask.share_first = isinstance(answer, str) or portion.memory_mib < answer.smallest_mib
+            ask.share_first = isinstance(answer, str)
             steps.insert(0 if ask.share_first else len(steps), f"a share of a GPU ({portion.quantity()} of its memory)")
         need = [x for x in (answer, portion) if not isinstance(x, str)][0]  # the MIG fit, else the share (not both str: above)
         report.changes.append(

@@ -19,7 +19,8 @@ its peak activity plus the same margin, or to a share of a GPU (KEP-5075
 consumable capacity: `memory` asked of a multi-allocatable GPU) that holds the
 peak memory plus the margin in whole GiB, when its peak activity plus the margin
 is at most `SHARE_MAX_PERCENT` (sharers time-slice the engines: none has
-multiprocessors of its own). A container without data, asking for more than one
+multiprocessors of its own; where a MIG slice fits too, the slice is tried
+first and the share second). A container without data, asking for more than one
 GPU, or whose need fits neither keeps its whole GPU.
 The profiles are NVIDIA's tables for the MIG-capable GPUs dralloc models
 (H100 80GB, H200, A100 80GB): the request selects, per GPU model, that model's
@@ -70,8 +71,6 @@ class Fit:
     """(productName, profile), in MIG_MODELS order."""
     need_mib: int
     need_percent: float
-    smallest_mib: int = 0
-    """The least memory among the chosen profiles (what a share is compared with)."""
 
     def selector(self) -> str:
         """CEL: a MIG device of one of the fitting (model, profile) pairs."""
@@ -166,7 +165,6 @@ def fit(peak: Peak, models: tuple[GpuModel, ...] = MIG_MODELS) -> Fit | str:
     if not models:
         return "the pod's GPU labels select no MIG-capable GPU model"
     chosen: list[tuple[str, str]] = []
-    smallest = 0
     for model in models:
         whole = max(model.mig_profiles, key=lambda p: p.multiprocessors)
         candidates = [
@@ -179,10 +177,9 @@ def fit(peak: Peak, models: tuple[GpuModel, ...] = MIG_MODELS) -> Fit | str:
         if candidates:
             best = min(candidates, key=lambda p: (p.memory_mib, p.multiprocessors, p.name))
             chosen.append((model.product_name, best.name))
-            smallest = min(smallest or best.memory_mib, best.memory_mib)
     if not chosen:
         return f"peak {peak.memory_mib:g} MiB / {peak.utilization:g}% (+{MARGIN:.0%}: {need_mib} MiB / {need_percent:g}%) needs a whole GPU"
-    return Fit(tuple(chosen), need_mib, need_percent, smallest)
+    return Fit(tuple(chosen), need_mib, need_percent)
 
 
 SHARE_MAX_PERCENT = 25.0

@@ -11,9 +11,8 @@ from typer.testing import CliRunner
 from dralloc.allocator.engine import Engine
 from dralloc.cli import app
 from dralloc.discovery.fleet import FleetError, build_fleet, load_fleet
-from dralloc.discovery.profiles import H100
 from dralloc.migrate.plan import CLASSES, plan
-from dralloc.migrate.usage import Peak, Share, fit, share
+from dralloc.migrate.usage import Peak, Share, share
 from dralloc.schemas.resource import DeviceClass, ResourceClaim
 
 HEADER = "namespace,pod,container,peak_memory_mib,peak_utilization\n"
@@ -51,17 +50,22 @@ def test_a_share_holds_the_peak_plus_the_margin_in_whole_gib_for_light_container
     assert isinstance(share(Peak(3000, 30)), str)  # 36% of the engines: time-slicing would starve it or its neighbours
 
 
-@pytest.mark.parametrize("memory, first", [(7600, "share"), (8000, "mig"), (20000, "share")])
-def test_the_option_holding_less_memory_is_tried_first(tmp_path, memory, first):
-    # 7600 MiB: 9 GiB share < 1g.10gb (9984 MiB); 8000 MiB: 10 GiB share > 1g.10gb; 20000 MiB at 10%: 24 GiB share < 3g.40gb
-    changes, docs = _migrated((EXAMPLES / "vllm-deployment.yaml").read_text(), f"inference,vllm-llama3-1,vllm,{memory},10\n", tmp_path)
+@pytest.mark.parametrize("text, memory, names", [
+    # H100 by label: a slice fits, so the slice first (isolation), the share second, the whole GPU last
+    ((EXAMPLES / "vllm-deployment.yaml").read_text(), 7600, ["mig", "share", "gpu"]),
+    ((EXAMPLES / "vllm-deployment.yaml").read_text(), 20000, ["mig", "share", "gpu"]),
+    # L40S by label: no MIG-capable model, the share first
+    (L40S_VLLM, 7600, ["share", "gpu"]),
+    # too much memory for any H100 slice (84000 MiB with the margin) yet light: the share, then the whole GPU
+    ((EXAMPLES / "vllm-deployment.yaml").read_text(), 70000, ["share", "gpu"]),
+])
+def test_a_share_comes_first_only_where_no_slice_fits(tmp_path, text, memory, names):
+    changes, docs = _migrated(text, f"inference,vllm-llama3-1,vllm,{memory},10\n", tmp_path)
     options = docs[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
-    assert options[0]["name"] == first and options[-1]["name"] == "gpu" and len(options) == 3
+    assert [o["name"] for o in options] == names
     (portion,) = [o for o in options if o["name"] == "share"]
     assert portion["capacity"] == {"requests": {"memory": f"{share(Peak(memory, 10)).memory_gib}Gi"}}
     assert portion["selectors"][-1] == {"cel": {"expression": "device.allowMultipleAllocations"}}
-    # the example's product label admits the H100 alone: its smallest fitting slice is what the share is weighed against
-    assert (share(Peak(memory, 10)).memory_mib < fit(Peak(memory, 10), (H100,)).smallest_mib) == (first == "share")
     assert "a share of a GPU" in changes[0]
 
 

@@ -33,13 +33,13 @@ def test_smallest_profile_holding_memory_and_compute_with_the_margin():
 def test_a_right_sized_container_gets_a_mig_device_and_the_reason_is_reported(tmp_path):
     text = (EXAMPLES / "vllm-deployment.yaml").read_text()
     result, out = request_of(text, HEADER + "inference,vllm-llama3-7c9d8f6b5-x2kqp,vllm,7600,9\n", tmp_path)
-    # 9120 MiB: a 9 GiB share holds less than the 1g.10gb slice (9984 MiB), so it is tried first
-    share, mig, whole = out[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    # 9120 MiB: the 1g.10gb slice first (hardware isolation), then a 9 GiB share, then the whole GPU
+    mig, share, whole = out[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
     assert (share["name"], share["deviceClassName"], share["capacity"]) == ("share", "gpu.nvidia.com", {"requests": {"memory": "9Gi"}})
     assert (mig["name"], mig["deviceClassName"], mig["count"]) == ("mig", "mig.nvidia.com", 1)
     assert (whole["name"], whole["deviceClassName"], whole["count"]) == ("gpu", "gpu.nvidia.com", 1)
     (change,) = result.report.changes
-    assert "1 GPU -> a share of a GPU (9Gi of its memory), else MIG 1g.10gb on NVIDIA H100 80GB HBM3" in change
+    assert "1 GPU -> MIG 1g.10gb on NVIDIA H100 80GB HBM3, else a share of a GPU (9Gi of its memory)" in change
     assert "7600 MiB" in change and "20% headroom" in change
     # the example's product label keeps it on H100; no GPU there is shareable, so the slice
     ((n, node, devices),) = allocate(out).values()
@@ -97,7 +97,7 @@ def test_right_sizing_respects_the_gpu_models_the_labels_select(tmp_path):
     assert "select no MIG-capable GPU model" in result.report.changes[0]
     ((_, node, _),) = allocate(out).values()  # no shareable GPU in this fleet: the whole L40S
     assert node.startswith("l40s")
-    h100 = request_of(text, usage, tmp_path)[1][0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][1]
+    h100 = request_of(text, usage, tmp_path)[1][0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]
     assert "NVIDIA H200" not in h100["selectors"][-1]["cel"]["expression"]  # only the labelled model's profile
 
 
