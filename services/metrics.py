@@ -45,19 +45,24 @@ Instruments (meter ``dralloc``):
   ``ALLOCATIONS``/``statuswriter-<sink>``.
 
 Free devices and fragmentation come from snapshots of the allocator's engine
-(`Engine.snapshot`, immutable), never from its live state: the allocator takes
-one on its event loop, under the lock it holds for engine work, about every
-`OBSERVE_S` while a meter provider is installed (`wanted`), and hands it over
-with its reservations per node (`AllocatorMetrics.observed`); the SDK's exporter
-thread reads only the last one handed over. A standby keeps reporting its last
-term's view until it leads again.
+(`Engine.snapshot`, immutable), never from its live state, and only when a
+reader collects: the gauges ask the allocator's event loop for one
+(`AllocatorMetrics.watch`: the allocator takes it under the lock it holds for
+engine work and hands it over with its reservations per node, `observed`) and
+wait up to `ASK_TIMEOUT_S` for it; a snapshot younger than `FRESH_S` serves
+every gauge of a collection. A collection made on that loop itself (a test
+reading in-process) cannot wait for it: it reports the last snapshot and asks
+for the next. A standby keeps reporting its last term's view until it leads
+again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -114,6 +119,9 @@ class AllocatorMetrics:
         self._held: dict[str, Counter[tuple[str, str]]] = {}  # claim -> (node, class) -> devices
         self.view = FleetReadings()
         """What the exporter thread reads: replaced whole (one reference) by `observed`, never changed."""
+        self._view_at = -FRESH_S
+        self._source: tuple[Callable[[], Awaitable[None]], asyncio.AbstractEventLoop] | None = None
+        self._asked: asyncio.Future[None] | None = None
         meter.create_observable_gauge(
             "dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits"
         )
@@ -131,10 +139,39 @@ class AllocatorMetrics:
         fleet view stays until the new term hands one over)."""
         self._held.clear()
 
+    def watch(self, observe: Callable[[], Awaitable[None]], loop: asyncio.AbstractEventLoop) -> None:
+        """The leading allocator: `observe()`, run on `loop`, takes a snapshot and calls `observed`."""
+        self._source = (observe, loop)
+
     def observed(self, snapshot: EngineSnapshot, reserved: Mapping[str, int]) -> None:
         """The owner of the engine hands over a snapshot of it (taken with ``fleet=True``) and its devices
         reserved per node; from then on the gauges report those."""
         self.view = fleet_readings(snapshot, reserved)
+        self._view_at = time.monotonic()
+
+    def _fresh(self) -> FleetReadings:
+        """The view for a collection: the last one if young enough, else a new one from the allocator's loop."""
+        source = self._source
+        if source is None or time.monotonic() - self._view_at < FRESH_S:
+            return self.view
+        observe, loop = source
+        if loop.is_closed():  # the term's loop is gone (a standby, or a test's): its last view stands
+            return self.view
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:  # the loop cannot wait for itself: the next collection gets what this one asks for
+            if self._asked is None or self._asked.done():
+                self._asked = asyncio.ensure_future(observe())
+            return self.view
+        asked = asyncio.run_coroutine_threadsafe(observe(), loop)
+        try:
+            asked.result(timeout=ASK_TIMEOUT_S)
+        except TimeoutError:  # engine work holds the lock (a long search): report the last view this time
+            asked.cancel()
+            log.debug("metrics: no engine snapshot within %.1f s; the last one is reported", ASK_TIMEOUT_S)
+        return self.view
 
     def decided(self, event: ev.Event, seconds: float | None = None, *, replayed: bool = False) -> None:
         if isinstance(event, ev.AllocationCommitted):
@@ -160,16 +197,16 @@ class AllocatorMetrics:
         return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in sorted(total.items())]
 
     def _observe_reserved(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(n, {"node": node}) for node, n in self.view.reserved]
+        return [Observation(n, {"node": node}) for node, n in self._fresh().reserved]
 
     def _observe_free(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in self.view.free]
+        return [Observation(n, {"node": node, "device_class": cls}) for (node, cls), n in self._fresh().free]
 
     def _observe_node_fragmentation(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(f, {"node": node, "device_class": cls}) for (node, cls), f in self.view.node_fragmentation]
+        return [Observation(f, {"node": node, "device_class": cls}) for (node, cls), f in self._fresh().node_fragmentation]
 
     def _observe_class_fragmentation(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(f, {"device_class": cls}) for cls, f in self.view.class_fragmentation]
+        return [Observation(f, {"device_class": cls}) for cls, f in self._fresh().class_fragmentation]
 
 
 class FleetReadings(msgspec.Struct, frozen=True):
@@ -199,16 +236,11 @@ def fleet_readings(snapshot: EngineSnapshot, reserved: Mapping[str, int]) -> Fle
     )
 
 
-OBSERVE_S = 0.5
-"""How often the allocator hands a fresh engine snapshot to the metrics (while `wanted`)."""
+FRESH_S = 0.5
+"""A snapshot this young serves a collection (each gauge has its own callback: one snapshot serves all)."""
 
-
-def wanted() -> bool:
-    """Whether anything reads the metrics (a meter provider with readers is installed): only then is
-    taking engine snapshots worth the allocator's time."""
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    return isinstance(metrics.get_meter_provider(), MeterProvider)
+ASK_TIMEOUT_S = 2.0
+"""How long a collection waits for the allocator's loop to hand a snapshot over."""
 
 
 class ConsumerLag:

@@ -70,7 +70,6 @@ again only after the inventory changes, not at a rebuild.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import math
@@ -94,8 +93,7 @@ from dralloc.allocator.reservations import parse_wait
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
 from dralloc.bus import MAX_BATCH, ApiError, Bus, NotFound, Permanent, PubAck, report_lag
-from dralloc.metrics import OBSERVE_S, allocator_metrics
-from dralloc.metrics import wanted as metrics_wanted
+from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 from dralloc.settings import overridden
@@ -228,6 +226,7 @@ class Allocator:
                 log.error("allocator: rebuild: %s", refused)
         decisions, self.last_seq = await self.snapshots.replay()  # the snapshot and the stream after it, or all of it
         allocator_metrics().rebuilding()
+        allocator_metrics().watch(self.observe_once, asyncio.get_running_loop())
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
             self.book.replayed(event)
@@ -431,18 +430,10 @@ class Allocator:
         self.book.commit_written(event)
         stored.add_done_callback(lambda done: self._undo_unless_stored(done, event))
 
-    async def observe(self, stop: asyncio.Event, every: float = OBSERVE_S) -> None:
-        """Hand the metrics a snapshot of the engine (and the reservations per node) about every `every`
-        seconds while anything reads them (`metrics.wanted`), until `stop`: taken under `lock` in the
-        engine's worker thread, so the exporter's thread never reads the engine itself."""
-        while not stop.is_set():
-            if metrics_wanted():
-                await self.observe_once()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
-
     async def observe_once(self) -> None:
-        """Take one snapshot of the engine with the reservations per node and hand them to the metrics."""
+        """Take a snapshot of the engine with the reservations per node and hand them to the metrics
+        (which ask for one when a reader collects: `AllocatorMetrics.watch`). Taken under `lock` in the
+        engine's worker thread, so the exporter's thread never reads the engine itself."""
         async with self.lock:
             snapshot = await self._engine_work(lambda: self.engine.snapshot(fleet=True))
             reserved = self.book.reservations.per_node()
@@ -612,7 +603,6 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
         )
         tasks.create_task(allocator.retry_waiting(term, config.retry_after))
-        tasks.create_task(allocator.observe(term))
         tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held))
         if allocator.waiting:
             allocator.room_changed.set()  # claims left waiting by a previous term: try them now

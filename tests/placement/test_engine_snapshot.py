@@ -6,15 +6,24 @@ partitions sharing each GPU's counters) with the examples' DeviceClasses.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
+from pathlib import Path
 
 import msgspec
 import pytest
 from conftest import claim, make_engine
 
 from dralloc.allocator.engine import EngineSnapshot
-from dralloc.metrics import allocator_metrics, fleet_readings
+from dralloc.allocator.service import Allocator
+from dralloc.bus import Bus
+from dralloc.discovery.fleet import build_fleet
+from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifests import load_paths
+from dralloc.metrics import FRESH_S, allocator_metrics, fleet_readings
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim
 
 GPU, MIG = "gpu.nvidia.com", "mig.nvidia.com"
 FLEET = [("h100-sxm", 3)]
@@ -146,3 +155,34 @@ def test_an_observer_thread_reads_consistent_values_while_the_engine_allocates()
     assert problems == [], problems[:5]
     assert reads[0] >= 1
     assert fleet_readings(latest[0], {}) == metrics.view
+
+
+async def test_a_collection_in_another_thread_gets_a_snapshot_the_allocators_loop_takes(bus: Bus) -> None:
+    """The exporter's case: the gauges, read in another thread, ask the allocator's loop for a snapshot
+    and wait for it; what they report is the engine as it is now, not as it was at an earlier snapshot."""
+    for event in events_from_manifests(load_paths([str(Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml")]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "n"}]):
+        for s in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=s))
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    metrics = allocator_metrics()
+
+    def free_gpus() -> dict[str, int]:  # in a worker thread, as the SDK's exporter collects
+        return {o.attributes["node"]: o.value for o in metrics._observe_free(None) if o.attributes["device_class"] == GPU}
+
+    await asyncio.sleep(FRESH_S)  # whatever view an earlier test left is too old to serve
+    assert await asyncio.to_thread(free_gpus) == {"n-0": PER_NODE}
+    three = msgspec.convert(
+        {
+            "metadata": {"name": "three", "namespace": "ml", "uid": "uid-three"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU, "count": 3}}]}},
+        },
+        ResourceClaim,
+    )
+    submitted = ev.ClaimSubmitted(claim=three)
+    await bus.publish(submitted)
+    await allocator.on_claim(submitted)
+    await asyncio.sleep(FRESH_S)
+    assert await asyncio.to_thread(free_gpus) == {"n-0": PER_NODE - 3}
