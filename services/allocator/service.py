@@ -92,7 +92,7 @@ from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.allocator.reservations import parse_wait
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
-from dralloc.bus import MAX_BATCH, ApiError, Bus, NotFound, Permanent, PubAck, report_lag
+from dralloc.bus import MAX_BATCH, ApiError, Bus, Permanent, PubAck, report_lag
 from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -253,19 +253,17 @@ class Allocator:
         """
         if not releases:
             return 0
-        claims = await self.bus.js.stream_info("CLAIMS")
-        if claims.state.messages == 0:
+        claims = await self.bus.stream_state("CLAIMS")
+        if claims.messages == 0:
             log.warning("allocator: CLAIMS is empty (purged?): %d decisions without a claim kept", len(releases))
             return 0
         claims_created = claims.created
         written = 0
         for release in releases:
-            try:
-                await self.bus.js.get_last_msg("CLAIMS", ev.ClaimDeleted(namespace=release.namespace, name=release.name).subject)
+            if await self.bus.last_message("CLAIMS", ev.ClaimDeleted(namespace=release.namespace, name=release.name).subject) is not None:
                 continue
-            except NotFound:
-                pass
-            decided = (await self.bus.js.get_last_msg("ALLOCATIONS", release.subject)).time
+            decision = await self.bus.last_message("ALLOCATIONS", release.subject)
+            decided = decision.time if decision is not None else None
             if decided is None or time.time() - decided.timestamp() < self.bus.tombstone_ttl:
                 log.warning("allocator: %s is decided but not in CLAIMS, and decided recently: kept", release.key)
                 continue

@@ -5,8 +5,8 @@ tests/test_architecture.py), so delivery rules live in one place. Its modules, o
 concern each: `server` (starting nats-server), `client` (`Bus`: connecting,
 publishing), `streams` (the streams, creating and checking them), `streamcheck`
 (pure checks of messages and stream configurations), `consume` (the consumer
-loop), `deadletter`, `replay`, `kv`, `lag` (consumer backlog
-metrics), `run`
+loop), `deadletter`, `replay`, `kv`, `lookup` (a
+subject's last message, a stream's state), `lag` (consumer backlog metrics), `run`
 (`dralloc run <service>`) and `errors`. Import from `dralloc.bus` itself: this
 module re-exports the public names.
 
@@ -80,6 +80,8 @@ Consuming
     subject, as a snapshot (used to rebuild state at start).
     ``await bus.dead_letters(limit)``: the most recent dead letters, with their reasons.
     ``await bus.key_value(bucket)``: a JetStream KV bucket, created if missing.
+    ``await bus.last_message(stream, subject)`` (a `StoredMessage`, or None) and
+    ``await bus.stream_state(stream)``: what a stream holds now, read without consuming.
 
 Service shape (all four services follow it)
     ``services/<name>/service.py`` defines ``Config`` (a dataclass with
@@ -112,6 +114,7 @@ from dralloc.bus.errors import (
     PublishRefused,
 )
 from dralloc.bus.lag import LAG_EVERY_S, report_lag
+from dralloc.bus.lookup import StoredMessage, StreamState
 from dralloc.bus.run import STREAM_OWNER, run_service, until_jetstream_answers
 from dralloc.bus.server import (
     LocalCluster,
@@ -172,7 +175,9 @@ __all__ = [
     "Permanent",
     "PubAck",
     "PublishRefused",
+    "StoredMessage",
     "StreamConfig",
+    "StreamState",
     "dead_letter_message",
     "die_with_parent",
     "embedded_cluster",

@@ -24,11 +24,12 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from dralloc import natsauth, telemetry
-from dralloc.bus import deadletter, kv, streams
+from dralloc.bus import deadletter, kv, lookup, streams
 from dralloc.bus.consume import Handler
 from dralloc.bus.consume import consume as run_consumer
 from dralloc.bus.deadletter import DeadLetter
 from dralloc.bus.errors import BusError, PublishRefused
+from dralloc.bus.lookup import StoredMessage, StreamState
 from dralloc.bus.replay import replay as replay_stream
 from dralloc.bus.streams import FETCH_WAIT_S, MAX_BATCH, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
 from dralloc.schemas import events
@@ -333,3 +334,11 @@ class Bus:
     async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
         """A JetStream KV bucket, created if missing (`dralloc.bus.kv`)."""
         return await kv.key_value(self, bucket, history=history)
+
+    async def last_message(self, stream: str, subject: str) -> StoredMessage | None:
+        """The last message `stream` holds on `subject` (None: none), read without consuming."""
+        return await lookup.last_message(self, stream, subject)
+
+    async def stream_state(self, stream: str) -> StreamState:
+        """How many messages `stream` holds now, its first and last sequence, when it was created."""
+        return await lookup.stream_state(self, stream)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from dralloc import telemetry
-from dralloc.bus import Bus, NotFound, PublishRefused
+from dralloc.bus import Bus, PublishRefused
 from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests, removal_of
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
@@ -150,13 +150,13 @@ async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> 
             key = submitted.claim.key
             if settled(found.get(key)):
                 continue
+            # the decision's own subject (namespace and name as the allocator writes them)
+            stored = await bus.last_message("ALLOCATIONS", ev.subject("allocations", meta.namespace or "default", meta.name))
+            if stored is None:
+                continue
             try:
-                # the decision's own subject (namespace and name as the allocator writes them)
-                msg = await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", meta.namespace or "default", meta.name))
-                if msg.data is None:
-                    continue
-                decision = ev.decode(msg.data)
-            except (NotFound, ev.EventDecodeError):
+                decision = ev.decode(stored.data)
+            except ev.EventDecodeError:
                 continue
             if isinstance(decision, ev.AllocationCommitted | ev.AllocationFailed) and decision.uid == meta.uid:
                 found[key] = status_of(decision)
