@@ -76,10 +76,11 @@ def chart(result: dict, path: str, fmt: str) -> None:
         names = [d["workload"] for d in reversed(drivers)]
         colors = {"MIG slices": "#76b900", "GPU shares": "#1f77b4", "MIG slices and GPU shares": "#17becf"}
         right.barh(names, [d["saved"] for d in reversed(drivers)], color=[colors.get(d["why"], "#9e9e9e") for d in reversed(drivers)])
-        for why in [w for w in colors if any(d["why"] == w for d in drivers)]:
-            right.barh([], [], color=colors[why], label=why)  # legend entries for the kinds shown
-        right.legend(loc="lower right")
-        right.set_title(f"GPU-equivalents saved, by workload ({result['dra_pods_on_mig']} pods on MIG slices, "
+        from matplotlib.patches import Patch
+
+        shown = [w for w in colors if any(d["why"] == w for d in drivers)]
+        right.legend(handles=[Patch(color=colors[w], label=w) for w in shown], loc="lower right")
+        right.set_title(f"GPU-equivalents saved, by workload\n({result['dra_pods_on_mig']} pods on MIG slices, "
                         f"{result['dra_pods_on_shares']} on GPU shares)")
         right.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
