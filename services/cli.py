@@ -735,7 +735,7 @@ def bench_pipeline(
     rate: float = typer.Option(1000.0, "--rate", help="Claims offered per second in the latency phase."),
     duration: float = typer.Option(5.0, "--duration", help="Seconds of the latency phase."),
     sustain_rate: float = typer.Option(4000.0, "--sustain-rate", help="Claims offered per second in the throughput phase (above capacity: a backlog grows)."),
-    sustain: float = typer.Option(8.0, "--sustain", help="Seconds of the throughput phase; claims/s is over its last three quarters."),
+    sustain: float = typer.Option(5.0, "--sustain", help="Seconds of the throughput phase; claims/s is over its last three quarters."),
     mig_every: int = typer.Option(10, "--mig-every", help="Every Nth claim asks for a MIG slice (1g.18gb of an H200) instead of a whole H100; 0: none."),
     ceiling: int = typer.Option(20000, "--ceiling", help="Messages through the bus-only chain (the ceiling) after the pipeline; 0: not measured."),
     burst: int = typer.Option(4000, "--burst", help="With --chaos: claims offered at once after the latency phase."),

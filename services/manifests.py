@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from dralloc.schemas.limits import tree_problem
+from dralloc.schemas.limits import json_problem, tree_problem
 from dralloc.schemas.resource import KINDS, Object
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -132,7 +132,15 @@ def _field_message(exc: msgspec.ValidationError) -> str:
 
 
 def parse_documents(text: str, path: str) -> Iterator[tuple[Source, Any] | ManifestError]:
-    """Each document of a YAML (or JSON) text, or one error where parsing stops."""
+    """Each document of a YAML (or JSON) text, or one error where parsing stops.
+
+    A ``.json`` file holding one JSON object is decoded by msgspec: PyYAML's constructor is
+    pure Python (~0.6 ms a claim even with libyaml), and a program submitting thousands of claims
+    a second writes JSON. Anything else, and JSON that does not decode, goes through the YAML
+    parser as before (which then says what is wrong)."""
+    if path.endswith(".json") and (doc := _json_object(text)) is not None:
+        yield Source(path, 1), doc
+        return
     index = 0
     try:
         for index, doc in enumerate(yaml.load_all(text, Loader=_Loader), start=1):
@@ -143,6 +151,18 @@ def parse_documents(text: str, path: str) -> Iterator[tuple[Source, Any] | Manif
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         yield ManifestError(Source(path, index + 1), f"invalid YAML{where}: {problem}")
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The object a JSON text holds, or None: not one JSON object, or beyond the nesting and
+    integer limits (`json_problem`: checked before decoding, as for every JSON dralloc reads)."""
+    if not text.lstrip().startswith("{") or json_problem(text) is not None:
+        return None
+    try:
+        doc = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def load_text(text: str, path: str = "<stdin>") -> Manifests:

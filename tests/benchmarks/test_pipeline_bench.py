@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from dralloc.bus import Bus
 from dralloc.cli import app
 from dralloc.ingestor.sources import events_from_manifests
-from dralloc.manifests import load_text
+from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas.status import DEFAULT_BUCKET
 
@@ -27,11 +27,12 @@ import pipeline  # noqa: E402
 from pipeline import Record, Stored  # noqa: E402
 
 
-def test_claims_pass_the_submit_path_and_every_tenth_asks_for_a_mig_slice():
+def test_claims_pass_the_submit_path_and_every_tenth_asks_for_a_mig_slice(tmp_path):
     names = [f"c-{i}" for i in range(30)]
-    text = "\n---\n".join(json.dumps(pipeline.claim_manifest(n, pipeline.is_mig(i, 10))) for i, n in enumerate(names))
+    for i, name in enumerate(names):  # as the Submitter writes them: a JSON file per claim
+        (tmp_path / f"{name}.json").write_text(json.dumps(pipeline.claim_manifest(name, pipeline.is_mig(i, 10))))
     problems: list[str] = []
-    events = events_from_manifests(load_text(text, "batch.yaml"), problems.append)
+    events = events_from_manifests(load_paths([tmp_path / f"{name}.json" for name in names]), problems.append)
     assert problems == []
     assert [e.claim.metadata.name for e in events] == names
     classes = [e.claim.spec.devices.requests[0].exactly.device_class_name for e in events]
@@ -75,6 +76,14 @@ def test_stage_latencies_split_each_claim_at_its_stored_events():
     assert stages == {"submit": [pytest.approx(4.0)], "allocate": [pytest.approx(6.0)], "status": [pytest.approx(3.0)]}
 
 
+def test_leader_terms_counts_the_epochs_that_wrote_decisions():
+    claim = pipeline.claim_event("a").claim
+    decision = ev.AllocationCommitted(claim=claim)
+    stored = [Stored(i, 1.0, decision.subject, decision, {"Dralloc-Epoch": epoch}) for i, epoch in enumerate(["3", "3", "4"])]
+    assert pipeline.leader_terms(stored) == 2
+    assert pipeline.leader_terms(stored[:2]) == 1
+
+
 def test_middle_rate_leaves_out_the_first_and_last_quarter():
     # 100 records: a slow start and end, 10 per second in the middle
     times = [0.0] * 25 + [10 + i / 10 for i in range(50)] + [100.0] * 25
@@ -107,6 +116,7 @@ def test_bench_pipeline_small_run_through_the_cli():
     assert report["outcomes"] == {"allocated": 60}  # 20 + 40 claims, each with its record in the status store
     assert report["mig_claims"] == 6 and report["mig_nodes"] >= 1
     assert report["submit_problems"] == 0
+    assert report["leader_terms"] == 1
     assert report["p50_ms"] is not None and report["p99_ms"] >= report["p50_ms"]
     assert set(report["p99_ms_by_stage"]) == {"submit", "allocate", "status"}
     assert report["claims_per_second"] is not None and report["ceiling"]["stored"] == 200

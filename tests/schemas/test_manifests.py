@@ -67,3 +67,34 @@ def test_unreadable_and_directory_inputs(tmp_path):
     manifests = load_paths([tmp_path, tmp_path / "missing.yaml"])
     assert [item.obj.metadata.name for item in manifests.objects] == ["a", "b"]
     assert "cannot read file" in str(manifests.errors[0])
+
+
+CLAIM_JSON = (
+    '{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c", "namespace": "ns"},'
+    ' "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2,'
+    ' "selectors": [{"cel": {"expression": "device.attributes[\\"gpu.nvidia.com\\"].productName == \\"H100\\""}}]}}]}}}'
+)
+
+
+def test_a_json_file_reads_as_the_yaml_parser_reads_it(tmp_path):
+    # .json takes msgspec's decoder; the same text as .yaml the YAML parser: the objects are equal
+    (tmp_path / "c.json").write_text(CLAIM_JSON)
+    (tmp_path / "c.yaml").write_text(CLAIM_JSON)
+    as_json, as_yaml = load_paths([tmp_path / "c.json"]), load_paths([tmp_path / "c.yaml"])
+    assert not as_json.errors and not as_yaml.errors
+    assert as_json.objects[0].obj == as_yaml.objects[0].obj
+    assert str(as_json.objects[0].source) == f"{tmp_path / 'c.json'} (document 1)"
+
+
+def test_a_json_file_that_is_not_one_json_object_goes_to_the_yaml_parser(tmp_path):
+    yaml_in_json = tmp_path / "yaml.json"  # YAML under a .json name: read as before
+    yaml_in_json.write_text("apiVersion: v1\nkind: Node\nmetadata: {name: n}\n")
+    broken = tmp_path / "broken.json"  # neither: the YAML parser names the problem
+    broken.write_text('{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}')
+    deep = tmp_path / "deep.json"  # beyond the nesting limit: refused, not decoded
+    deep.write_text('{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "d", "labels": ' + "[" * 200 + "]" * 200 + "}}")
+    manifests = load_paths([yaml_in_json, broken, deep])
+    assert [item.obj.metadata.name for item in manifests.objects] == ["n"]
+    assert len(manifests.errors) == 2
+    assert "invalid YAML" in str(manifests.errors[0])
+    assert "deep" in str(manifests.errors[1]) and "nested" in str(manifests.errors[1])
