@@ -10,7 +10,9 @@ timing, the spans and the metrics.
 
 At start it rebuilds its state from the streams: the current inventory
 (INVENTORY, last value per subject), the ledger (ALLOCATIONS: the last
-decision per claim; committed claims are restored into the engine) and the
+decision per claim, from the leader's snapshot of live decisions and the
+messages after it, or the whole stream without a usable one: snapshot_store.py;
+committed claims are restored into the engine) and the
 claims still waiting (CLAIMS minus decided and deleted ones). A decision whose
 claim CLAIMS no longer holds at all (deleted, and the delete expired before an
 allocator saw it) is released then (`Decisions.gone`). Then it
@@ -55,7 +57,8 @@ inside their domain, or, where it has no room, the committed ones give their
 devices back in the same batch and the gang is decided again as a whole.
 
 Environment: ``DRALLOC_ALLOCATOR_ACK_WAIT`` (seconds), ``DRALLOC_ALLOCATOR_MAX_DELIVER``,
-``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3), ``DRALLOC_ALLOCATOR_MAX_WAIT`` (how long a
+``DRALLOC_ALLOCATOR_LEASE_TTL`` (seconds, default 3), ``DRALLOC_ALLOCATOR_SNAPSHOT_EVERY`` (decisions between
+snapshots, at least; default 1000), ``DRALLOC_ALLOCATOR_MAX_WAIT`` (how long a
 large waiting claim or gang holds a reservation unless its ``dralloc.dev/max-wait`` says; "600",
 "10m"; default 0: only claims that say so; reservations.py), ``DRALLOC_CEL_BUDGET`` (cost units a claim's
 selector evaluations may spend, default 5,000,000; engine.py), ``DRALLOC_CEL_BUDGET_SECONDS``

@@ -124,7 +124,7 @@ class Policy:
     once (a slow write lowers the rate by itself). A new leader so replays at most max(`every`, live
     decisions) messages after the snapshot, however long the history."""
 
-    every: int = 2000
+    every: int = 1000
     seconds: float = 60.0
 
     def due(self, decisions_since: int, seconds_since: float, live: int = 0) -> bool:
