@@ -18,20 +18,14 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import PubAck, StreamConfig
-from nats.js.kv import KeyValue
+from nats.js.api import PubAck
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from dralloc import natsauth, telemetry
-from dralloc.bus import deadletter, kv, lookup, streams
-from dralloc.bus.consume import Handler
-from dralloc.bus.consume import consume as run_consumer
-from dralloc.bus.deadletter import DeadLetter
+from dralloc.bus import consume, deadletter, kv, lookup, replay, streams
 from dralloc.bus.errors import BusError, PublishRefused
-from dralloc.bus.lookup import StoredMessage, StreamState
-from dralloc.bus.replay import replay as replay_stream
-from dralloc.bus.streams import FETCH_WAIT_S, MAX_BATCH, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
+from dralloc.bus.streams import MAX_BATCH, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
 from dralloc.schemas import events
 from dralloc.schemas.events import Event
 
@@ -134,23 +128,17 @@ class Bus:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def stream_configs(self) -> dict[str, StreamConfig]:
-        """`STREAMS` with the deployment's replicas (`replicas_from_env`), by name."""
-        return streams.stream_configs()
-
-    async def ensure_streams(self) -> None:
-        """Create the missing streams and bring an existing one's configuration up to date (the bootstrap
-        identity's job: the allocator, or an operator; a credential without the right is refused by
-        the server). Raises `BusError` for a stream that has been weakened (`streamcheck.weakened`):
-        dralloc does not paper over that, an operator looks first. A stream already as wanted is not
-        updated, so this needs no update right then."""
-        await streams.ensure_streams(self)
-
-    async def check_streams(self, stop: asyncio.Event | None = None, *, wait: float = FETCH_WAIT_S) -> None:
-        """For a service that may not create or change streams: wait until each exists (the bootstrap
-        identity makes them), then refuse to run (`BusError`) on one that is weakened or not set up
-        as dralloc needs. Returns early if `stop` is set."""
-        await streams.check_streams(self, stop, wait=wait)
+    # What a Bus does beyond connecting and publishing lives in a module per concern; each function
+    # takes the bus first, so it is the method itself (no second signature to keep in step).
+    stream_configs = staticmethod(streams.stream_configs)
+    ensure_streams = streams.ensure_streams
+    check_streams = streams.check_streams
+    consume = consume.consume
+    replay = replay.replay
+    dead_letters = deadletter.dead_letters
+    key_value = kv.key_value
+    last_message = lookup.last_message
+    stream_state = lookup.stream_state
 
     async def publish(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None) -> PubAck:
         """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it).
@@ -291,54 +279,3 @@ class Bus:
                     f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self.nc.max_payload} bytes"
                 )
             return subject, data, marks
-
-    async def consume(
-        self,
-        stream: str,
-        handler: Handler,
-        stop: asyncio.Event,
-        *,
-        durable: str | None,
-        name: str | None = None,
-        filter_subject: str | None = None,
-        start_seq: int | None = None,
-        max_deliver: int = 5,
-        ack_wait: float = 30.0,
-        batch: int = 64,
-    ) -> None:
-        """Process the stream's messages with `handler` until `stop` is set (see the `dralloc.bus`
-        docstring: acks, retries, dead letters; `dralloc.bus.consume`)."""
-        await run_consumer(
-            self,
-            stream,
-            handler,
-            stop,
-            durable=durable,
-            name=name,
-            filter_subject=filter_subject,
-            start_seq=start_seq,
-            max_deliver=max_deliver,
-            ack_wait=ack_wait,
-            batch=batch,
-        )
-
-    async def replay(self, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
-        """The last usable event per subject now in `stream`, in stream order, and the stream's last
-        sequence (`dralloc.bus.replay`)."""
-        return await replay_stream(self, stream, filter_subject)
-
-    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """The most recent dead letters (at most `limit`), oldest first."""
-        return await deadletter.dead_letters(self, limit)
-
-    async def key_value(self, bucket: str, *, history: int = 1) -> KeyValue:
-        """A JetStream KV bucket, created if missing (`dralloc.bus.kv`)."""
-        return await kv.key_value(self, bucket, history=history)
-
-    async def last_message(self, stream: str, subject: str) -> StoredMessage | None:
-        """The last message `stream` holds on `subject` (None: none), read without consuming."""
-        return await lookup.last_message(self, stream, subject)
-
-    async def stream_state(self, stream: str) -> StreamState:
-        """How many messages `stream` holds now, its first and last sequence, when it was created."""
-        return await lookup.stream_state(self, stream)

@@ -138,7 +138,11 @@ def stream_configs() -> dict[str, StreamConfig]:
 
 
 async def ensure_streams(bus: Bus) -> None:
-    """`Bus.ensure_streams`: create the missing streams, bring the others up to date."""
+    """Create the missing streams and bring an existing one's configuration up to date (the bootstrap
+    identity's job: the allocator, or an operator; a credential without the right is refused by
+    the server). Raises `BusError` for a stream that has been weakened (`streamcheck.weakened`):
+    dralloc does not paper over that, an operator looks first. A stream already as wanted is not
+    updated, so this needs no update right then."""
     for name, config in stream_configs().items():
         try:
             info = await bus.js.stream_info(name)
@@ -156,7 +160,9 @@ async def ensure_streams(bus: Bus) -> None:
 
 
 async def check_streams(bus: Bus, stop: asyncio.Event | None = None, *, wait: float = FETCH_WAIT_S) -> None:
-    """`Bus.check_streams`: wait for each stream, refuse one that is weakened or set up otherwise."""
+    """For a service that may not create or change streams: wait until each exists (the bootstrap
+    identity makes them), then refuse to run (`BusError`) on one that is weakened or not set up
+    as dralloc needs. Returns early if `stop` is set."""
     for name, config in stream_configs().items():
         told = False
         while True:
