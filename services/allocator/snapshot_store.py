@@ -105,7 +105,7 @@ class Snapshots:
         try:
             decisions, last_seq = await self._through_snapshot(info)
             self.loaded_from = "snapshot"
-        except SnapshotUnusable as exc:
+        except (SnapshotUnusable, NatsError, TimeoutError) as exc:  # (e.g. a credential without the bucket: an older auth.conf)
             none_yet = isinstance(exc, NoSnapshot)  # (a first start, or a bucket lost: nothing wrong with anything)
             log.log(logging.INFO if none_yet else logging.WARNING, "allocator: snapshot of %s not used, replaying it whole: %s", STREAM, exc)
             replayed, last_seq = await self.bus.replay(STREAM)
@@ -133,6 +133,8 @@ class Snapshots:
             raise SnapshotUnusable(f"it covers sequence {head.seq}, past the stream's last ({state.last_seq})")
         if state.first_seq > head.seq + 1:  # (an empty stream's first is one past its last)
             raise SnapshotUnusable(f"the stream no longer holds the messages after {head.seq} (its first is {state.first_seq})")
+        if head.size > state.bytes:  # its decisions are messages of the stream: never more bytes than it holds
+            raise SnapshotUnusable(f"its body of {head.size} bytes is larger than {STREAM} ({state.bytes} bytes)")
         body = await self._body(kv, head)
         decisions = await asyncio.to_thread(decode_body, head, body)
         await self._check_sample(decisions, head.seq)
@@ -162,9 +164,13 @@ class Snapshots:
                 raise SnapshotUnusable(f"chunk {fmt.chunk_key(head.chunk_set, i)} is larger than the whole body")
             return value
 
-        parts = []
+        parts: list[bytes] = []
+        read = 0
         for start in range(0, head.chunks, 64):  # (64 reads in flight at once)
             parts += await asyncio.gather(*(chunk(i) for i in range(start, min(start + 64, head.chunks))))
+            read = sum(map(len, parts))
+            if read > head.size:
+                raise SnapshotUnusable(f"its chunks hold more than the {head.size} bytes the head says")
         return b"".join(parts)
 
     async def _check_sample(self, decisions: list[ev.AllocationEvent], seq: int) -> None:

@@ -141,6 +141,8 @@ async def spoil(bus, case: str, head: fmt.SnapshotHead, leader: Allocator) -> No
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, chunk_set="b")))
     elif case == "ahead of the stream":
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, seq=leader.last_seq + 5)))
+    elif case == "larger than the stream":
+        await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, size=10**9, chunks=1000)))
     elif case == "another stream":
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, stream_created="2020-01-01T00:00:00+00:00")))
     elif case in ("forged decision", "not a decision", "claim twice"):
@@ -168,6 +170,7 @@ REASONS = {
     "missing chunk": "chunk b.0 is missing",
     "ahead of the stream": "past the stream's last",
     "another stream": "made of a stream created 2020",
+    "larger than the stream": "is larger than ALLOCATIONS",
     "forged decision": "of which ALLOCATIONS holds none",
     "not a decision": "is a AllocationReleased",
     "claim twice": "appears twice",
