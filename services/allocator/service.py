@@ -574,8 +574,6 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
                 await _lead(bus, config, stop, allocator)
-                if stop.is_set() and lease.held:  # a clean handover: the successor replays only what follows
-                    await allocator.snapshots.write_logged()
             except Exception as exc:  # NATS went away mid-term, or a refused write: the next term rebuilds
                 log.warning("allocator: term of epoch %d ended: %s", lease.epoch, exc)
                 await asyncio.sleep(0.2)
@@ -604,7 +602,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
         )
         tasks.create_task(allocator.retry_waiting(term, config.retry_after))
-        tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held))
+        tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held, final=stop.is_set))
         if allocator.waiting:
             allocator.room_changed.set()  # claims left waiting by a previous term: try them now
         tasks.create_task(

@@ -244,23 +244,28 @@ class Snapshots:
         if self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
             self.changed.set()
 
-    async def keep(self, term: asyncio.Event, may_write: Callable[[], bool] = lambda: True) -> None:
-        """Write a snapshot whenever the policy says, until the term ends (a failed write is logged and
-        tried again at the next occasion: a term without snapshots only makes the next rebuild longer)."""
+    async def keep(self, term: asyncio.Event, may_write: Callable[[], bool] = lambda: True, final: Callable[[], bool] = lambda: False) -> None:
+        """Write a snapshot whenever the policy says, until the term ends, and then once more if `final()`
+        says the end is a clean stop (a handover: the successor replays nothing), while `may_write()`
+        (the lease is still ours). A failed write is logged and tried again at the next occasion: a
+        term without snapshots only makes the next rebuild longer."""
         ended = asyncio.ensure_future(term.wait())
         try:
-            while not term.is_set():
+            while True:
                 changed = asyncio.ensure_future(self.changed.wait())
                 await asyncio.wait({changed, ended}, timeout=min(self.policy.seconds, 5.0), return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
                 self.changed.clear()
-                if term.is_set() or not may_write():
+                if not may_write():
+                    return
+                if term.is_set():
+                    if final():
+                        await self.write_logged()
                     return
                 if self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
                     await self.write_logged()
         finally:
             ended.cancel()
-
 
     async def write_logged(self) -> None:
         """`write`, logging instead of raising: the term goes on without a snapshot (the next rebuild is

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dralloc.allocator.service import Allocator
+from dralloc.allocator.service import Allocator, Config, serve
 from dralloc.allocator.snapshot import Compacted, Policy, SnapshotUnusable, decode_body, encode_body, make_head, merge
 from dralloc.bus import KeyNotFound
 from dralloc.discovery.fleet import build_fleet
@@ -218,6 +218,29 @@ async def test_the_leader_writes_snapshots_by_its_policy_and_not_while_nothing_c
     last = await leader.snapshots.write()  # a clean handover: the rest, if any
     assert (last or head).seq == leader.last_seq == 20
     assert await leader.snapshots.write() is None  # nothing new: nothing written
+
+
+async def test_a_leader_stopped_cleanly_leaves_a_snapshot_that_its_successor_loads_whole(bus):
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "node"}]):
+        for slice_ in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    stop = asyncio.Event()
+    leading = asyncio.create_task(serve(bus, Config(lease_ttl=1.0, snapshot=Policy(every=1000, seconds=3600)), stop))
+    for i in range(6):
+        await bus.publish(claim_event(f"s{i}"))
+    async with asyncio.timeout(60):  # the leader decides them from CLAIMS
+        while (await bus.js.stream_info("ALLOCATIONS")).state.messages < 6:
+            await asyncio.sleep(0.05)
+    stop.set()  # SIGTERM: the term ends, the snapshot covers every decision (the count trigger was far)
+    await leading
+    kv = await bus.key_value(fmt.BUCKET)
+    head = fmt.decode_head((await kv.get(fmt.HEAD)).value)
+    assert head.seq == 6 and head.decisions == 6 and head.epoch > 0
+    successor = await standby(bus)
+    assert successor.snapshots.loaded_from == "snapshot" and successor.snapshots.tail_messages == 0
+    assert set(successor.committed) == {f"ml/s{i}" for i in range(6)}
 
 
 async def _has_head(kv) -> bool:
