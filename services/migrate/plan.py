@@ -11,15 +11,17 @@ same simulated fleet (the demo's fleet format, `dralloc.discovery.fleet`):
   pods are then counted onto nodes (`plan_device_plugin.py`), which gives what
   the engine without scoring gives over the whole fleet, in a fraction of the time;
 - DRA with dralloc: the workloads as `dralloc migrate` writes them (MIG asks
-  as MIG devices, `--usage` right-sizing to MIG), the MIG-capable GPUs
-  published with their partitions, topology- and fragmentation-aware placement.
+  as MIG devices, `--usage` right-sizing to MIG slices and GPU shares), the
+  MIG-capable GPUs published with their partitions, the GPUs of `sharing`
+  entries multi-allocatable by memory, topology- and fragmentation-aware placement.
 
 Each pod (replicas counted: `replicas` and `parallelism` on the way from the
 object to its pod template multiply) gets one claim, allocated in input
 order. GPUs needed are the distinct physical GPUs holding an allocation (a GPU
-with one MIG slice allocated counts as one); nodes the distinct nodes. Per
-workload, GPU-equivalents (a MIG slice counts its compute share, `Ng` of 7)
-show which workloads drive the difference. Pods that fit nowhere are counted
+with one MIG slice or one share allocated counts as one); nodes the distinct
+nodes. Per workload, GPU-equivalents (a MIG slice counts its compute share, `Ng`
+of 7; a share the fraction of the GPU's memory it holds) show which workloads
+drive the difference. Pods that fit nowhere are counted
 per mode, never silently dropped.
 """
 
