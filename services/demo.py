@@ -33,7 +33,7 @@ from dralloc.bus import Bus, embedded_nats
 from dralloc.client.show import claims_table
 from dralloc.discovery import service as discovery
 from dralloc.ingestor import service as ingestor
-from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifest_events import events_from_manifests
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus

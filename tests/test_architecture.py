@@ -317,9 +317,7 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
 
 
 # Known violations: (rule, importer, target) -> why it is not fixed yet. Shrink only.
-ALLOWED: dict[tuple[str, str, str], str] = {
-    ("client-via-contracts", "dralloc.client.submit", "dralloc.ingestor.sources"): "manifests -> claim events is one parser shared with the ingestor's file source; moving it out of the ingestor is a larger move",
-}
+ALLOWED: dict[tuple[str, str, str], str] = {}
 
 
 def test_architecture_contracts_hold() -> None:

@@ -12,7 +12,7 @@ import msgspec
 
 from dralloc import telemetry
 from dralloc.bus import Bus, PublishRefused
-from dralloc.ingestor.sources import Report, SourceEvent, events_from_manifests, removal_of
+from dralloc.manifest_events import Report, SourceEvent, events_from_manifests, removal_of
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas.status import ClaimStatus, status_of

@@ -9,7 +9,8 @@ import msgspec
 
 from dralloc.bus import Bus
 from dralloc.ingestor import service as ingestor
-from dralloc.ingestor.sources import FileSource, changes, events_from_manifests, with_identity
+from dralloc.ingestor.sources import FileSource
+from dralloc.manifest_events import changes, events_from_manifests, with_identity
 from dralloc.manifests import load_paths, load_text
 from dralloc.pods import POD_CLAIM_NAME_ANNOTATION, generate_name
 from dralloc.schemas import events as ev

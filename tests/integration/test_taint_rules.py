@@ -9,7 +9,7 @@ from test_pipeline import EXAMPLES, ONE_NODE, claims_text, submitted, wait_for_s
 
 from dralloc import demo
 from dralloc.bus import Bus
-from dralloc.ingestor.sources import events_from_manifests, removal_of
+from dralloc.manifest_events import events_from_manifests, removal_of
 from dralloc.manifests import load_text
 from dralloc.schemas import events as ev
 
