@@ -5,10 +5,11 @@ tests/test_architecture.py), so delivery rules live in one place. Its modules, o
 concern each: `server` (starting nats-server), `client` (`Bus`: connecting,
 publishing), `streams` (the streams, creating and checking them), `streamcheck`
 (pure checks of messages and stream configurations), `consume` (the consumer
-loop), `deadletter`, `replay`, `kv`, `lookup` (a
-subject's last message, a stream's state), `lag` (consumer backlog metrics), `run`
-(`dralloc run <service>`) and `errors`. Import from `dralloc.bus` itself: this
-module re-exports the public names.
+loop), `deadletter`, `replay`, `kv`, `lookup` (a subject's last message, a
+stream's state), `lag` (consumer backlog metrics), `run` (`dralloc run
+<service>`) and `errors`. `Bus`'s methods beyond connecting and publishing are
+those modules' functions (each takes the bus first). Import from `dralloc.bus`
+itself: this module re-exports the public names.
 
 Server
     ``async with embedded_nats() as url:`` starts a private ``nats-server``
