@@ -223,17 +223,24 @@ class Allocator:
 
     async def rebuild(self) -> int:
         """State from the streams; returns the INVENTORY sequence to follow from."""
-        inventory, inventory_seq = await self.bus.replay("INVENTORY")
+        # The three streams are read at once (the waits on the server overlap) and applied in order:
+        # inventory, decisions, claims. A decision stored meanwhile by anyone else fences this term's
+        # first write off, whichever order the reads took.
+        async with asyncio.TaskGroup() as reads:
+            inventory_read = reads.create_task(self.bus.replay("INVENTORY"))
+            decisions_read = reads.create_task(self.snapshots.replay())  # the snapshot and the stream after it, or all of it
+            claims_read = reads.create_task(self.bus.replay("CLAIMS"))
+        inventory, inventory_seq = inventory_read.result()
         for event in inventory:
             if (refused := self.book.apply_inventory(event)) is not None:
                 log.error("allocator: rebuild: %s", refused)
-        decisions, self.last_seq = await self.snapshots.replay()  # the snapshot and the stream after it, or all of it
+        decisions, self.last_seq = decisions_read.result()
         allocator_metrics().rebuilding()
         allocator_metrics().watch(self.observe_once, asyncio.get_running_loop())
         for event in decisions:
             allocator_metrics().decided(event, replayed=True)
             self.book.replayed(event)
-        claims, _ = await self.bus.replay("CLAIMS")
+        claims, _ = claims_read.result()
         for event in claims:
             self.book.replayed(event)
         released = await self._release_gone(self.book.gone())

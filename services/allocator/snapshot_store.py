@@ -256,13 +256,11 @@ class Snapshots:
                 await asyncio.wait({changed, ended}, timeout=min(self.policy.seconds, 5.0), return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
                 self.changed.clear()
-                if not may_write():
-                    return
                 if term.is_set():
-                    if final():
+                    if final() and may_write():
                         await self.write_logged()
                     return
-                if self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
+                if may_write() and self.policy.due(self.since, time.monotonic() - self.written_at, len(self.compacted.latest)):
                     await self.write_logged()
         finally:
             ended.cancel()
