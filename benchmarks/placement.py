@@ -264,8 +264,7 @@ def fleet_engine(scoring: bool) -> Engine:
 
 
 def _free(engine: Engine, rec) -> bool:
-    ledger = engine.ledger
-    return not (ledger.used_bits >> rec.id) & 1 and (not rec.consumes or ledger.active(rec) or ledger.counter_room(rec))
+    return engine.ledger.free(rec)
 
 
 def _wants(job: Job) -> list[tuple[int, object]]:

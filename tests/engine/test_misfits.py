@@ -68,3 +68,25 @@ def test_a_change_on_another_node_of_the_same_pool_ends_what_was_remembered():
     assert engine.release("ns/x")
     (z,) = engine.allocate([_claim("z")], node="node-2")
     assert z.status == "allocated" and [r.device for r in z.allocation.devices.results] == ["dev-b"]
+
+
+def _grouped_claim(name: str, count: int) -> ResourceClaim:
+    claim = msgspec.to_builtins(_claim(name, count))
+    claim["spec"]["devices"]["constraints"] = [{"matchAttribute": "gpu.example.com/domain"}]
+    return msgspec.convert(claim, ResourceClaim)
+
+
+def test_nodes_without_a_large_enough_matchattribute_group_are_skipped_not_lost():
+    # node-1: four GPUs in NVLink pairs; node-2: four in one domain, one of them listing both
+    # domains (a list attribute counts for each of its values)
+    pairs = [{"name": f"gpu-{i}", "attributes": {"domain": {"string": f"pair-{i // 2}"}}} for i in range(4)]
+    quad = [{"name": f"gpu-{i}", "attributes": {"domain": {"string": "quad"}}} for i in range(3)]
+    quad.append({"name": "gpu-3", "attributes": {"domain": {"strings": ["pair-x", "quad"]}}})
+    engine = _engine(_slice("node-1-gpus", "node-1", pairs, pool="node-1"), _slice("node-2-gpus", "node-2", quad, pool="node-2"))
+    (four,) = engine.allocate([_grouped_claim("four", 4)])
+    assert four.status == "allocated" and four.node == "node-2"
+    (two,) = engine.allocate([_grouped_claim("two", 2)])
+    assert two.status == "allocated" and two.node == "node-1"
+    (more,) = engine.allocate([_grouped_claim("more", 4)])
+    assert more.status == "unsatisfiable"
+    assert "or no 4 of them with one value of gpu.example.com/domain (matchAttribute)" in more.message

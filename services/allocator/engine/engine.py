@@ -15,6 +15,7 @@ first answer found is committed to the ledger.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -111,14 +112,26 @@ class Outcome(msgspec.Struct, kw_only=True):
         }
 
 
-class _Failure(Exception):
-    """A unit cannot be placed on a node; `error` makes it an error for the whole unit."""
+class Why(enum.Enum):
+    """Why a unit cannot be placed on a node, which decides what the engine does next."""
 
-    def __init__(self, message: str, error: bool = False, cel: bool = False) -> None:
+    MISFIT = "misfit"
+    """The node cannot hold the unit: the next node is tried (unsatisfiable if none can)."""
+    CEL_ERROR = "cel error"
+    """A selector fails at run time on a device of the node (verdicts.py's rule): with a given
+    node the unit is an error; when the engine picks, the node is not used, and the unit is an
+    error only if no node fits."""
+    UNIT_ERROR = "unit error"
+    """Wrong wherever it goes (over the device limit): the unit is an error at once."""
+
+
+class _Failure(Exception):
+    """A unit cannot be placed on a node, and `why`."""
+
+    def __init__(self, message: str, why: Why = Why.MISFIT) -> None:
         super().__init__(message)
         self.message = message
-        self.error = error
-        self.cel = cel
+        self.why = why
 
 
 class Engine:
@@ -311,9 +324,9 @@ class Engine:
                 try:
                     slots_by_claim = self._place(plans, candidate, steps)
                 except _Failure as failure:
-                    if failure.error and (node is not None or not failure.cel):
+                    if failure.why is Why.UNIT_ERROR or (failure.why is Why.CEL_ERROR and node is not None):
                         return [Outcome(claim=p.key, status="error", message=failure.message) for p in plans]
-                    if failure.cel:
+                    if failure.why is Why.CEL_ERROR:
                         # the engine picks the node: a node where a selector fails is not used
                         cel_failure = cel_failure or failure.message
                     reasons.append((candidate, failure.message))
@@ -363,7 +376,7 @@ class Engine:
                 reach = 0
                 smallest = None
                 for alt in request.alts:
-                    seen, hit = self.verdicts.get(alt, 0).nodes(inv.version, alt.constraint_attributes)
+                    seen, hit = self.verdicts.get(alt, 0).nodes(inv.version, alt.learn_key)
                     reach |= hit | ~seen
                     demand = 0 if alt.admin else (1 if alt.all_mode else alt.count)
                     smallest = demand if smallest is None else min(smallest, demand)
@@ -407,14 +420,16 @@ class Engine:
             for request in plan.requests:
                 for alt in request.alts:
                     verdict = self.verdicts.get(alt, mask)
-                    info = verdict.nodes(inv.version, alt.constraint_attributes)
+                    info = verdict.nodes(inv.version, alt.learn_key)
                     if info[0] & bit:
                         continue
                     info[0] |= bit
                     hit = verdict.failed & mask
                     if not hit:
                         matched = verdict.matched & mask
-                        if alt.constraint_attributes:
+                        if alt.group:
+                            hit = _has_group(inv, matched, alt)
+                        elif alt.constraint_attributes:
                             hit = any(all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]
                         else:
                             hit = matched
@@ -448,7 +463,7 @@ class Engine:
                     continue  # not part of "all": it cannot serve the capacity request (as in Kubernetes)
                 if not alt.admin and (used >> rec.id) & 1:
                     problem = problem or f"device {rec.label} is in use"
-                elif not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+                elif not alt.admin and not ledger.counters_fit(rec):
                     problem = problem or f"device {rec.label} has no counter room left"
                 elif not all(tolerated(t, alt.tolerations) for t in rec.taints):
                     problem = problem or f"device {rec.label} has a taint the request does not tolerate ({_taint_text(self.inventory, rec, alt)})"
@@ -460,7 +475,7 @@ class Engine:
                 continue  # held exclusively (a shared device too, by a result without a shareID)
             counts["in use"] += 1
             # admin access watches a device: it needs no counter room and no capacity
-            if not alt.admin and rec.consumes and not ledger.active(rec) and not ledger.counter_room(rec):
+            if not alt.admin and not ledger.counters_fit(rec):
                 continue
             counts["counters"] += 1
             if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
@@ -507,7 +522,7 @@ class Engine:
         mask, order = self._mask(node)
         error = self._cel_errors(plans, mask)
         if error:
-            raise _Failure(error, error=True, cel=True)
+            raise _Failure(error, Why.CEL_ERROR)
         if node is not None:
             self._learn(plans, node, mask)
         memo = self.misfits.key(plans, node)
@@ -516,12 +531,12 @@ class Engine:
             if steps[0] + known.steps > self.budget:
                 raise BudgetExceeded  # where the search itself would have run out
             steps[0] += known.steps
-            raise _Failure(known.message(plans[0].key), error=known.error)
+            raise _Failure(known.message(plans[0].key), known.why)
         before = steps[0]
         try:
             return self._place_search(plans, node, mask, order, steps)
         except _Failure as failure:
-            self.misfits.put(memo, plans[0], failure.message, failure.error, steps[0] - before)
+            self.misfits.put(memo, plans[0], failure.message, failure.why, steps[0] - before)
             raise
 
     def _place_search(self, plans: list[ClaimPlan], node: str | None, mask: int, order: list[int], steps: list[int]) -> list[list[Slot]]:
@@ -548,7 +563,7 @@ class Engine:
                 options.append(feasible)
             # the device limit is checked before any search, as Kubernetes does: an error, not a misfit
             if minimum > ALLOCATION_RESULTS_MAX:
-                raise _Failure(f"claim {plan.key}: number of requested devices {minimum} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}", error=True)
+                raise _Failure(f"claim {plan.key}: number of requested devices {minimum} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}", Why.UNIT_ERROR)
         if infeasible:
             raise _Failure(infeasible)
         last = "no combination of the candidate devices satisfies the constraints, counters and capacity together"
@@ -666,7 +681,7 @@ class Engine:
         explanation = Explanation()
         known = len(self.inventory.node_known)
         if node is None and len(nodes) != known:
-            explanation.notes.append(f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match)")
+            explanation.notes.append(f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match{_grouped(plans)})")
         for pool in list(self.inventory.unusable.values())[:5]:
             why = f"invalid: {pool.invalid}" if pool.invalid else f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
             explanation.notes.append(f"pool {pool.label} is not used: {why}")
@@ -698,6 +713,21 @@ class Engine:
             report.requests.append(request)
         chosen = [rec for slot in slots for rec in slot.chosen]
         return Explanation(nodes=[report], notes=self.placement.describe(node, chosen, demand_of([plan])))
+
+
+def _has_group(inv: Inventory, matched: int, alt: Alt) -> bool:
+    """Whether `alt.group` of the `matched` devices (free or not) have every constraint attribute
+    and share one value of each match attribute: a matchAttribute over NVLink domains of two
+    cannot hold a claim for four, however free the node is."""
+    counts: list[dict[object, int]] = [{} for _ in alt.match_attributes]
+    for i in iter_bits(matched):
+        rec = inv.devices[i]
+        if rec is None or any(rec.attribute(a) is None for a in alt.constraint_attributes):
+            continue
+        for n, attribute in enumerate(alt.match_attributes):
+            for value in rec.values(attribute) or ():
+                counts[n][value] = counts[n].get(value, 0) + 1
+    return all(any(c >= alt.group for c in per.values()) for per in counts)
 
 
 def _room(used: dict[str, int], use: dict[str, int] | None, rec: DeviceRec) -> bool:
@@ -777,13 +807,20 @@ def _node_of(allocation: AllocationResult) -> str | None:
     return None
 
 
+def _grouped(plans: list[ClaimPlan]) -> str:
+    """Words for the matchAttribute groups a node must have (`Alt.group`), for messages about
+    nodes skipped without a try; empty when no request asks for one."""
+    groups = sorted({(alt.group, a) for plan in plans for request in plan.requests for alt in request.alts if alt.group for a in alt.match_attributes})
+    return "".join(f", or no {n} of them with one value of {a} (matchAttribute)" for n, a in groups)
+
+
 def _unsatisfiable_message(plans: list[ClaimPlan], node: str | None, reasons: list[tuple[str | None, str]]) -> str:
     who = "the claim" if len(plans) == 1 else f"all {len(plans)} claims together"
     if node is not None:
         why = reasons[0][1] if reasons else "no candidate devices"
         return f"cannot allocate {who} on node {node}: {why}"
     if not reasons:
-        return f"cannot allocate {who}: no node has enough free devices that match the requests"
+        return f"cannot allocate {who}: no node has enough free devices that match the requests{_grouped(plans)}"
     first_node, why = reasons[0]
     if first_node is None:
         return f"cannot allocate {who}: no node is known (no Node objects, no node-local slices), and {why}"

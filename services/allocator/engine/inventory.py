@@ -40,6 +40,9 @@ CounterKey = tuple[str, str, str, str]
 
 _MISSING = object()
 
+NOT_YET: Any = object()
+"""A DeviceRec field computed on first use that has not been yet (`default_use`)."""
+
 
 @dataclass(slots=True)
 class Capacity:
@@ -78,6 +81,9 @@ class DeviceRec:
     key: tuple[str, str, str] = ("", "", "")
     """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
     consume_totals: tuple[tuple[CounterKey, int], ...] = ()
+    default_use: Any = NOT_YET
+    """What a request without capacity requests consumes of it (plan.consumed_capacity; computed
+    once, on first use; read-only: shared by every such request)."""
     """`consumes` summed per counter (a counter named twice counts twice): what the counter bound reads."""
 
     def __post_init__(self) -> None:

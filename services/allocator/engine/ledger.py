@@ -69,6 +69,16 @@ class Ledger:
         """Whether the device is in use at all (and so consumes its counters)."""
         return rec.id in self.used_ids or bool(self.shares.get(rec.key))
 
+    def counters_fit(self, rec: DeviceRec) -> bool:
+        """Whether taking the device needs no counter room it lacks: it consumes none, already
+        consumes its own (in use), or its counters fit beside what the ledger uses."""
+        return not rec.consumes or self.active(rec) or self.counter_room(rec)
+
+    def free(self, rec: DeviceRec) -> bool:
+        """The "free device" test: not held exclusively, and its counters fit (`counters_fit`).
+        Capacity of shared devices and taints are the caller's (they depend on the request)."""
+        return rec.id not in self.used_ids and self.counters_fit(rec)
+
     def counter_room(self, rec: DeviceRec) -> bool:
         """Whether the device's counters fit beside what the ledger already uses."""
         pool = self.inv.pool_of(rec)

@@ -20,6 +20,7 @@ Pure: no I/O; the engine owns one and consults it per (unit, node).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from dralloc.allocator.engine.inventory import Inventory
 from dralloc.allocator.engine.ledger import Ledger
@@ -35,7 +36,7 @@ class Misfit:
 
     claimed: bool  # the message starts with "claim <key>, " (put back by `message`)
     text: str
-    error: bool
+    why: Any  # engine.Why (not imported: the engine imports this module)
     steps: int
 
     def message(self, claim: str) -> str:
@@ -59,7 +60,7 @@ class Misfits:
     def get(self, key: tuple | None) -> Misfit | None:
         return self._memo.get(key) if key is not None else None
 
-    def put(self, key: tuple | None, plan: ClaimPlan, message: str, error: bool, steps: int) -> None:
+    def put(self, key: tuple | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
         if key is None:
             return
         prefix = f"claim {plan.key}, "
@@ -68,7 +69,7 @@ class Misfits:
             return  # a message naming the claim elsewhere: not reusable for another claim
         if len(self._memo) >= MAX_ENTRIES:
             self._memo.clear()
-        self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix):] if claimed else message, error=error, steps=steps)
+        self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix):] if claimed else message, why=why, steps=steps)
 
 
 def shape_of(plan: ClaimPlan) -> tuple:

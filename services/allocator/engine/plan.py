@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dralloc.allocator.engine.inventory import NOT_YET
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import DeviceClass, DeviceToleration, ResourceClaim
 from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, validate
@@ -35,6 +36,11 @@ class Alt:
     verdict_key: tuple = ()  # (class, class version, selectors): the selector-verdict cache key
     class_key: tuple = ()
     constraint_attributes: tuple[str, ...] = ()  # attributes every device of this alternative must have
+    match_attributes: tuple[str, ...] = ()  # those of them a matchAttribute constraint asks to be equal
+    group: int = 0
+    """Devices that must share one value of each match attribute (its count, when it asks for
+    several and not All): a node without such a group cannot serve it, whatever is free."""
+    learn_key: tuple = ()  # (constraint_attributes, match_attributes, group): the engine's per-node match memory key
 
 
 @dataclass(slots=True, eq=False)
@@ -128,6 +134,9 @@ def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_vers
     for request in plan.requests:
         for alt in request.alts:
             alt.constraint_attributes = tuple(sorted({c.attribute for c in plan.constraints if c.covers(alt)}))
+            alt.match_attributes = tuple(sorted({c.attribute for c in plan.constraints if c.match and c.covers(alt)}))
+            alt.group = alt.count if alt.match_attributes and not alt.all_mode and alt.count > 1 else 0
+            alt.learn_key = (alt.constraint_attributes, alt.match_attributes, alt.group)
     exact = sum(min(a.count for a in r.alts if not a.all_mode) if all(not a.all_mode for a in r.alts) else 0 for r in plan.requests)
     if exact > ALLOCATION_RESULTS_MAX:
         plan.error = f"claim {key}: number of requested devices {exact} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"
@@ -159,7 +168,18 @@ def tolerated(taint: Any, tolerations: list[DeviceToleration]) -> bool:
 def consumed_capacity(alt: Alt, rec: Any) -> dict[str, int] | None:
     """What taking `rec` for `alt` consumes of each device capacity (fully-qualified
     names), or None when the device cannot serve the request: a requested capacity
-    the device lacks, or a value its request policy forbids or its total cannot hold."""
+    the device lacks, or a value its request policy forbids or its total cannot hold.
+    Read-only: without capacity requests the answer depends on the device alone and is
+    kept on it (`DeviceRec.default_use`)."""
+    if not alt.capacity:
+        use = rec.default_use
+        if use is NOT_YET:
+            use = rec.default_use = _consumed(alt, rec)
+        return use  # type: ignore[no-any-return]
+    return _consumed(alt, rec)
+
+
+def _consumed(alt: Alt, rec: Any) -> dict[str, int] | None:
     caps = rec.capacity
     resolved: dict[str, int] = {}
     if alt.capacity:

@@ -71,12 +71,12 @@ class Verdict:
     matched: int = 0
     failed: int = 0
     errors: dict[int, str] = field(default_factory=dict)  # device id -> "selector #i on device ...: ..."
-    # node prefilter, valid for one inventory version: per set of required attributes,
-    # [node ranks evaluated, node ranks with a usable match or a failure]
+    # node prefilter, valid for one inventory version: per `Alt.learn_key` (required attributes,
+    # match attributes, group size), [node ranks evaluated, node ranks with a usable match or a failure]
     node_version: int = -1
-    node_info: dict[tuple[str, ...], list[int]] = field(default_factory=dict)
+    node_info: dict[tuple, list[int]] = field(default_factory=dict)
 
-    def nodes(self, version: int, attributes: tuple[str, ...]) -> list[int]:
+    def nodes(self, version: int, attributes: tuple) -> list[int]:
         if self.node_version != version:
             self.node_version = version
             self.node_info = {}
