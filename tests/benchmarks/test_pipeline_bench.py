@@ -68,12 +68,26 @@ def test_backlog_and_latency_join_offers_to_records():
 
 def test_stage_latencies_split_each_claim_at_its_stored_events():
     submitted = pipeline.claim_event("a")
-    claim = submitted.claim
-    committed = ev.AllocationCommitted(claim=claim)  # (the join reads names and times only)
-    claims = [Stored(1, 10.004, submitted.subject, submitted, {})]
-    allocations = [Stored(1, 10.010, committed.subject, committed, {})]
-    stages = pipeline.stage_latencies_ms({"a": 10.0}, claims, allocations, {"a": Record("a", "allocated", 10.013)}, ["a"])
+    committed = ev.AllocationCommitted(claim=submitted.claim)  # (the join reads names and times only)
+    other = ev.AllocationCommitted(claim=pipeline.claim_event("b").claim)
+    claims = pipeline.first_stored([Stored(1, 10.004, submitted.subject, submitted, {}), Stored(2, 11.0, submitted.subject, submitted, {})], ev.ClaimSubmitted)
+    decisions = pipeline.first_stored([Stored(1, 10.010, committed.subject, committed, {}), Stored(2, 10.5, other.subject, other, {})], ev.AllocationCommitted)
+    assert claims == {"a": 10.004} and decisions == {"a": 10.010, "b": 10.5}  # the first of each, by name
+    stages = pipeline.stage_latencies_ms({"a": 10.0}, claims, decisions, {"a": Record("a", "allocated", 10.013)}, ["a", "b"])
     assert stages == {"submit": [pytest.approx(4.0)], "allocate": [pytest.approx(6.0)], "status": [pytest.approx(3.0)]}
+
+
+def test_the_sustained_window_leaves_out_warm_up_and_drain():
+    submitted = {"a": 100.0, "b": 101.0, "c": 108.0}
+    records = {"a": Record("a", "allocated", 100.0), "b": Record("b", "allocated", 104.0), "c": Record("c", "allocated", 120.0)}
+    assert pipeline.sustained_window(submitted, records, ["a", "b", "c"]) == (102.0, 108.0)  # first record + a quarter, last submit
+    assert pipeline.sustained_window(submitted, {}, ["a"]) is None
+
+
+def test_cpu_between_takes_the_samples_inside_the_window():
+    samples = [(1.0, {"x": 0.0}), (2.0, {"x": 0.5}), (3.0, {"x": 1.25}), (4.0, {"x": 3.0})]
+    assert pipeline.cpu_between(samples, 1.5, 3.5) == (2.0, 3.0, {"x": 0.75})
+    assert pipeline.cpu_between(samples, 1.5, 2.5) is None  # one sample: no span
 
 
 def test_leader_terms_counts_the_epochs_that_wrote_decisions():
