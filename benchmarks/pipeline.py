@@ -687,6 +687,7 @@ class Record:
     name: str
     state: str
     time: float
+    message: str = ""
 
 
 async def read_records(bus: Bus, bucket: str, namespace: str = NAMESPACE) -> dict[str, Record]:
@@ -708,7 +709,7 @@ async def read_records(bus: Bus, bucket: str, namespace: str = NAMESPACE) -> dic
                 except UnreadableStatus:
                     continue
                 name = msg.subject[len(prefix) :]
-                records.setdefault(name, Record(name, status.state, msg.metadata.timestamp.timestamp()))
+                records.setdefault(name, Record(name, status.state, msg.metadata.timestamp.timestamp(), status.message))
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
@@ -883,6 +884,7 @@ async def run(options: Options) -> dict[str, Any]:
         "backlog_at_window_start": backlog_at(submitted, records, sustained, warm),
         "backlog_at_window_end": backlog_at(submitted, records, sustained, end),
         "outcomes": states,
+        "not_allocated": sorted({f"{r.state}: {r.message[:200]}" for n in everything if (r := records.get(n)) is not None and r.state != "allocated"})[:3],
         "submit_problems": len(submitter.problems),
         "mig_claims": mig_claims,
         "nodes": nodes,
