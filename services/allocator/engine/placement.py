@@ -145,7 +145,10 @@ class Placement:
             if node not in inv.node_known or (avoid >> rank[node]) & 1:
                 return None
             mask, _ = inv.node_mask(node)
-            matched = self.verdicts.get(alt, mask).matched & mask
+            verdict = self.verdicts.known(alt)
+            if verdict is None or mask & verdict.evaluated != mask:  # the rest are known: no lookup per node
+                verdict = self.verdicts.get(alt, mask)
+            matched = verdict.matched & mask
             if matched.bit_count() < count:
                 return None
             taken = matched & used
