@@ -10,9 +10,10 @@ which and replays ALLOCATIONS whole, as before. Checked against the stream:
 - a random sample of the snapshot's decisions is each what the stream holds last for its claim
   (when that message is not after the snapshot): a snapshot made of anything but the stream fails.
 
-The leader writes it (`Snapshots.keep`, a task of its term) by its `Policy` (every `every` decisions,
-or as many as it holds when that is more, or `seconds` after a change), never two at once; encoding runs in a worker thread, so the
-event loop (lease, claims) is not held for the size of the live set.
+The leader writes it (`Snapshots.keep`, a task of its term) by its `Policy` (every `every`
+decisions, or as many as it holds when that is more, or `seconds` after a change), never two at
+once, and at a clean stop; encoding runs in a worker thread, so the event loop (lease, claims) is
+not held for the size of the live set.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ is used instead."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from pathlib import Path
@@ -143,6 +144,9 @@ async def spoil(bus, case: str, head: fmt.SnapshotHead, leader: Allocator) -> No
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, seq=leader.last_seq + 5)))
     elif case == "larger than the stream":
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, size=10**9, chunks=1000)))
+    elif case == "weakened bucket":  # a value size limit: snapshots would stop fitting
+        info = await bus.js.stream_info(f"KV_{fmt.BUCKET}")
+        await bus.js.update_stream(dataclasses.replace(info.config, max_msg_size=100))
     elif case == "another stream":
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, stream_created="2020-01-01T00:00:00+00:00")))
     elif case in ("forged decision", "not a decision", "claim twice"):
@@ -170,6 +174,7 @@ REASONS = {
     "missing chunk": "chunk b.0 is missing",
     "ahead of the stream": "past the stream's last",
     "another stream": "made of a stream created 2020",
+    "weakened bucket": "bucket dralloc-snapshot is weakened: max_msg_size is 100",
     "larger than the stream": "is larger than ALLOCATIONS",
     "forged decision": "of which ALLOCATIONS holds none",
     "not a decision": "is a AllocationReleased",
