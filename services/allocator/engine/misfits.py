@@ -47,9 +47,9 @@ class Misfits:
     def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
         self.inv = inventory
         self.ledger = ledger
-        self._memo: dict[tuple, Misfit] = {}
+        self._memo: dict[tuple[Any, ...], Misfit] = {}
 
-    def key(self, plans: list[ClaimPlan], node: str | None) -> tuple | None:
+    def key(self, plans: list[ClaimPlan], node: str | None) -> tuple[Any, ...] | None:
         """The memo key of placing `plans` on `node` now; None: not remembered (several claims)."""
         if len(plans) != 1 or node is None:
             return None
@@ -57,10 +57,10 @@ class Misfits:
         ledger = self.ledger
         return (shape, node, self.inv.version, ledger.node_changes.get(node, 0), ledger.remote_changes)
 
-    def get(self, key: tuple | None) -> Misfit | None:
+    def get(self, key: tuple[Any, ...] | None) -> Misfit | None:
         return self._memo.get(key) if key is not None else None
 
-    def put(self, key: tuple | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
+    def put(self, key: tuple[Any, ...] | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
         if key is None:
             return
         prefix = f"claim {plan.key}, "
@@ -72,7 +72,7 @@ class Misfits:
         self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix):] if claimed else message, why=why, steps=steps)
 
 
-def shape_of(plan: ClaimPlan) -> tuple:
+def shape_of(plan: ClaimPlan) -> tuple[Any, ...]:
     """Everything placing the claim reads except its name: per request, per alternative, the
     selector key, counts and modes, capacity, tolerations and names written into messages;
     the constraints. Cached on the plan (a plan is built per allocation and not changed)."""

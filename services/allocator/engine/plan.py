@@ -40,7 +40,7 @@ class Alt:
     group: int = 0
     """Devices that must share one value of each match attribute (its count, when it asks for
     several and not All): a node without such a group cannot serve it, whatever is free."""
-    learn_key: tuple = ()  # (constraint_attributes, match_attributes, group): the engine's per-node match memory key
+    learn_key: tuple[Any, ...] = ()  # (constraint_attributes, match_attributes, group): the engine's per-node match memory key
 
 
 @dataclass(slots=True, eq=False)
@@ -66,7 +66,7 @@ class ClaimPlan:
     requests: list[Request] = field(default_factory=list)
     constraints: list[Constraint] = field(default_factory=list)
     error: str | None = None
-    shape: tuple | None = None  # misfits.shape_of's cache
+    shape: tuple[Any, ...] | None = None  # misfits.shape_of's cache
 
 
 def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int], compile_selector: Any, compile_error: type[Exception]) -> ClaimPlan:

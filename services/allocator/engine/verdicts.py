@@ -37,6 +37,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dralloc.allocator.engine import cel
 from dralloc.allocator.engine.cel_eval import OutOfTime
@@ -74,9 +75,9 @@ class Verdict:
     # node prefilter, valid for one inventory version: per `Alt.learn_key` (required attributes,
     # match attributes, group size), [node ranks evaluated, node ranks with a usable match or a failure]
     node_version: int = -1
-    node_info: dict[tuple, list[int]] = field(default_factory=dict)
+    node_info: dict[tuple[Any, ...], list[int]] = field(default_factory=dict)
 
-    def nodes(self, version: int, attributes: tuple) -> list[int]:
+    def nodes(self, version: int, attributes: tuple[Any, ...]) -> list[int]:
         if self.node_version != version:
             self.node_version = version
             self.node_info = {}
