@@ -62,7 +62,7 @@ snapshots, at least; default 1000), ``DRALLOC_ALLOCATOR_MAX_WAIT`` (how long a
 large waiting claim or gang holds a reservation unless its ``dralloc.dev/max-wait`` says; "600",
 "10m"; default 0: only claims that say so; reservations.py), ``DRALLOC_CEL_BUDGET`` (cost units a claim's
 selector evaluations may spend, default 5,000,000; engine.py), ``DRALLOC_CEL_BUDGET_SECONDS``
-(seconds they may take, default 2).
+(CPU seconds of the engine thread they may take, default 2: time spent waiting for a busy CPU does not count).
 
 Engine work (selector evaluation, search) runs in a worker thread (`Allocator._engine_work`), one
 at a time under `lock`, so the lease is renewed and a stop is seen while a claim is evaluated; a
@@ -576,7 +576,9 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
     lease = leader.Lease(await bus.key_value(leader.BUCKET), ttl=config.lease_ttl)
     try:
         while await lease.acquire(stop):
-            engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.perf_counter, config.cel_seconds))
+            # The CEL time budget on the engine thread's own CPU clock, not the wall clock: a starved
+            # allocator (a busy machine) must not fail good claims for time it spent waiting to run.
+            engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.thread_time, config.cel_seconds))
             allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
