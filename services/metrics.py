@@ -62,8 +62,8 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from opentelemetry import metrics
@@ -120,7 +120,7 @@ class AllocatorMetrics:
         self.view = FleetReadings()
         """What the exporter thread reads: replaced whole (one reference) by `observed`, never changed."""
         self._view_at = -FRESH_S
-        self._source: tuple[Callable[[], Awaitable[None]], asyncio.AbstractEventLoop] | None = None
+        self._source: tuple[Callable[[], Coroutine[Any, Any, None]], asyncio.AbstractEventLoop] | None = None
         self._asked: asyncio.Future[None] | None = None
         meter.create_observable_gauge(
             "dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits"
@@ -139,7 +139,7 @@ class AllocatorMetrics:
         fleet view stays until the new term hands one over)."""
         self._held.clear()
 
-    def watch(self, observe: Callable[[], Awaitable[None]], loop: asyncio.AbstractEventLoop) -> None:
+    def watch(self, observe: Callable[[], Coroutine[Any, Any, None]], loop: asyncio.AbstractEventLoop) -> None:
         """The leading allocator: `observe()`, run on `loop`, takes a snapshot and calls `observed`."""
         self._source = (observe, loop)
 
