@@ -51,9 +51,24 @@ async def test_each_service_runs_as_its_own_user_and_may_only_publish_its_own_su
                 with pytest.raises((TimeoutError, BusError)):  # a permissions violation: no ack ever comes
                     await asyncio.wait_for(bus.publish(event), 2)
 
+        # The allocator's snapshot of live decisions (bucket dralloc-snapshot): only it may write it.
+        for user in ("ingestor", "statuswriter", "discovery", "allocator"):
+            as_user(monkeypatch, user)
+            async with await Bus.connect(stack.nats.url, name=user) as bus:
+                put = _put(bus, "$KV.dralloc-snapshot.head", b'{"format": 1}')
+                if user == "allocator":
+                    assert (await asyncio.wait_for(put, 5)).stream == "KV_dralloc-snapshot"
+                else:
+                    with pytest.raises((TimeoutError, BusError)):  # a permissions violation: no ack ever comes
+                        await asyncio.wait_for(put, 2)
+
         as_user(monkeypatch, "ingestor", "wrong")
         with pytest.raises(BusError, match="(?i)authorization"):
             await Bus.connect(stack.nats.url, name="intruder", timeout=3)
+
+
+async def _put(bus: Bus, subject: str, data: bytes):  # type: ignore[no-untyped-def]
+    return await (await bus.send_bytes(subject, data))
 
 
 def _certificates(directory: Path) -> tuple[Path, Path, Path]:
