@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dralloc.allocator.engine.inventory import DeviceRec
+from dralloc.allocator.engine.inventory import AttrValue, CounterKey, DeviceRec
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.plan import Alt, Constraint
 
@@ -62,7 +62,7 @@ class Search:
         self.busy: dict[int, list[int]] = {}  # device id -> claims holding it exclusively in this unit
         self.charged: dict[int, int] = {}  # device id -> non-admin takes in this unit (exclusive or shared)
         self.holders: dict[int, list[tuple[int, bool]]] = {}  # device id -> (claim, admin access) that took it in this unit
-        self.counters: dict[tuple, int] = {}
+        self.counters: dict[CounterKey, int] = {}
         self.cap: dict[int, dict[str, int]] = {}
         self.distinct: dict[int, dict[object, int]] = {}
 
@@ -70,7 +70,7 @@ class Search:
 
     def run(self) -> bool:
         # pigeonhole: a distinctAttribute needs as many values as the devices it covers
-        wanted: dict[int, tuple[Constraint, int, set]] = {}
+        wanted: dict[int, tuple[Constraint, int, set[AttrValue]]] = {}
         for slot in self.slots:
             for cid, constraint in slot.distinct:
                 _, need, values = wanted.setdefault(cid, (constraint, 0, set()))
@@ -103,7 +103,7 @@ class Search:
                     free_picks += 1
                 else:
                     union[rec.id] = rec
-        costs: dict[tuple, list[int]] = {}  # counter -> explicit costs
+        costs: dict[CounterKey, list[int]] = {}  # counter -> explicit costs
         active = self.ledger.active
         for rec in union.values():
             if not rec.consume_totals:
@@ -149,7 +149,7 @@ class Search:
             return self._slot(0)
         constraint, covered = self.matches[k]
         attr = constraint.attribute
-        forced: set | None = None  # an All request takes every candidate: the common value is among their shared elements
+        forced: set[AttrValue] | None = None  # an All request takes every candidate: the common value is among their shared elements
         for i in covered:
             if self.slots[i].alt.all_mode:
                 for rec in cands[i]:
@@ -321,7 +321,7 @@ class Search:
 LIST_KINDS = frozenset(("strings", "ints", "bools", "versions"))
 
 
-def _elements(rec: DeviceRec, attr: str) -> tuple:
+def _elements(rec: DeviceRec, attr: str) -> tuple[AttrValue, ...]:
     """The typed values a device's attribute holds: one for a scalar (without the cached set
     lookup: scalars are the common case), a list's distinct entries, none when it lacks it."""
     a = rec.attribute(attr)

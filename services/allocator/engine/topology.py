@@ -67,7 +67,7 @@ _EDGES = {
 @dataclass(slots=True)
 class NodeTopology:
     node: str
-    stamp: tuple
+    stamp: tuple[int]  # the node's local version when this was built
     groups: dict[int, tuple[int, ...]]
     """Device id -> group index per level in GROUP_LEVELS order (GPU, NVLINK, SWITCH, ROOT, NUMA)."""
     names: list[dict[int, str]]
@@ -127,6 +127,12 @@ def _hub_name(level: int, hub: object) -> str:
     return str(hub)
 
 
+Hub = tuple[int, object]
+"""(level, hub): a device's physical GPU, NVLink clique, PCIe switch, root complex or NUMA node (`_hubs`)."""
+Hubs = tuple[Hub, ...]
+"""A device's hubs, sorted."""
+ShapeKey = tuple[tuple[tuple[int, int], ...], ...]
+"""Per device position, its hubs with each hub renamed to its first-seen number: equal for nodes of one shape."""
 Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]], int]
 """A node's structure by device position: group tuple per device, group sizes per level,
 per level the first device position of each group, and a serial number (nodes with the
@@ -135,7 +141,7 @@ same serial have the same structure)."""
 _serials = itertools.count(1)
 
 
-def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tuple, Shape] | None = None) -> NodeTopology:
+def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict[ShapeKey, Shape] | None = None) -> NodeTopology:
     """The topology of one node's devices (networkx graph, components per level).
 
     Devices with the same hubs (a GPU and its MIG partitions) share one graph
@@ -153,7 +159,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
             special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
             span=sum(1 << (rec.id - lo) for rec in recs), having={}, shape=0,
         )  # fmt: skip
-    canon: dict[tuple, int] = {}
+    canon: dict[Hub, int] = {}
     shape_key = tuple(tuple((level, canon.setdefault((level, hub), len(canon))) for level, hub in hubs) for hubs in hub_lists)
     shape = shapes.get(shape_key) if shapes is not None else None
     if shape is None:
@@ -196,9 +202,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple, shapes: dict[tupl
     )
 
 
-def _shape(hub_lists: list[tuple]) -> Shape:
+def _shape(hub_lists: list[Hubs]) -> Shape:
     """Groups per level by device position: connected components of each level's edges."""
-    alike: dict[tuple, list[int]] = {}
+    alike: dict[Hubs, list[int]] = {}
     for p, hubs in enumerate(hub_lists):
         alike.setdefault(hubs, []).append(p)
     graphs = {level: nx.Graph() for level in GROUP_LEVELS}
@@ -241,7 +247,7 @@ class Topology:
     def __init__(self, inventory: Inventory) -> None:
         self.inv = inventory
         self._nodes: dict[str, NodeTopology] = {}
-        self._shapes: dict[tuple, Shape] = {}
+        self._shapes: dict[ShapeKey, Shape] = {}
         self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
         self.nvlink_ranks = 0
@@ -323,7 +329,8 @@ class Topology:
             rec = self.inv.devices[i]
             value = rec.attribute(NVLINK_CLIQUE) if rec is not None else None
             if value is not None:
-                return value[1]
+                clique: str = value[1]  # (the clique attribute is a string)
+                return clique
         return None
 
     def domain_bits(self, label: str | None = None) -> dict[str, int]:
