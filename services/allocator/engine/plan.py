@@ -12,10 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dralloc.allocator.engine.inventory import NOT_YET
+from dralloc.allocator.engine.inventory import NOT_YET, Capacity
 from dralloc.schemas.quantity import parse_quantity
-from dralloc.schemas.resource import DeviceClass, DeviceToleration, ResourceClaim
+from dralloc.schemas.resource import (
+    AllocationMode,
+    CapacityRequirements,
+    DeviceClass,
+    DeviceSelector,
+    DeviceToleration,
+    ResourceClaim,
+)
 from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, validate
+
+VerdictKey = tuple[str, int, tuple[str, ...]]
+"""(device class, its version, selector expressions): what a set of selector verdicts is cached under."""
 
 
 @dataclass(slots=True, eq=False)
@@ -33,8 +43,8 @@ class Alt:
     admin: bool
     tolerations: list[DeviceToleration]
     capacity: dict[str, int] | None  # requested capacity, nano-units, by name as written
-    verdict_key: tuple = ()  # (class, class version, selectors): the selector-verdict cache key
-    class_key: tuple = ()
+    verdict_key: VerdictKey = ("", 0, ())  # (class, class version, selectors): the selector-verdict cache key
+    class_key: VerdictKey = ("", 0, ())
     constraint_attributes: tuple[str, ...] = ()  # attributes every device of this alternative must have
     match_attributes: tuple[str, ...] = ()  # those of them a matchAttribute constraint asks to be equal
     group: int = 0
@@ -78,6 +88,9 @@ def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_vers
         return plan
     for request in claim.spec.devices.requests:
         alts: list[Alt] = []
+        # (result name, subrequest, class, selectors, mode, count, admin access, tolerations, capacity)
+        bodies: list[tuple[str, str | None, str, list[DeviceSelector], AllocationMode | None, int | None, bool,
+                           list[DeviceToleration], CapacityRequirements | None]]
         if request.exactly is not None:
             e = request.exactly
             bodies = [(request.name, None, e.device_class_name, e.selectors, e.allocation_mode, e.count, bool(e.admin_access), e.tolerations, e.capacity)]
@@ -131,8 +144,8 @@ def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_vers
     for c in claim.spec.devices.constraints:
         attribute = c.match_attribute if c.match_attribute is not None else c.distinct_attribute
         plan.constraints.append(Constraint(attribute=attribute or "", match=c.match_attribute is not None, requests=frozenset(c.requests)))
-    for request in plan.requests:
-        for alt in request.alts:
+    for planned in plan.requests:
+        for alt in planned.alts:
             alt.constraint_attributes = tuple(sorted({c.attribute for c in plan.constraints if c.covers(alt)}))
             alt.match_attributes = tuple(sorted({c.attribute for c in plan.constraints if c.match and c.covers(alt)}))
             alt.group = alt.count if alt.match_attributes and not alt.all_mode and alt.count > 1 else 0
@@ -209,7 +222,7 @@ def _consumed(alt: Alt, rec: Any) -> dict[str, int] | None:
     return out
 
 
-def _round(want: int | None, cap: Any) -> int:
+def _round(want: int | None, cap: Capacity) -> int:
     if want is None:
         return cap.default if cap.default is not None else cap.value
     if not cap.has_policy:
@@ -228,7 +241,7 @@ def _round(want: int | None, cap: Any) -> int:
     return want
 
 
-def _violates(consumed: int, cap: Any) -> bool:
+def _violates(consumed: int, cap: Capacity) -> bool:
     if not cap.has_policy:
         return False
     if cap.default is not None and consumed == cap.default:

@@ -42,7 +42,7 @@ from typing import Any
 from dralloc.allocator.engine import cel
 from dralloc.allocator.engine.cel_eval import OutOfTime
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, bits_of, iter_bits
-from dralloc.allocator.engine.plan import Alt
+from dralloc.allocator.engine.plan import Alt, VerdictKey
 
 MAX_KEYS = 4096
 
@@ -95,8 +95,8 @@ on it too, so its CEL environment is built once and dropped right after
 
 @dataclass(slots=True, frozen=True)
 class _Spec:
-    key: tuple
-    class_key: tuple
+    key: VerdictKey
+    class_key: VerdictKey
     class_name: str
     class_exprs: tuple[str, ...]
     exprs: tuple[str, ...]
@@ -106,9 +106,9 @@ class _Spec:
 class Verdicts:
     def __init__(self, inventory: Inventory) -> None:
         self.inv = inventory
-        self._cache: OrderedDict[tuple, Verdict] = OrderedDict()
-        self._recent: OrderedDict[tuple, _Spec] = OrderedDict()
-        self._envs: dict[int, object] = {}
+        self._cache: OrderedDict[VerdictKey, Verdict] = OrderedDict()
+        self._recent: OrderedDict[VerdictKey, _Spec] = OrderedDict()
+        self._envs: dict[int, cel.DeviceEnv] = {}
         self.budget: int | None = None
         """Cost units the current allocation unit may still spend on evaluations (None: no limit)."""
         self.timer: tuple[Callable[[], float], float] | None = None
@@ -197,7 +197,7 @@ class Verdicts:
             self._envs.clear()
         return entry
 
-    def _entry(self, key: tuple) -> Verdict:
+    def _entry(self, key: VerdictKey) -> Verdict:
         entry = self._cache.get(key)
         if entry is None:
             entry = self._cache[key] = Verdict()
