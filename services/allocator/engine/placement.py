@@ -62,7 +62,7 @@ from dralloc.allocator.engine.topology import (
 )
 
 if TYPE_CHECKING:
-    from dralloc.allocator.engine.plan import Alt, ClaimPlan
+    from dralloc.allocator.engine.plan import Alt, ClaimPlan, VerdictKey
     from dralloc.allocator.engine.search import Slot
     from dralloc.allocator.engine.verdicts import Verdicts
 
@@ -70,6 +70,10 @@ SCAN_LIMIT = 256
 """Nodes scored for locality per unit before the best one seen is taken (bounds the work on huge fleets)."""
 
 Demand = list[tuple["Alt", int]]
+DemandKey = tuple[tuple["VerdictKey", int], ...]
+"""A demand as a cache key: (verdict key, count) per alternative (`_demand_key`)."""
+_SortKey = tuple[tuple[int, ...], int, tuple[int, ...], int]
+"""A candidate's place in `_slot_order`: (free-group vector, fit, coarse totals, tightest group)."""
 _PER_DEVICE = object()
 
 
@@ -81,7 +85,7 @@ class Placement:
         verdicts: Verdicts,
         *,
         scoring: bool = True,
-        learn: Callable | None = None,
+        learn: Callable[[list[ClaimPlan], str, int], None] | None = None,
     ) -> None:
         self.inv = inventory
         self.ledger = ledger
@@ -95,8 +99,8 @@ class Placement:
         self.kinds = KindIndex(inventory, ledger)
         self.within: int | None = None
         """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
-        self._static: dict[tuple, int | None] = {}
-        self._slot_orders: dict[tuple, list[tuple[int, ...]]] = {}
+        self._static: dict[tuple[str, tuple[int] | None, DemandKey], int | None] = {}
+        self._slot_orders: dict[tuple[object, ...], list[tuple[int, ...]]] = {}  # (node shape, per slot its count, groups, multi)
         self.reserved = 0
         """Device ids (a bitset) held for claims that wait (`reserve`): their nodes are tried last."""
         self.reserved_nodes = 0
@@ -160,7 +164,7 @@ class Placement:
         if members <= 1:
             best: tuple[int, int, int, int] | None = None
             for node in inv.node_names:  # rank order: an equal score of a later node never wins
-                s = score(node, best[:2] if best is not None else None)  # type: ignore[arg-type]
+                s = score(node, best[:2] if best is not None else None)
                 if s is not None and (best is None or s < best):
                     best = s
             return best[3] if best is not None else 0
@@ -413,7 +417,7 @@ class Placement:
             topo.having[attributes] = bits
         return bits
 
-    def _static_level(self, node: str, demand: Demand, topo: NodeTopology | None = None, demand_key: tuple | None = None) -> int:
+    def _static_level(self, node: str, demand: Demand, topo: NodeTopology | None = None, demand_key: DemandKey | None = None) -> int:
         """The best level the node's hardware could give the demand if it were free (cached).
         `topo`, `demand_key`: the node's topology and `_demand_key(demand)`, when the caller has them."""
         if topo is None:
@@ -516,9 +520,9 @@ class Placement:
         named = topo.names[NVLINK]
         holds[NVLINK] = {gid for gid in holds[NVLINK] or () if gid in named}
         far = ((1, 1, 1, 1, 1), 0, (), 0)
-        memo: dict[tuple[int, ...], tuple] = {}
+        memo: dict[tuple[int, ...], _SortKey] = {}
 
-        def prefix(g: tuple[int, ...]) -> tuple:
+        def prefix(g: tuple[int, ...]) -> _SortKey:
             vector = tuple(0 if g[pos] in holds[pos] else 1 for pos in levels)  # type: ignore[operator]
             tight = vector.index(0) if 0 in vector else NODE
             fit = totals[tight][g[tight]] if tight != NODE else 0
@@ -532,7 +536,7 @@ class Placement:
             )
             return (vector, fit, coarse, g[tight] if tight != NODE else 0)
 
-        def key(rec: DeviceRec) -> tuple:
+        def key(rec: DeviceRec) -> _SortKey:
             g = groups.get(rec.id)
             if g is None:
                 return far
@@ -554,7 +558,7 @@ class Placement:
         if not self.scoring:
             return ["placement: scoring is off; the first valid devices in Kubernetes' order were taken"]
         topo = self.topology.node(node)
-        if topo is None or not chosen:
+        if node is None or topo is None or not chosen:  # (no node: no topology either)
             return []
         ids = [rec.id for rec in chosen]
         lines = [f"placement on node {node}: {self._closeness(topo, ids)}; {self._fullness(node, demand, ids)}"]
@@ -849,7 +853,7 @@ def _demand(plans: list[ClaimPlan]) -> Demand:
     return out
 
 
-def _demand_key(demand: Demand) -> tuple:
+def _demand_key(demand: Demand) -> DemandKey:
     return tuple((alt.verdict_key, count) for alt, count in demand)
 
 
