@@ -68,7 +68,7 @@ class DeviceRec:
     slice: str
     name: str
     spec: Device
-    order: tuple  # deterministic candidate order: binding-condition pools last, then names
+    order: tuple[bool, str, str, str, str]  # deterministic candidate order: binding-condition pools last, then names
     local_node: str | None  # set for node-local devices (slice or per-device nodeName)
     node_selector: NodeSelector | None
     all_nodes: bool
@@ -77,7 +77,7 @@ class DeviceRec:
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
     multi: bool  # allowMultipleAllocations
     binds_to_node: bool
-    _attrs: dict[str, Any] = field(default_factory=dict)
+    _attrs: dict[str | tuple[str], Any] = field(default_factory=dict)
     key: tuple[str, str, str] = ("", "", "")
     """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
     consume_totals: tuple[tuple[CounterKey, int], ...] = ()
@@ -104,7 +104,8 @@ class DeviceRec:
         if hit is _MISSING:
             hit = _lookup_attribute(self, qualified)
             self._attrs[qualified] = hit
-        return hit
+        found: AttrValue | None = hit  # (what `_lookup_attribute` cached under a name)
+        return found
 
     def values(self, qualified: str) -> tuple[AttrValue, ...] | None:
         """The attribute as the set matchAttribute and distinctAttribute compare (KEP-5491):
@@ -123,7 +124,8 @@ class DeviceRec:
             else:
                 hit = (attr,)
             self._attrs[key] = hit
-        return hit
+        found: tuple[AttrValue, ...] | None = hit  # (what this cached under the (name,) key)
+        return found
 
 
 def _lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
@@ -552,13 +554,13 @@ def _validate_pool(pool: Pool) -> str | None:
     try:
         for slice_ in pool.slices:
             for counter_set in slice_.spec.shared_counters:
-                for counter in counter_set.counters.values():
-                    parse_quantity(counter.value)
+                for shared in counter_set.counters.values():
+                    parse_quantity(shared.value)
             for device in slice_.spec.devices:
                 _capacities(pool.driver, device)
                 for consumption in device.consumes_counters:
-                    for counter in consumption.counters.values():
-                        parse_quantity(counter.value)
+                    for consumed in consumption.counters.values():
+                        parse_quantity(consumed.value)
     except ValueError as exc:
         return str(exc)
     return None
