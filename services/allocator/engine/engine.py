@@ -19,7 +19,7 @@ import enum
 import itertools
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -101,7 +101,7 @@ class Outcome(msgspec.Struct, kw_only=True):
     message: str = ""
     explanation: Explanation | None = None
 
-    def contract(self) -> dict:
+    def contract(self) -> dict[str, Any]:
         """The entry `dralloc allocate -o json` prints (CLI-CONTRACT.md)."""
         return {
             "claim": self.claim,
@@ -444,11 +444,12 @@ class Engine:
         verdict = self.verdicts.get(alt, mask)
         matched = verdict.matched & mask
         devices = inv.devices
+        recs: list[DeviceRec]  # (a matched bit is a live device: never a removed one's None)
         if matched.bit_count() <= 16:
-            recs = [devices[i] for i in order if (matched >> i) & 1]
+            recs = [devices[i] for i in order if (matched >> i) & 1]  # type: ignore[misc]
         else:
             wanted = set(iter_bits(matched))
-            recs = [devices[i] for i in order if i in wanted]
+            recs = [devices[i] for i in order if i in wanted]  # type: ignore[misc]
         used = ledger.used_bits
         covering = [c for c in plan.constraints if c.covers(alt)]
         out: list[DeviceRec] = []
@@ -456,7 +457,7 @@ class Engine:
         counts = dict.fromkeys(FILTERS[4:], 0)
         need = alt.count
         problem = ""
-        for rec in recs:  # type: ignore[union-attr]
+        for rec in recs:
             use = consumed_capacity(alt, rec)
             if alt.all_mode:
                 if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
@@ -541,7 +542,7 @@ class Engine:
 
     def _place_search(self, plans: list[ClaimPlan], node: str | None, mask: int, order: list[int], steps: list[int]) -> list[list[Slot]]:
         """`_place` after the CEL error check: candidates per request, then the search."""
-        options: list[list[tuple[int, Alt, list[DeviceRec], dict]]] = []  # per request: feasible alternatives
+        options: list[list[tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]]]] = []  # per request: feasible alternatives
         infeasible = ""
         for ci, plan in enumerate(plans):
             minimum = 0
