@@ -521,11 +521,9 @@ class Engine:
     def _place(self, plans: list[ClaimPlan], node: str | None, steps: list[int]) -> list[list[Slot]]:
         """Find devices for the whole unit on `node`, or raise _Failure."""
         mask, order = self._mask(node)
-        error = self._cel_errors(plans, mask)
-        if error:
-            raise _Failure(error, Why.CEL_ERROR)
-        if node is not None:
-            self._learn(plans, node, mask)
+        # a failure remembered for this shape and node state (misfits.py) is answered before the
+        # CEL error check and the match memory: both were done when it was first found, and
+        # neither has anything new to say until the node or the inventory changes
         memo = self.misfits.key(plans, node)
         known = self.misfits.get(memo)
         if known is not None:
@@ -535,6 +533,11 @@ class Engine:
             raise _Failure(known.message(plans[0].key), known.why)
         before = steps[0]
         try:
+            error = self._cel_errors(plans, mask)
+            if error:
+                raise _Failure(error, Why.CEL_ERROR)
+            if node is not None:
+                self._learn(plans, node, mask)
             return self._place_search(plans, node, mask, order, steps)
         except _Failure as failure:
             self.misfits.put(memo, plans[0], failure.message, failure.why, steps[0] - before)
