@@ -29,6 +29,15 @@ not bound the time; when they are spent the unit ends the same way, looked at
 between devices and inside the interpreter. Verdicts already known cost nothing. Selectors of other recent keys
 are evaluated along (on environments built anyway) only when they are cheap
 (`ALONG_MAX_COST`), on no unit's account: no claim pays for another's selector.
+
+Shared verdicts: a selector whose device reads are listed statically
+(`projection.fields_of`) gives the same outcome on every device with the same
+values of those fields (`projection.project`). Each key remembers, per
+selector, projection -> outcome (match, no match, or the runtime error's reason,
+re-rendered to name each device); a device whose projection is known takes that
+outcome without a CEL environment, and it costs nothing: a reused outcome is a
+verdict already known. Devices Kubernetes cannot represent, and selectors with
+no projection, are evaluated on each device.
 """
 
 from __future__ import annotations
@@ -39,12 +48,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dralloc.allocator.engine import cel
+from dralloc.allocator.engine import cel, projection
 from dralloc.allocator.engine.cel_eval import OutOfTime
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, bits_of, iter_bits
 from dralloc.allocator.engine.plan import Alt, VerdictKey
 
 MAX_KEYS = 4096
+
+MAX_SHARED = 4096
+"""Projections remembered per (key, selector): a selector that reads a field unique to each device
+(a uuid) shares nothing, and its memory stays bounded."""
+
+Outcome = bool | str | tuple[str, str]
+"""A shared verdict: matched or not, or a runtime error's reason: as is (it names no device), or
+(head, tail) around the ` (device driver/name)` it names."""
 
 ALONG_MAX_COST = 1_000
 """A recent key's selectors are evaluated along on new environments only up to this estimated cost
@@ -72,6 +89,8 @@ class Verdict:
     matched: int = 0
     failed: int = 0
     errors: dict[int, str] = field(default_factory=dict)  # device id -> "selector #i on device ...: ..."
+    # shared verdicts: per selector expression, a device's projection -> what the selector gave
+    shared: dict[str, dict[tuple[object, ...], Outcome]] = field(default_factory=dict)
     # node prefilter, valid for one inventory version: per `Alt.learn_key` (required attributes,
     # match attributes, group size), [node ranks evaluated, node ranks with a usable match or a failure]
     node_version: int = -1
@@ -114,6 +133,7 @@ class Verdicts:
         self.timer: tuple[Callable[[], float], float] | None = None
         """(clock, seconds) the current unit may still spend evaluating (None: no limit)."""
         self.interrupted = False
+        self._representable: dict[int, bool] = {}  # device id -> projection.representable (ids are never reused)
 
     def begin(self, budget: int | None, timer: tuple[Callable[[], float], float] | None = None) -> None:
         """A new allocation unit: it may spend `budget` cost units and `timer` (clock, seconds) on
@@ -207,6 +227,13 @@ class Verdicts:
             self._cache.move_to_end(key)
         return entry
 
+    def _is_representable(self, rec: DeviceRec) -> bool:
+        """`projection.representable`, once per device id."""
+        ok = self._representable.get(rec.id)
+        if ok is None:
+            ok = self._representable[rec.id] = projection.representable(rec.driver, rec.spec)
+        return ok
+
     def _evaluate(self, entry: Verdict, todo: int, exprs: tuple[str, ...], owner: str) -> None:
         """Evaluate `exprs` on the devices in `todo` not yet evaluated for `entry`."""
         todo &= ~entry.evaluated
@@ -226,6 +253,8 @@ class Verdicts:
             entry.evaluated |= todo & ~bits_of(keep)
             todo = bits_of(keep)
         compiled = [cel.compile_selector(e) for e in exprs]
+        shapes = [projection.fields_of(e) for e in exprs]
+        memos = [None if shape is None else entry.shared.setdefault(e, {}) for e, shape in zip(exprs, shapes)]
         envs = self._envs
         matched: list[int] = []
         failed: list[int] = []
@@ -243,10 +272,22 @@ class Verdicts:
                     raise SelectorBudgetExceeded(_out_of_time(owner, len(done)))
                 rec: DeviceRec = devices[i]  # type: ignore[assignment]
                 env = envs.get(i)
-                if env is None:
-                    env = envs[i] = cel.device_env(rec.driver, rec.spec)
                 ok = True
                 for n, selector in enumerate(compiled):
+                    memo, seen = memos[n], None
+                    if memo is not None and self._is_representable(rec):
+                        seen = projection.project(shapes[n], rec.driver, rec.spec)  # type: ignore[arg-type]
+                        known = memo.get(seen)
+                        if known is not None:  # a device that looked the same had it: a verdict already known
+                            if known is True:
+                                continue
+                            ok = False
+                            if known is not False:
+                                failed.append(i)
+                                entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {_render(known, rec)}"
+                            break
+                    if env is None:
+                        env = envs[i] = cel.device_env(rec.driver, rec.spec)
                     if self.budget is not None:
                         if selector.cost > self.budget:
                             raise SelectorBudgetExceeded(
@@ -256,14 +297,21 @@ class Verdicts:
                                 "(fewer or shorter loops) or narrow it with cheap tests first")
                         self.budget -= selector.cost
                     try:
-                        if not selector.matches(env, deadline=deadline):
-                            ok = False
-                            break
+                        result = selector.matches(env, deadline=deadline)
                     except OutOfTime:
                         raise SelectorBudgetExceeded(_out_of_time(f"{owner}selector #{n + offset} ({_short(selector.expression)}): ", len(done))) from None
                     except cel.CelRuntimeError as exc:
                         failed.append(i)
                         entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {exc}"
+                        if seen is not None and len(memo) < MAX_SHARED:  # type: ignore[arg-type]
+                            reason = _reason(str(exc), rec)
+                            if reason is not None:
+                                memo[seen] = reason  # type: ignore[index]
+                        ok = False
+                        break
+                    if seen is not None and len(memo) < MAX_SHARED:  # type: ignore[arg-type]
+                        memo[seen] = result  # type: ignore[index]
+                    if not result:
                         ok = False
                         break
                 if ok:
@@ -275,6 +323,26 @@ class Verdicts:
             entry.evaluated |= todo if len(done) == todo.bit_count() else bits_of(done)
             entry.matched |= bits_of(matched)
             entry.failed |= bits_of(failed)
+
+
+def _reason(message: str, rec: DeviceRec) -> Outcome | None:
+    """A runtime error's reason as devices that look the same share it: with the ` (device
+    driver/name)` the evaluator ends it with (before its hint) cut out, or as is when it names no
+    device; None (not shared) when it names the device anywhere else."""
+    named = f" (device {rec.driver}/{rec.spec.name})"
+    at = message.rfind(named)
+    if at >= 0 and message[at + len(named):] in ("", cel._MISSING_KEY_HINT):  # what Selector.evaluate appends
+        return (message[:at], message[at + len(named):])
+    if rec.spec.name in message or rec.driver in message:
+        return None
+    return message
+
+
+def _render(reason: str | tuple[str, str], rec: DeviceRec) -> str:
+    """A shared runtime error's reason naming `rec`, as evaluating on it would have."""
+    if isinstance(reason, str):
+        return reason
+    return f"{reason[0]} (device {rec.driver}/{rec.spec.name}){reason[1]}"
 
 
 def _estimate(exprs: tuple[str, ...]) -> int:

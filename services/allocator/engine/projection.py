@@ -1,0 +1,164 @@
+"""What of a device a selector can see: its projection, for sharing verdicts between devices.
+
+Thousands of devices of a fleet differ only in fields no selector reads (uuid,
+index, pciBusID). A selector that reads only fields it names literally
+(`device.driver`, `device.allowMultipleAllocations`,
+`device.attributes["d"].name` or `["d"]["name"]`, `device.capacity["d"].name`,
+`has(...)` and `"name" in device.attributes["d"]` on those) gives the same
+outcome (match, no match, or a runtime error with the same reason) on every
+device whose values of those fields are equal: the selector's `fields` (found
+on its AST) and a device's `project`ion of them are what the verdict cache
+keys such outcomes by.
+
+A selector that reads the device in any way that cannot be listed statically
+(a computed index, a whole `device.attributes[...]` map or `device` itself
+passed to a function or macro, iterated, compared or bound with `cel.bind`)
+has no projection (`fields` returns None) and is evaluated on each device.
+
+Pure: no I/O, no evaluator; `representable` mirrors the checks `cel.device_env`
+makes (a device Kubernetes cannot represent fails every selector, whatever it
+reads, so such devices never share).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+
+from dralloc.schemas.quantity import parse_quantity
+from dralloc.schemas.resource import Device
+
+from . import cel_runtime as rt
+from .cel import _attribute_value, compile_selector
+from .cel_syntax import Bind, Binary, Comp, Has, Ident, Index, Lit, Node, Select, children
+
+Field = tuple[str, ...]
+"""("driver",), ("allowMultipleAllocations",), ("attributes", domain, name) or ("capacity", domain, name)."""
+
+_SCALARS = ("driver", "allowMultipleAllocations")
+_MAPS = ("attributes", "capacity")
+
+
+class _Dynamic(Exception):
+    """The selector reads the device in a way no list of fields describes."""
+
+
+def fields(ast: Node) -> tuple[Field, ...] | None:
+    """The device fields `ast` can read, sorted, or None when that cannot be listed statically.
+    `device` shadowed by a comprehension or `cel.bind` variable is not the device."""
+    found: set[Field] = set()
+    try:
+        _walk(ast, frozenset(), found)
+    except (_Dynamic, RecursionError):
+        return None
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=4096)
+def fields_of(expression: str) -> tuple[Field, ...] | None:
+    """`fields` of a selector expression (cached per expression; it must compile)."""
+    return fields(compile_selector(expression).ast)
+
+
+def _is_device(node: Node, bound: frozenset[str]) -> bool:
+    return isinstance(node, Ident) and node.name == "device" and "device" not in bound
+
+
+def _domain_map(node: Node, bound: frozenset[str]) -> tuple[str, str] | None:
+    """(outer, domain) when `node` is `device.attributes["domain"]` (or `.domain`; capacity alike)."""
+    if isinstance(node, Index) and not node.optional and isinstance(node.index, Lit) and node.index.kind == "string":
+        outer, domain = node.operand, node.index.value
+    elif isinstance(node, Select) and not node.optional:
+        outer, domain = node.operand, node.field
+    else:
+        return None
+    if isinstance(outer, Select) and not outer.optional and outer.field in _MAPS and _is_device(outer.operand, bound):
+        return outer.field, domain
+    return None
+
+
+def _walk(node: Node, bound: frozenset[str], found: set[Field]) -> None:
+    if _is_device(node, bound):
+        raise _Dynamic  # `device` itself, not one of its fields
+    if isinstance(node, Select) and _is_device(node.operand, bound):
+        if node.optional or node.field not in _SCALARS:
+            raise _Dynamic  # a whole attributes/capacity map, or a field no device has
+        found.add((node.field,))
+        return
+    # a literal name inside a domain map: its presence and value are all that is read
+    if isinstance(node, (Select, Has)) and (dm := _domain_map(node.operand, bound)) is not None:
+        found.add((*dm, node.field))
+        return
+    if (isinstance(node, Index) and isinstance(node.index, Lit) and node.index.kind == "string"
+            and (dm := _domain_map(node.operand, bound)) is not None):
+        found.add((*dm, node.index.value))
+        return
+    if (isinstance(node, Binary) and node.op == "in" and isinstance(node.left, Lit) and node.left.kind == "string"
+            and (dm := _domain_map(node.right, bound)) is not None):
+        found.add((*dm, node.left.value))
+        return
+    if isinstance(node, Comp):
+        _walk(node.range, bound, found)
+        inner = bound | {node.var} | ({node.var2} if node.var2 else set())
+        _walk(node.pred, inner, found)
+        if node.transform is not None:
+            _walk(node.transform, inner, found)
+        return
+    if isinstance(node, Bind):
+        _walk(node.init, bound, found)
+        _walk(node.body, bound | {node.var}, found)
+        return
+    for child in children(node):
+        _walk(child, bound, found)
+
+
+_ABSENT = b""
+"""A field the device lacks (no JSON encoding is empty): absence changes results and errors."""
+
+
+def project(fields: tuple[Field, ...], driver: str, device: Device) -> tuple[object, ...]:
+    """The device's values of `fields` (with the driver always: unqualified names belong to its
+    domain), equal for two devices exactly when the selector sees the same values on both.
+    Values are compared by their JSON encoding, so `true` never equals `1`."""
+    key: list[object] = [driver]
+    for f in fields:
+        if f[0] == "driver":
+            continue
+        if f[0] == "allowMultipleAllocations":
+            key.append(bool(device.allow_multiple_allocations))
+        else:
+            key.append(_lookup(device.attributes if f[0] == "attributes" else device.capacity, driver, f[1], f[2]))
+    return tuple(key)
+
+
+def _lookup(entries: dict, driver: str, domain: str, name: str) -> object:
+    """What `cel.device_env` puts under (domain, name): "domain/name", or the bare name when the
+    domain is the driver's (its name splits at the first "/"; the later entry wins)."""
+    qualified = bare = None
+    if "/" not in domain:
+        qualified = entries.get(f"{domain}/{name}")
+    if domain == driver and "/" not in name:
+        bare = entries.get(name)
+    if qualified is None and bare is None:
+        return _ABSENT
+    if bare is None:
+        return msgspec.json.encode(qualified)
+    if qualified is None:
+        return msgspec.json.encode(bare)
+    order = list(entries)
+    winner = qualified if order.index(f"{domain}/{name}") > order.index(name) else bare
+    return msgspec.json.encode(winner)
+
+
+def representable(driver: str, device: Device) -> bool:
+    """Whether `cel.device_env` builds the device without an error (every attribute has a value
+    CEL can hold, every capacity a quantity in range)."""
+    try:
+        for attr in device.attributes.values():
+            _attribute_value(attr)
+        for cap in device.capacity.values():
+            rt.quantity_value(parse_quantity(cap.value))
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True
