@@ -23,6 +23,7 @@ reads, so such devices never share).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import msgspec
 
@@ -31,7 +32,7 @@ from dralloc.schemas.resource import Device
 
 from . import cel_runtime as rt
 from .cel import _attribute_value, compile_selector
-from .cel_syntax import Bind, Binary, Comp, Has, Ident, Index, Lit, Node, Select, children
+from .cel_syntax import Binary, Bind, Comp, Has, Ident, Index, Lit, Node, Select, children
 
 Field = tuple[str, ...]
 """("driver",), ("allowMultipleAllocations",), ("attributes", domain, name) or ("capacity", domain, name)."""
@@ -132,7 +133,7 @@ def project(fields: tuple[Field, ...], driver: str, device: Device) -> tuple[obj
     return tuple(key)
 
 
-def _lookup(entries: dict, driver: str, domain: str, name: str) -> object:
+def _lookup(entries: dict[str, Any], driver: str, domain: str, name: str) -> object:
     """What `cel.device_env` puts under (domain, name): "domain/name", or the bare name when the
     domain is the driver's (its name splits at the first "/"; the later entry wins)."""
     qualified = bare = None
