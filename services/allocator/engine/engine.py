@@ -524,8 +524,7 @@ class Engine:
         # a failure remembered for this shape and node state (misfits.py) is answered before the
         # CEL error check and the match memory: both were done when it was first found, and
         # neither has anything new to say until the node or the inventory changes
-        memo = self.misfits.key(plans, node)
-        known = self.misfits.get(memo)
+        known = self.misfits.recall(plans, node)
         if known is not None:
             if steps[0] + known.steps > self.budget:
                 raise BudgetExceeded  # where the search itself would have run out
@@ -540,7 +539,8 @@ class Engine:
                 self._learn(plans, node, mask)
             return self._place_search(plans, node, mask, order, steps)
         except _Failure as failure:
-            self.misfits.put(memo, plans[0], failure.message, failure.why, steps[0] - before)
+            # the key after the failure is the key before it: a failed try changes no state
+            self.misfits.put(self.misfits.key(plans, node), plans[0], failure.message, failure.why, steps[0] - before)
             raise
 
     def _place_search(self, plans: list[ClaimPlan], node: str | None, mask: int, order: list[int], steps: list[int]) -> list[list[Slot]]:

@@ -48,6 +48,7 @@ class Misfits:
         self.inv = inventory
         self.ledger = ledger
         self._memo: dict[tuple[Any, ...], Misfit] = {}
+        self._nodes: set[str] = set()  # nodes with a remembered failure: elsewhere no key is built
 
     def key(self, plans: list[ClaimPlan], node: str | None) -> tuple[Any, ...] | None:
         """The memo key of placing `plans` on `node` now; None: not remembered (several claims)."""
@@ -57,7 +58,12 @@ class Misfits:
         ledger = self.ledger
         return (shape, node, self.inv.version, ledger.node_changes.get(node, 0), ledger.remote_changes)
 
-    def get(self, key: tuple[Any, ...] | None) -> Misfit | None:
+    def recall(self, plans: list[ClaimPlan], node: str | None) -> Misfit | None:
+        """The failure remembered for placing `plans` on `node` now, if any (a set lookup on a
+        node where nothing failed: the usual first try costs no key)."""
+        if node not in self._nodes:
+            return None
+        key = self.key(plans, node)
         return self._memo.get(key) if key is not None else None
 
     def put(self, key: tuple[Any, ...] | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
@@ -69,6 +75,8 @@ class Misfits:
             return  # a message naming the claim elsewhere: not reusable for another claim
         if len(self._memo) >= MAX_ENTRIES:
             self._memo.clear()
+            self._nodes.clear()
+        self._nodes.add(key[1])
         self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix):] if claimed else message, why=why, steps=steps)
 
 
