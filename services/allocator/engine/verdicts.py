@@ -274,9 +274,9 @@ class Verdicts:
                 env = envs.get(i)
                 ok = True
                 for n, selector in enumerate(compiled):
-                    memo, seen = memos[n], None
-                    if memo is not None and self._is_representable(rec):
-                        seen = projection.project(shapes[n], rec.driver, rec.spec)  # type: ignore[arg-type]
+                    memo, shape, seen = memos[n], shapes[n], None
+                    if memo is not None and shape is not None and self._is_representable(rec):
+                        seen = projection.project(shape, rec.driver, rec.spec)
                         known = memo.get(seen)
                         if known is not None:  # a device that looked the same had it: a verdict already known
                             if known is True:
@@ -303,14 +303,14 @@ class Verdicts:
                     except cel.CelRuntimeError as exc:
                         failed.append(i)
                         entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {exc}"
-                        if seen is not None and len(memo) < MAX_SHARED:  # type: ignore[arg-type]
+                        if seen is not None and memo is not None and len(memo) < MAX_SHARED:
                             reason = _reason(str(exc), rec)
                             if reason is not None:
-                                memo[seen] = reason  # type: ignore[index]
+                                memo[seen] = reason
                         ok = False
                         break
-                    if seen is not None and len(memo) < MAX_SHARED:  # type: ignore[arg-type]
-                        memo[seen] = result  # type: ignore[index]
+                    if seen is not None and memo is not None and len(memo) < MAX_SHARED:
+                        memo[seen] = result
                     if not result:
                         ok = False
                         break
@@ -328,12 +328,13 @@ class Verdicts:
 def _reason(message: str, rec: DeviceRec) -> Outcome | None:
     """A runtime error's reason as devices that look the same share it: with the ` (device
     driver/name)` the evaluator ends it with (before its hint) cut out, or as is when it names no
-    device; None (not shared) when it names the device anywhere else."""
+    device; None (not shared) when it names the device anywhere else. (The driver may show: every
+    device sharing the reason has the same one, `projection.project` keys by it.)"""
     named = f" (device {rec.driver}/{rec.spec.name})"
     at = message.rfind(named)
     if at >= 0 and message[at + len(named):] in ("", cel._MISSING_KEY_HINT):  # what Selector.evaluate appends
         return (message[:at], message[at + len(named):])
-    if rec.spec.name in message or rec.driver in message:
+    if rec.spec.name in message:
         return None
     return message
 
