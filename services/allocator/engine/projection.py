@@ -33,6 +33,7 @@ from dralloc.schemas.resource import Device
 from . import cel_runtime as rt
 from .cel import _attribute_value, compile_selector
 from .cel_syntax import Binary, Bind, Comp, Has, Ident, Index, Lit, Node, Select, children
+from .semver import parse_semver
 
 Field = tuple[str, ...]
 """("driver",), ("allowMultipleAllocations",), ("attributes", domain, name) or ("capacity", domain, name)."""
@@ -157,9 +158,39 @@ def representable(driver: str, device: Device) -> bool:
     CEL can hold, every capacity a quantity in range)."""
     try:
         for attr in device.attributes.values():
-            _attribute_value(attr)
-        for cap in device.capacity.values():
-            rt.quantity_value(parse_quantity(cap.value))
+            # the usual scalars inline (what `_attribute_value` tests first, in its order)
+            if attr.int is not None:
+                if not _INT64_MIN <= attr.int <= _INT64_MAX:
+                    return False
+            elif attr.bool is None and attr.string is None:
+                if attr.version is not None:
+                    if not _version_ok(attr.version):
+                        return False
+                else:
+                    _attribute_value(attr)
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return all(_quantity_ok(type(cap.value), cap.value) for cap in device.capacity.values())
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _version_ok(text: str) -> bool:
+    """A version attribute CEL can hold (a fleet repeats a few)."""
+    try:
+        parse_semver(text)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity_ok(kind: type, value: str | int | float) -> bool:
+    """A capacity value CEL can hold (a fleet repeats a few; `kind` keeps 1 and 1.0 and True apart)."""
+    try:
+        rt.quantity_value(parse_quantity(value))
     except (ValueError, TypeError, OverflowError):
         return False
     return True
