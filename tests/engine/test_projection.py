@@ -123,7 +123,12 @@ def test_unrepresentable_devices_are_found() -> None:
     assert not representable("gpu.example.com", _device({"name": "a", "attributes": {"v": {"version": "not-a-version"}}}))
     assert not representable("gpu.example.com", _device({"name": "a", "attributes": {"v": {"int": 2**70}}}))
     assert not representable("gpu.example.com", _device({"name": "a", "attributes": {"v": {}}}))
-    assert device_env("gpu.example.com", _device({"name": "a", "attributes": {"v": {}}})).error is not None
+    assert not representable("gpu.example.com", _device({"name": "a", "attributes": {"v": {"ints": [1, 2**70]}}}))
+    assert not representable("gpu.example.com", _device({"name": "a", "capacity": {"m": {"value": "lots"}}}))
+    assert representable("gpu.example.com", _device({"name": "a", "capacity": {"m": {"value": "80Gi"}}, "attributes": {"v": {"ints": [1]}}}))
+    for raw in ({"v": {}}, {"v": {"version": "x"}}):  # what the engine's environment says of the same devices
+        assert device_env("gpu.example.com", _device({"name": "a", "attributes": raw})).error is not None
+    assert device_env("gpu.example.com", _device({"name": "a", "capacity": {"m": {"value": "lots"}}})).error is not None
 
 
 # --- the property: over the upstream corpus, sharing by projection changes no outcome ----------------
