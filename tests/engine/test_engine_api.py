@@ -145,9 +145,11 @@ def test_invalid_pool_is_reported_and_skipped():
     engine = _engine()
     problems = engine.apply(_slice("node-1", [{"name": "gpu-0"}, {"name": "gpu-0"}]))
     assert problems and "duplicate device name 'gpu-0'" in problems[0]
-    (a,) = engine.allocate([_claim("a")])
+    (a,) = engine.allocate([_claim("a")], explain=True)
     assert a.status == "unsatisfiable"
     assert "invalid" in " ".join(a.explanation.notes)
+    (b,) = engine.allocate([_claim("b")])
+    assert b.status == "unsatisfiable" and b.explanation is None  # only explain pays for an explanation
 
 
 def test_engine_picks_the_first_node_with_room():
@@ -225,7 +227,7 @@ def test_explain_on_success_names_the_chosen_devices():
 def test_explain_on_failure_names_the_emptying_filter():
     engine = _engine(_slice("node-1", GPUS))
     engine.allocate([_claim("a", count=2)], node="node-1")
-    (outcome,) = engine.allocate([_claim("b")], node="node-1")
+    (outcome,) = engine.allocate([_claim("b")], node="node-1", explain=True)
     (request,) = outcome.explanation.nodes[0].requests
     assert request.emptied_by == "in use"
     assert {f.filter: f.left for f in request.filters}["node"] == 2
@@ -240,7 +242,7 @@ def test_cel_length_limit_is_an_error_naming_the_limit():
 
 def test_explain_counts_every_usable_device_before_the_node_filter():
     engine = _engine(_slice("node-1", GPUS), _slice("node-2", GPUS))
-    (outcome,) = engine.allocate([_claim("a", count=3)], node="node-1")
+    (outcome,) = engine.allocate([_claim("a", count=3)], node="node-1", explain=True)
     (request,) = outcome.explanation.nodes[0].requests
     counts = {f.filter: f.left for f in request.filters}
     assert (counts["pool"], counts["class"], counts["selectors"], counts["node"]) == (4, 4, 4, 2)

@@ -99,7 +99,7 @@ class Outcome(msgspec.Struct, kw_only=True):
     node: str | None = None
     allocation: AllocationResult | None = None
     message: str = ""
-    explanation: Explanation | None = None
+    explanation: Explanation | None = None  # only with `allocate(..., explain=True)`
 
     def contract(self) -> dict[str, Any]:
         """The entry `dralloc allocate -o json` prints (CLI-CONTRACT.md)."""
@@ -338,7 +338,9 @@ class Engine:
         if cel_failure:
             return [Outcome(claim=p.key, status="error", message=cel_failure) for p in plans]
         message = _unsatisfiable_message(plans, node, reasons)
-        explanation = self._explain_failure(plans, node, tried, reasons)
+        # the explanation (every node's verdict, what a waiting claim would hold) is work for
+        # `dralloc explain`; a refusal the allocator makes needs only the message
+        explanation = self._explain_failure(plans, node, tried, reasons) if explain else None
         return [Outcome(claim=p.key, status="unsatisfiable", message=message, explanation=explanation) for p in plans]
 
     # --- nodes ---------------------------------------------------------------------------
