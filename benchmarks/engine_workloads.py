@@ -98,9 +98,7 @@ def _class(name: str, driver: str, expression: str | None = None) -> DeviceClass
     return DeviceClass(metadata=ObjectMeta(name=name), spec=DeviceClassSpec(selectors=[DeviceSelector(cel=CELDeviceSelector(expression=expression))]))
 
 
-def _claim(
-    name: str, cls: str, count: int, selectors: list[str] = (), match: str | None = None, capacity: dict[str, str] | None = None
-) -> ResourceClaim:
+def _claim(name: str, cls: str, count: int, selectors: list[str] = (), match: str | None = None, capacity: dict[str, str] | None = None) -> ResourceClaim:
     request = DeviceRequest(
         name="gpus",
         exactly=ExactDeviceRequest(
@@ -111,12 +109,12 @@ def _claim(
         ),
     )
     constraints = [DeviceConstraint(match_attribute=match)] if match else []
-    return ResourceClaim(metadata=ObjectMeta(name=name, namespace="bench"), spec=ResourceClaimSpec(devices=DeviceClaim(requests=[request], constraints=constraints)))
+    return ResourceClaim(
+        metadata=ObjectMeta(name=name, namespace="bench"), spec=ResourceClaimSpec(devices=DeviceClaim(requests=[request], constraints=constraints))
+    )
 
 
-KUBE_PERF_SHAPE = (
-    "Kubernetes-comparable: scheduler_perf's DRA shape; the class selector is decided by the literal shortcut, never by CEL"
-)
+KUBE_PERF_SHAPE = "Kubernetes-comparable: scheduler_perf's DRA shape; the class selector is decided by the literal shortcut, never by CEL"
 
 
 def kube_perf_500(seed: int | None = None) -> Workload:
@@ -210,7 +208,9 @@ def gpu_fleet_10k(nodes: int = 10_000, fill: float = 0.9, seed: int = 7) -> Work
             )
         )
     claims = _fleet_claims(random.Random(seed), nodes * 8, fill)
-    return Workload("gpu-fleet-10k", objects, claims, nodes * 8, seed=seed, shape="dralloc's GPU fleet: NVIDIA driver attributes, NVLink domains, selectors in CEL")
+    return Workload(
+        "gpu-fleet-10k", objects, claims, nodes * 8, seed=seed, shape="dralloc's GPU fleet: NVIDIA driver attributes, NVLink domains, selectors in CEL"
+    )
 
 
 # --- fleets of hardware profiles (churn-mixed, frontier) ----------------------------------
@@ -302,13 +302,20 @@ def churn_mixed(seed: int = 7, arrivals: int = 4_000, fill: float = 0.85, blocks
             size = 0.25
         else:
             memory = rng.choice(["8Gi", "12Gi", "24Gi"])
-            claims.append(_claim(name, "gpu.nvidia.com", 1, [f'device.attributes["{GPU_DRIVER}"].productName == "{SHARED_PRODUCT}"'], capacity={"memory": memory}))
+            claims.append(
+                _claim(name, "gpu.nvidia.com", 1, [f'device.attributes["{GPU_DRIVER}"].productName == "{SHARED_PRODUCT}"'], capacity={"memory": memory})
+            )
             size = 0.25
         asked += size
         if churn_after is None and asked >= gpus * fill:
             churn_after = i + 1
     return Workload(
-        "churn-mixed", objects, claims, gpus, seed=seed, shape="what users send: CEL selectors, NVLink pairs and racks, MIG, shares, churn at steady utilisation",
+        "churn-mixed",
+        objects,
+        claims,
+        gpus,
+        seed=seed,
+        shape="what users send: CEL selectors, NVLink pairs and racks, MIG, shares, churn at steady utilisation",
         churn_after=churn_after if churn_after is not None else len(claims),
     )
 
@@ -460,10 +467,34 @@ def scale(sizes: list[int], *, seed: int = DEFAULT_SEED) -> dict:
 
     rows = []
     for gpus in sizes:
-        command = [sys.executable, "-m", "dralloc.cli", "bench", "engine", "--workload", "frontier-250k", "--nodes", str(frontier_nodes_for(gpus)), "--seed", str(seed), "--json"]
+        command = [
+            sys.executable,
+            "-m",
+            "dralloc.cli",
+            "bench",
+            "engine",
+            "--workload",
+            "frontier-250k",
+            "--nodes",
+            str(frontier_nodes_for(gpus)),
+            "--seed",
+            str(seed),
+            "--json",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{gpus} GPUs: {done.stderr.strip()[-500:]}")
         rows.append(json.loads(done.stdout))
-    keys = ("nodes", "devices", "claims", "cold_start_s", "cold_start_cpu_s", "claims_per_second", "claims_per_cpu_second", "p99_ms", "peak_rss_mb", "rss_kb_per_device")
+    keys = (
+        "nodes",
+        "devices",
+        "claims",
+        "cold_start_s",
+        "cold_start_cpu_s",
+        "claims_per_second",
+        "claims_per_cpu_second",
+        "p99_ms",
+        "peak_rss_mb",
+        "rss_kb_per_device",
+    )
     return {"workload": "frontier mix", "seed": seed, "points": [{k: row[k] for k in keys} for row in rows]}

@@ -34,9 +34,10 @@ def _deployment(name: str, ns: str, replicas: int, container: dict, node_selecto
     if node_selector:
         spec["nodeSelector"] = node_selector
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": spec}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": {"metadata": {"labels": {"app": name}}, "spec": spec}},
     }
 
 
@@ -56,33 +57,65 @@ def generate(count: int, seed: int) -> tuple[list[dict], list[tuple]]:
             usage.append((ns, f"{name}-5f7b9c-abcde", "server", rng.randint(*memory), rng.randint(*util)))
         elif kind == "mig":
             profile = rng.choice(["1g.10gb", "2g.20gb", "3g.40gb"])
-            objects.append(_deployment(name, "inference", rng.randint(1, 3), _container("triton", "nvcr.io/nvidia/tritonserver:24.08-py3", 1, f"nvidia.com/mig-{profile}")))
+            objects.append(
+                _deployment(name, "inference", rng.randint(1, 3), _container("triton", "nvcr.io/nvidia/tritonserver:24.08-py3", 1, f"nvidia.com/mig-{profile}"))
+            )
         elif kind == "tp":
             objects.append(_deployment(name, "inference", rng.randint(1, 2), _container("server", "vllm/vllm-openai:v0.6.3", rng.choice([2, 4]))))
             usage.append(("inference", f"{name}-5f7b9c-abcde", "server", rng.randint(60000, 78000), rng.randint(70, 99)))
         elif kind == "job":
             gpus = rng.choice([1, 2, 4, 8])
-            objects.append({
-                "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "training"},
-                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [_container("train", "nvcr.io/nvidia/pytorch:24.08-py3", gpus)]}}},
-            })
+            objects.append(
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": name, "namespace": "training"},
+                    "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [_container("train", "nvcr.io/nvidia/pytorch:24.08-py3", gpus)]}}},
+                }
+            )
             usage.append(("training", f"{name}-x7k2p", "train", rng.randint(50000, 79000), rng.randint(85, 100)))
         elif kind == "pytorch":
-            affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]}]}}}
-            replica = lambda n: {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": {  # noqa: E731
-                "affinity": affinity, "containers": [_container("pytorch", "nvcr.io/nvidia/pytorch:24.08-py3", 8)]}}}  # noqa: B023 (replica is called in this iteration)
-            objects.append({
-                "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": "training"},
-                "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(rng.randint(1, 3))}},
-            })
+            affinity = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]}]
+                    }
+                }
+            }
+
+            def replica(n: int, affinity: dict = affinity) -> dict:
+                return {
+                    "replicas": n,
+                    "restartPolicy": "OnFailure",
+                    "template": {"spec": {"affinity": affinity, "containers": [_container("pytorch", "nvcr.io/nvidia/pytorch:24.08-py3", 8)]}},
+                }
+
+            objects.append(
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "metadata": {"name": name, "namespace": "training"},
+                    "spec": {"pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(rng.randint(1, 3))}},
+                }
+            )
         else:
-            objects.append({
-                "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "namespace": "inference"},
-                "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.35.0"}]}}},
-                         "workerGroupSpecs": [{"groupName": "gpu", "replicas": rng.randint(2, 6), "template": {"spec": {
-                             "containers": [_container("ray-worker", "rayproject/ray:2.35.0-gpu", 1)]}}}]},
-            })
+            objects.append(
+                {
+                    "apiVersion": "ray.io/v1",
+                    "kind": "RayCluster",
+                    "metadata": {"name": name, "namespace": "inference"},
+                    "spec": {
+                        "headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.35.0"}]}}},
+                        "workerGroupSpecs": [
+                            {
+                                "groupName": "gpu",
+                                "replicas": rng.randint(2, 6),
+                                "template": {"spec": {"containers": [_container("ray-worker", "rayproject/ray:2.35.0-gpu", 1)]}},
+                            }
+                        ],
+                    },
+                }
+            )
             usage.append(("inference", f"{name}-gpu-worker-abcde", "ray-worker", rng.randint(4000, 30000), rng.randint(10, 60)))
     return objects, usage
 

@@ -379,8 +379,14 @@ class AllocationReleased(_Event, tag=True, frozen=True):
 
 
 InventoryEvent = (
-    ResourceSlicePublished | ResourceSliceRemoved | DeviceClassPublished | DeviceClassRemoved | NodePublished | NodeRemoved
-    | DeviceTaintRulePublished | DeviceTaintRuleRemoved
+    ResourceSlicePublished
+    | ResourceSliceRemoved
+    | DeviceClassPublished
+    | DeviceClassRemoved
+    | NodePublished
+    | NodeRemoved
+    | DeviceTaintRulePublished
+    | DeviceTaintRuleRemoved
 )
 ClaimEvent = ClaimSubmitted | ClaimDeleted | PodSubmitted | PodDeleted
 AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased
@@ -428,9 +434,7 @@ def decode(data: bytes) -> Event:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise EventDecodeError(f"not a dralloc event: {exc}") from None
     if event.schema_version != SCHEMA_VERSION:
-        raise EventDecodeError(
-            f"{type(event).__name__} has schemaVersion {event.schema_version}; this build reads {SCHEMA_VERSION}"
-        )
+        raise EventDecodeError(f"{type(event).__name__} has schemaVersion {event.schema_version}; this build reads {SCHEMA_VERSION}")
     if (problem := identity_problem(event)) is not None:
         raise EventDecodeError(f"{type(event).__name__}: {problem}")
     return event
@@ -442,12 +446,20 @@ def identity_problem(event: Event) -> str | None:
     the ingestor before it publishes: with namespaces DNS labels and names DNS subdomains, a
     claim key ``namespace/name`` and a subject are each one object's (no ``/`` in either part)."""
     match event:
-        case ClaimSubmitted(claim=obj) | AllocationCommitted(claim=obj) | DeviceClassPublished(device_class=obj) | NodePublished(node=obj) | DeviceTaintRulePublished(rule=obj):
+        case (
+            ClaimSubmitted(claim=obj)
+            | AllocationCommitted(claim=obj)
+            | DeviceClassPublished(device_class=obj)
+            | NodePublished(node=obj)
+            | DeviceTaintRulePublished(rule=obj)
+        ):
             errors = metadata_errors(obj)
             return "; ".join(str(e) for e in errors) if errors else None
         case ResourceSlicePublished(slice=obj):
             errors = metadata_errors(obj)
-            problem = pool_name_error(obj.spec.pool.name) or (None if is_dns_subdomain(obj.spec.driver) else f"driver {obj.spec.driver!r} is not a DNS subdomain")
+            problem = pool_name_error(obj.spec.pool.name) or (
+                None if is_dns_subdomain(obj.spec.driver) else f"driver {obj.spec.driver!r} is not a DNS subdomain"
+            )
             return "; ".join([*(str(e) for e in errors), *([problem] if problem else [])]) or None
         case ClaimDeleted(namespace=ns, name=name) | AllocationFailed(namespace=ns, name=name) | AllocationReleased(namespace=ns, name=name):
             problem = namespace_error(ns) or name_error(name)

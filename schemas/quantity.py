@@ -67,10 +67,7 @@ def parse_quantity_format(value: str | int | float) -> tuple[Q, Format]:
         if abs(exp) > 10_000:  # keeps hostile input from building huge ints
             raise ValueError(f"invalid quantity {value!r}: exponent out of range")
     else:
-        raise ValueError(
-            f"invalid quantity {value!r}: unknown suffix {suffix!r} "
-            "(use n u m k M G T P E, Ki Mi Gi Ti Pi Ei, or an exponent like e3)"
-        )
+        raise ValueError(f"invalid quantity {value!r}: unknown suffix {suffix!r} (use n u m k M G T P E, Ki Mi Gi Ti Pi Ei, or an exponent like e3)")
     # nano = digits * base**exp * 10**9 / 10**len(frac), rounded up to a whole nano-unit
     num = digits * NANO
     den = 10 ** len(frac)

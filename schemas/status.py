@@ -45,9 +45,7 @@ def status_of(event: ev.AllocationCommitted | ev.AllocationFailed) -> ClaimStatu
     """The record a decision leaves in the store, stamped with the current UTC time."""
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     if isinstance(event, ev.AllocationCommitted):
-        return ClaimStatus(
-            claim=event.key, uid=event.claim.metadata.uid or "", state="allocated", node=event.node, allocation=event.allocation, updated=now
-        )
+        return ClaimStatus(claim=event.key, uid=event.claim.metadata.uid or "", state="allocated", node=event.node, allocation=event.allocation, updated=now)
     return ClaimStatus(claim=event.key, uid=event.uid, state=event.reason, message=event.message, updated=now)
 
 

@@ -296,7 +296,9 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
             errors += _attribute(attribute, f"{dpath}.attributes[{key}]")
         values = sum(_attribute_values(a) for a in device.attributes.values())
         if values > ATTRIBUTE_VALUES_MAX:
-            errors.append(FieldError(f"{dpath}.attributes", f"at most {ATTRIBUTE_VALUES_MAX} attribute values per device (list entries count one each), has {values}"))
+            errors.append(
+                FieldError(f"{dpath}.attributes", f"at most {ATTRIBUTE_VALUES_MAX} attribute values per device (list entries count one each), has {values}")
+            )
         for key, capacity in device.capacity.items():
             problem = qualified_name_error(key)
             if problem:
@@ -350,7 +352,9 @@ def _taint_rule(rule: DeviceTaintRule) -> list[FieldError]:
     taint = rule.spec.taint
     name = taint.key.rpartition("/")[2]
     if not _TAINT_KEY.match(taint.key) or len(name) > 63:
-        errors.append(FieldError("spec.taint.key", f"{taint.key!r} must be a label key (an optional DNS subdomain and '/', then at most 63 alphanumerics, '-', '_', '.')"))
+        errors.append(
+            FieldError("spec.taint.key", f"{taint.key!r} must be a label key (an optional DNS subdomain and '/', then at most 63 alphanumerics, '-', '_', '.')")
+        )
     if taint.value is not None and len(taint.value) > 63:
         errors.append(FieldError("spec.taint.value", "must be at most 63 characters"))
     return errors
@@ -375,4 +379,3 @@ def _valid_range(capacity: DeviceCapacity, path: str) -> list[FieldError]:
         if nano % 1_000_000:
             errors.append(FieldError(f"{path}.{name}", f"{value!r} has more than 3 decimal places (the range is computed in milli-units)"))
     return errors
-

@@ -80,9 +80,7 @@ def discover(
     if layout not in LAYOUTS:
         fail(f"--layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     try:
-        inventory = inventory_from(
-            profile=profile, replay=replay, node=node or default_node_name(), mig=mig, nics=nics, capture=capture
-        )
+        inventory = inventory_from(profile=profile, replay=replay, node=node or default_node_name(), mig=mig, nics=nics, capture=capture)
     except NvmlUnavailable as exc:
         fail(f"{exc}. No NVIDIA GPU is usable here; use --profile NAME to simulate one, or --replay FILE.", 1)
     except (ReplayError, ValueError) as exc:
@@ -96,7 +94,9 @@ def discover(
 
 NATS_URL_HELP = "NATS server URL (default: $NATS_URL, else nats://127.0.0.1:4222)."
 
-run_app = typer.Typer(cls=Group, rich_markup_mode=None, help="Run one service (for containers and compose.yaml); stops on SIGINT/SIGTERM.", no_args_is_help=True)
+run_app = typer.Typer(
+    cls=Group, rich_markup_mode=None, help="Run one service (for containers and compose.yaml); stops on SIGINT/SIGTERM.", no_args_is_help=True
+)
 app.add_typer(run_app, name="run")
 
 
@@ -172,9 +172,18 @@ def submit(
     paths: list[str] = typer.Option(..., "-f", "--filename", help="Manifest file or directory (repeatable)."),
     nats_url: str = typer.Option(None, "--nats-url", help=NATS_URL_HELP),
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
-    wait: float = typer.Option(0.0, "--wait", metavar="SECONDS", help="Wait up to this long for the decisions and show them; returns once every claim is allocated or failed for good."),
-    gang: str = typer.Option(None, "--gang", metavar="NAME", help="The claims are one gang (the pods of one job): all allocated inside one topology domain, or none."),
-    gang_domain: str = typer.Option(None, "--gang-domain", metavar="LABEL", help="With --gang: the node label key whose values are the domains; \"\" for any nodes (default: NVLink clique, else dralloc.dev/rack)."),
+    wait: float = typer.Option(
+        0.0, "--wait", metavar="SECONDS", help="Wait up to this long for the decisions and show them; returns once every claim is allocated or failed for good."
+    ),
+    gang: str = typer.Option(
+        None, "--gang", metavar="NAME", help="The claims are one gang (the pods of one job): all allocated inside one topology domain, or none."
+    ),
+    gang_domain: str = typer.Option(
+        None,
+        "--gang-domain",
+        metavar="LABEL",
+        help='With --gang: the node label key whose values are the domains; "" for any nodes (default: NVLink clique, else dralloc.dev/rack).',
+    ),
 ) -> None:
     """Publish claims (and classes, slices, Pods' claim templates) from files to the bus.
 
@@ -235,7 +244,9 @@ app.add_typer(get_app, name="get")
 _GET_OUTPUT_HELP = "table (default), wide, json, yaml or name."
 
 
-def _get(kind: str, name: str | None, namespace: str | None, all_namespaces: bool, output: str, watch: bool, nats_url: str | None, bucket: str | None = None) -> None:
+def _get(
+    kind: str, name: str | None, namespace: str | None, all_namespaces: bool, output: str, watch: bool, nats_url: str | None, bucket: str | None = None
+) -> None:
     """Shared by the `get` commands: fetch from the bus, print, or exit 1 (bus, not found) / 2 (bad argument)."""
     import asyncio
 
@@ -590,7 +601,9 @@ def plan(
 
 # --- benchmarks -----------------------------------------------------------------------
 
-bench_app = typer.Typer(cls=Group, rich_markup_mode=None, help="Benchmarks: workloads built in memory, numbers reported (never asserted).", no_args_is_help=True)
+bench_app = typer.Typer(
+    cls=Group, rich_markup_mode=None, help="Benchmarks: workloads built in memory, numbers reported (never asserted).", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
 
 
@@ -676,9 +689,15 @@ def bench_scale(
 
 @bench_app.command("takeover")
 def bench_takeover(
-    decisions: int = typer.Option(100_000, "--decisions", help="Decisions in ALLOCATIONS before the standby takes over (history of released claims plus the live ones)."),
+    decisions: int = typer.Option(
+        100_000, "--decisions", help="Decisions in ALLOCATIONS before the standby takes over (history of released claims plus the live ones)."
+    ),
     live: int = typer.Option(1000, "--live", help="Claims still allocated among them."),
-    tail: int = typer.Option(-1, "--tail", help="Decisions written after the leader's last snapshot (default: the most the snapshot policy leaves, max(DRALLOC_ALLOCATOR_SNAPSHOT_EVERY, live) - 1)."),
+    tail: int = typer.Option(
+        -1,
+        "--tail",
+        help="Decisions written after the leader's last snapshot (default: the most the snapshot policy leaves, max(DRALLOC_ALLOCATOR_SNAPSHOT_EVERY, live) - 1).",
+    ),
     snapshot: bool = typer.Option(True, "--snapshot/--no-snapshot", help="--no-snapshot: the leader writes none, the standby replays ALLOCATIONS whole."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -726,7 +745,11 @@ def bench_placement(
     totals = result["totals"]
     total_keys = list(totals["dralloc"])
     rows = [(k, *(str(totals[p][k]) for p in policies)) for k in total_keys]
-    rows += [(f"dralloc {k} vs {other}", "", *(str(totals[f"vs_{o}"][k]) if o == other else "" for o in policies[1:])) for other in policies[1:] for k in totals[f"vs_{other}"]]
+    rows += [
+        (f"dralloc {k} vs {other}", "", *(str(totals[f"vs_{o}"][k]) if o == other else "" for o in policies[1:]))
+        for other in policies[1:]
+        for k in totals[f"vs_{other}"]
+    ]
     _print_bench(totals, False, f"dralloc bench placement: totals over {totals['runs']} runs (max wait {max_wait} min)", rows, policies)
 
 
@@ -743,8 +766,14 @@ def bench_pipeline(
     kill_every: float = typer.Option(3.0, "--kill-every", help="With --chaos: seconds between kills of the active allocator."),
     restart_every: float = typer.Option(7.0, "--restart-every", help="With --chaos: seconds between nats-server restarts."),
     allocators: int = typer.Option(1, "--allocators", help="Allocator processes (at least 2 with --chaos)."),
-    hostile: bool = typer.Option(False, "--hostile", help="Under infra/nats/auth.conf, send a fixed hostile corpus (benchmarks/hostile.py) interleaved with valid claims; report what got through."),
-    cluster: int = typer.Option(1, "--cluster", help="nats-servers: 3 runs a JetStream cluster on loopback (R3 streams; --chaos restarts one server at a time)."),
+    hostile: bool = typer.Option(
+        False,
+        "--hostile",
+        help="Under infra/nats/auth.conf, send a fixed hostile corpus (benchmarks/hostile.py) interleaved with valid claims; report what got through.",
+    ),
+    cluster: int = typer.Option(
+        1, "--cluster", help="nats-servers: 3 runs a JetStream cluster on loopback (R3 streams; --chaos restarts one server at a time)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """nats-server and the four services as separate processes, claims sent through the submit path
@@ -774,8 +803,18 @@ def bench_pipeline(
         return
     module = _benchmarks_module("pipeline")
     options = module.Options(
-        rate=rate, duration=duration, burst=burst, chaos=chaos, kill_every=kill_every, restart_every=restart_every, allocators=allocators,
-        cluster=cluster, sustain_rate=sustain_rate, sustain=sustain, mig_every=mig_every, ceiling=ceiling,
+        rate=rate,
+        duration=duration,
+        burst=burst,
+        chaos=chaos,
+        kill_every=kill_every,
+        restart_every=restart_every,
+        allocators=allocators,
+        cluster=cluster,
+        sustain_rate=sustain_rate,
+        sustain=sustain,
+        mig_every=mig_every,
+        ceiling=ceiling,
     )
     try:
         result = asyncio.run(module.run(options))

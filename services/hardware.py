@@ -41,18 +41,45 @@ PUBLISHERS = {
 
 ATTRIBUTES: dict[str, dict[str, str]] = {
     "gpu.nvidia.com": {
-        "architecture": "string", "brand": "string", "cudaComputeCapability": "version", "cudaDriverVersion": "version",
-        "driverVersion": "version", "index": "int", "minor": "int", "parentUUID": "string", "productName": "string",
-        "profile": "string", "type": "string", "uuid": "string",
+        "architecture": "string",
+        "brand": "string",
+        "cudaComputeCapability": "version",
+        "cudaDriverVersion": "version",
+        "driverVersion": "version",
+        "index": "int",
+        "minor": "int",
+        "parentUUID": "string",
+        "productName": "string",
+        "profile": "string",
+        "type": "string",
+        "uuid": "string",
     },
     "dra.net": {
-        "alias": "string", "encapsulation": "string", "ifName": "string", "ipv4": "string", "mac": "string", "mtu": "int",
-        "numaNode": "int", "pciAddress": "string", "pciDevice": "string", "pciVendor": "string", "rdma": "bool",
-        "sriov": "bool", "sriovVfs": "int", "state": "string", "type": "string", "virtual": "bool",
+        "alias": "string",
+        "encapsulation": "string",
+        "ifName": "string",
+        "ipv4": "string",
+        "mac": "string",
+        "mtu": "int",
+        "numaNode": "int",
+        "pciAddress": "string",
+        "pciDevice": "string",
+        "pciVendor": "string",
+        "rdma": "bool",
+        "sriov": "bool",
+        "sriovVfs": "int",
+        "state": "string",
+        "type": "string",
+        "virtual": "bool",
     },
     "dralloc.dev": {
-        "linkSpeedGbps": "int", "numaNode": "int", "nvlink": "bool", "nvlinkClique": "string", "nvlinkDomain": "string",
-        "pcieSwitch": "string", "productName": "string",
+        "linkSpeedGbps": "int",
+        "numaNode": "int",
+        "nvlink": "bool",
+        "nvlinkClique": "string",
+        "nvlinkDomain": "string",
+        "pcieSwitch": "string",
+        "productName": "string",
     },
     "resource.kubernetes.io": {"pciBusID": "string", "pcieRoot": "string"},
 }
@@ -170,7 +197,6 @@ def _reference(node: Node) -> Reference | None:
         case Index(Index(Select(Ident("device"), kind), Lit(domain, "string")), Lit(name, "string")) if kind in ("attributes", "capacity"):
             return Reference(kind, domain, name)
     return None
-
 
 
 def _rewrite(node: Node, renames: dict[Reference, Reference]) -> Node:

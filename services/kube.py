@@ -67,9 +67,7 @@ async def api_client(settings: KubeSettings, service: str) -> ApiClient:
         elif os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.kubeconfig:
             kube_config.load_incluster_config(client_configuration=configuration)
         else:
-            await kube_config.load_kube_config(
-                config_file=settings.kubeconfig, context=settings.context, client_configuration=configuration
-            )
+            await kube_config.load_kube_config(config_file=settings.kubeconfig, context=settings.context, client_configuration=configuration)
     except kube_config.ConfigException as exc:
         raise KubeConfigError(f"Kubernetes configuration: {exc}") from None
     client = ApiClient(configuration)

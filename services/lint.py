@@ -217,7 +217,9 @@ def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Map
     problems: list[Problem] = []
     total = 0
     for i, request in enumerate(spec.devices.requests):
-        options = [("exactly", request.exactly)] if request.exactly is not None else [(f"firstAvailable[{j}]", sub) for j, sub in enumerate(request.first_available)]
+        options = (
+            [("exactly", request.exactly)] if request.exactly is not None else [(f"firstAvailable[{j}]", sub) for j, sub in enumerate(request.first_available)]
+        )
         counts = [(f"{path}.devices.requests[{i}].{name}.count", o.count or 1) for name, o in options if (o.allocation_mode or "ExactCount") == "ExactCount"]
         if len(counts) < len(options) or not counts:
             continue  # allocationMode All: as many as there are
@@ -226,7 +228,11 @@ def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Map
         exact = request.exactly
         if count > ALLOCATION_RESULTS_MAX:
             problems.append(
-                Problem(where, field, f"asks for {count} devices; a claim holds at most {ALLOCATION_RESULTS_MAX} (the allocator refuses it): split it into several claims or a gang")
+                Problem(
+                    where,
+                    field,
+                    f"asks for {count} devices; a claim holds at most {ALLOCATION_RESULTS_MAX} (the allocator refuses it): split it into several claims or a gang",
+                )
             )
             continue
         if hardware and exact is not None and exact.device_class_name in classes:
@@ -244,7 +250,9 @@ def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Map
                     )
                 )
     if total > ALLOCATION_RESULTS_MAX and not any(p.message.startswith("asks for") for p in problems):
-        problems.append(Problem(where, f"{path}.devices.requests", f"its requests ask for {total} devices together; a claim holds at most {ALLOCATION_RESULTS_MAX}"))
+        problems.append(
+            Problem(where, f"{path}.devices.requests", f"its requests ask for {total} devices together; a claim holds at most {ALLOCATION_RESULTS_MAX}")
+        )
     return problems
 
 
@@ -261,9 +269,7 @@ def _extended_resource_problems(pod: Pod, where: str, prefix: str, classes: Mapp
         index[kind] += 1
         for name in sorted({**container.resources.limits, **container.resources.requests}):
             if is_dra_extended_resource_name(name) and name not in mapping and name.startswith("deviceclass.resource.kubernetes.io/"):
-                problems.append(
-                    Problem(where, f"{prefix}spec.{kind}[{i}].resources", f"{name}: no DeviceClass {name.split('/', 1)[1]!r} in the given files")
-                )
+                problems.append(Problem(where, f"{prefix}spec.{kind}[{i}].resources", f"{name}: no DeviceClass {name.split('/', 1)[1]!r} in the given files"))
     return problems
 
 

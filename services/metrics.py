@@ -122,9 +122,7 @@ class AllocatorMetrics:
         self._view_at = -FRESH_S
         self._source: tuple[Callable[[], Coroutine[Any, Any, None]], asyncio.AbstractEventLoop] | None = None
         self._asked: asyncio.Future[None] | None = None
-        meter.create_observable_gauge(
-            "dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits"
-        )
+        meter.create_observable_gauge("dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits")
         meter.create_observable_gauge("dralloc.devices.allocated", [self._observe_allocated], description="devices held by committed claims")
         meter.create_observable_gauge("dralloc.devices.free", [self._observe_free], description="devices free for a device class")
         meter.create_observable_gauge(

@@ -236,7 +236,9 @@ def _pod_owner(pod: Pod) -> OwnerReference:
     return OwnerReference(api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid or "", controller=True, block_owner_deletion=True)
 
 
-def claim_from_template(pod: Pod, pod_claim: PodResourceClaim, template: ResourceClaimTemplate, *, suffix: str | None = None, name: str | None = None) -> ResourceClaim:
+def claim_from_template(
+    pod: Pod, pod_claim: PodResourceClaim, template: ResourceClaimTemplate, *, suffix: str | None = None, name: str | None = None
+) -> ResourceClaim:
     """The ResourceClaim the controller creates for one Pod entry.
 
     Named `name` when given (offline: `offline_claim_name`), else
@@ -499,11 +501,7 @@ def is_pod_spec(value: Any) -> bool:
     if not isinstance(value, Mapping):
         return False
     containers = value.get("containers")
-    return (
-        isinstance(containers, list)
-        and bool(containers)
-        and all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in containers)
-    )
+    return isinstance(containers, list) and bool(containers) and all(isinstance(c, Mapping) and isinstance(c.get("name"), str) for c in containers)
 
 
 def find_pod_specs(obj: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:

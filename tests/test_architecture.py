@@ -186,12 +186,7 @@ def private_attribute_reads(module: str, path: Path, root: Path, project: Iterab
                 if f"{base}.{alias.name}" in known:
                     aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id in aliases
-            and _private(node.attr)
-        ):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases and _private(node.attr):
             yield Import(module, relative, node.lineno, aliases[node.value.id], node.attr)
 
 
@@ -394,7 +389,12 @@ def test_a_clean_synthetic_tree_passes(tmp_path: Path) -> None:
         ("services/bus.py", "from dralloc.allocator.engine.engine import _helper\n", "no-private-imports", "dralloc.allocator.engine.engine._helper"),
         ("services/allocator/service.py", "from dralloc.allocator.engine import _bits\n", "no-private-imports", "dralloc.allocator.engine._bits"),
         ("services/allocator/service.py", "from dralloc.allocator.engine._bits import mask\n", "no-private-imports", "dralloc.allocator.engine._bits"),
-        ("services/allocator/service.py", "from dralloc.allocator.engine import engine\nengine._x()\n", "no-private-imports", "dralloc.allocator.engine.engine._x"),
+        (
+            "services/allocator/service.py",
+            "from dralloc.allocator.engine import engine\nengine._x()\n",
+            "no-private-imports",
+            "dralloc.allocator.engine.engine._x",
+        ),
         ("services/allocator/service.py", "import dralloc.bus as b\nb._port\n", "no-private-imports", "dralloc.bus._port"),
     ],
 )

@@ -92,7 +92,9 @@ def test_corpus_lints_clean_except_its_missing_classes(shared_dir):
     for path in sorted((shared_dir / "corpus" / "upstream-verdicts").glob("*.yaml")):
         header = next(yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader))
         problems = [p for p in lint(load_paths([path])) if "DifferentialCase" not in p.where]
-        missing_upstream = {r["message"].split("device class ")[1].split(":")[0] for r in header["upstream"]["results"] if "could not retrieve device class" in r["message"]}
+        missing_upstream = {
+            r["message"].split("device class ")[1].split(":")[0] for r in header["upstream"]["results"] if "could not retrieve device class" in r["message"]
+        }
         missing_here = {p.message.split("'")[1] for p in problems if p.message.startswith("DeviceClass ")}
         # the engine's limit (32 devices per claim) is reported where upstream refused the claim for it too
         over_limit = any("exceeds the claim limit" in r["message"] for r in header["upstream"]["results"])

@@ -104,9 +104,7 @@ def node_binding_problem(slice_: ResourceSlice) -> str | None:
     return f"spec.pool.name {pool!r} is not spec.nodeName {node!r} (a node-local pool is named after its node)"
 
 
-def failure_event(
-    claim: ResourceClaim, status: str, message: str, pod: str = "", reserved: tuple[tuple[str, ...], float] = ((), 0.0)
-) -> ev.AllocationFailed:
+def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = "", reserved: tuple[tuple[str, ...], float] = ((), 0.0)) -> ev.AllocationFailed:
     """`reserved`: the nodes held for the claim while it waits and when its wait is over (reservations.py)."""
     meta = claim.metadata
     return ev.AllocationFailed(
@@ -231,9 +229,7 @@ class Decisions:
             self.pods[event.key] = event
             self.pods_waiting.add(event.key)  # decided (or found decided) after the rebuild
 
-    def gone(
-        self, decided: dict[str, ev.AllocationEvent] | None = None, present: set[str] | None = None
-    ) -> list[ev.AllocationReleased]:
+    def gone(self, decided: dict[str, ev.AllocationEvent] | None = None, present: set[str] | None = None) -> list[ev.AllocationReleased]:
         """After the rebuild: the releases to write for claims whose last decision (`decided`, the
         replayed ALLOCATIONS by claim key) stands though CLAIMS holds nothing of them any more
         (`present`: the keys CLAIMS has an event for); without them, what `replayed` saw (then forgotten). CLAIMS keeps each claim's latest event and a
@@ -456,8 +452,7 @@ class Decisions:
                     self.messages[member.key] = outcome.message
             return plan
         plan.batch = [
-            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "",
-                                  allocation=_allocation(m))
+            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "", allocation=_allocation(m))
             for m in plan.given_back
         ]
         for member, outcome in zip(claims, outcomes):
@@ -571,8 +566,10 @@ class Decisions:
         else:
             outcomes = self.engine.allocate(pending, node=next(iter(nodes), None), together=True)
         if all(o.status == "allocated" for o in outcomes):
-            plan.batch = [ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name,
-                                                uid=c.metadata.uid or "", allocation=_allocation(c)) for c in plan.given_back]
+            plan.batch = [
+                ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name, uid=c.metadata.uid or "", allocation=_allocation(c))
+                for c in plan.given_back
+            ]
             plan.batch += [ev.AllocationCommitted(claim=self._decided(c, o), node=o.node) for c, o in zip(pending, outcomes)]
             return plan
         for claim in plan.given_back:  # no better place: they keep what they had
@@ -713,8 +710,12 @@ def _same_generation(a: ResourceClaim, b: ResourceClaim) -> bool:
 
 def _ended_in_error(decision: ev.AllocationEvent | None, claim: ResourceClaim) -> bool:
     """Is `decision` (the claim's last in ALLOCATIONS) an `error` for this very claim and generation?"""
-    return (isinstance(decision, ev.AllocationFailed) and decision.reason == "error"
-            and decision.uid == (claim.metadata.uid or "") and decision.generation == (claim.metadata.generation or 1))
+    return (
+        isinstance(decision, ev.AllocationFailed)
+        and decision.reason == "error"
+        and decision.uid == (claim.metadata.uid or "")
+        and decision.generation == (claim.metadata.generation or 1)
+    )
 
 
 def _allocation(claim: ResourceClaim) -> AllocationResult | None:

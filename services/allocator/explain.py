@@ -21,6 +21,7 @@ def cut(text: str, limit: int = MESSAGE_MAX) -> str:
     """`text` as printed in a table or line: whole when short, else its start and its length."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
+
 CEL_ERROR_RULE = (
     "CEL runtime errors: a selector that fails at run time (a missing attribute, a type mismatch) on a device "
     "the request could otherwise take on a node - reachable from it, in a usable pool, not held exclusively by "

@@ -111,9 +111,7 @@ class Lease:
                 return
             sent = time.monotonic()
             try:
-                self.revision = await asyncio.wait_for(
-                    self.kv.update(self.key, value, last=self.revision), max(0.05, self._valid_until - sent)
-                )
+                self.revision = await asyncio.wait_for(self.kv.update(self.key, value, last=self.revision), max(0.05, self._valid_until - sent))
                 self._valid_until = sent + self.ttl
             except KeyWrongLastSequence:
                 log.warning("leader lease: %s was deposed (epoch %d)", self.holder, self.epoch)

@@ -131,7 +131,8 @@ class Reservations:
             placement.reserve(devices)  # (for its node ranks; the engine holds nothing between calls)
             avoid |= placement.reserved_nodes
             inv = self.engine.inventory
-            nodes = tuple(sorted({inv.devices[i].local_node or "" for i in iter_bits(devices) if inv.devices[i] is not None}, key=lambda n: inv.node_rank.get(n, 0)))  # type: ignore[union-attr]
+            held_nodes = {d.local_node or "" for i in iter_bits(devices) if (d := inv.devices[i]) is not None}
+            nodes = tuple(sorted(held_nodes, key=lambda n: inv.node_rank.get(n, 0)))
             self.held[unit.key] = Reservation(nodes, devices, until)
         placement.reserve(0)
         for key in [c.key for u in units for c in u.claims]:

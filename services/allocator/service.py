@@ -532,9 +532,7 @@ class Allocator:
         self.tail = asyncio.ensure_future(self._stored((event,), ack, expected, began))
         return self.tail
 
-    async def _send_batch(
-        self, events: list[ev.AllocationEvent], began: float | None = None, traces: list[Context | None] | None = None
-    ) -> asyncio.Task[None]:
+    async def _send_batch(self, events: list[ev.AllocationEvent], began: float | None = None, traces: list[Context | None] | None = None) -> asyncio.Task[None]:
         """`_send` for decisions stored all or none (one atomic batch; `traces`: the one each continues).
         Only once every write before it is stored: its one fence, ``Nats-Expected-Last-Sequence``,
         then names this term's own write."""
@@ -607,18 +605,12 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
         finally:
             gc.enable()
         freeze_long_lived()
-        tasks.create_task(
-            bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1)
-        )
+        tasks.create_task(bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1))
         tasks.create_task(allocator.retry_waiting(term, config.retry_after))
         tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held, final=stop.is_set))
         if allocator.waiting:
             allocator.room_changed.set()  # claims left waiting by a previous term: try them now
-        tasks.create_task(
-            bus.consume(
-                "CLAIMS", allocator.take_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver
-            )
-        )
+        tasks.create_task(bus.consume("CLAIMS", allocator.take_claim, term, durable="allocator", ack_wait=config.ack_wait, max_deliver=config.max_deliver))
 
 
 async def _interrupt_on(term: asyncio.Event, allocator: Allocator) -> None:

@@ -142,7 +142,9 @@ class Snapshots:
         tail = await self._tail(head.seq, state.last_seq)
         self.head, self.tail_messages = head, state.last_seq - head.seq
         self.since = self.tail_messages
-        log.info("allocator: loaded the snapshot of %s at sequence %d (%d decisions), %d messages after it", STREAM, head.seq, len(decisions), self.tail_messages)
+        log.info(
+            "allocator: loaded the snapshot of %s at sequence %d (%d decisions), %d messages after it", STREAM, head.seq, len(decisions), self.tail_messages
+        )
         return merge(decisions, tail), state.last_seq
 
     async def _bucket(self) -> KeyValue:
@@ -293,5 +295,12 @@ class Snapshots:
         await kv.put(fmt.HEAD, fmt.encode_head(head))
         self.head, self.written_at = head, time.monotonic()
         self.since = self.compacted.seq - seq  # (decisions stored while it was written)
-        log.info("allocator: snapshot of %s at sequence %d written (%d decisions, %d bytes, %.3fs)", STREAM, seq, len(decisions), head.size, time.perf_counter() - started)
+        log.info(
+            "allocator: snapshot of %s at sequence %d written (%d decisions, %d bytes, %.3fs)",
+            STREAM,
+            seq,
+            len(decisions),
+            head.size,
+            time.perf_counter() - started,
+        )
         return head

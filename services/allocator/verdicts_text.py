@@ -32,9 +32,7 @@ class Group:
 
 def _signature(report: NodeReport, claim: str) -> tuple:
     return tuple(
-        (r.request, r.wanted, tuple((f.filter, f.left) for f in r.filters), r.emptied_by, bool(r.devices))
-        for r in report.requests
-        if r.claim == claim
+        (r.request, r.wanted, tuple((f.filter, f.left) for f in r.filters), r.emptied_by, bool(r.devices)) for r in report.requests if r.claim == claim
     )
 
 
@@ -96,27 +94,38 @@ def sentence(group: Group, claim: str) -> str:
     what = f"request {blocked.request}"
     match f:
         case "node":
-            return (f"{where}: only {after} matching devices{each}, {wanted} wanted ({what}): "
-                    "split the claim, or use a gang (several claims allocated together: dralloc submit --gang)")
+            return (
+                f"{where}: only {after} matching devices{each}, {wanted} wanted ({what}): "
+                "split the claim, or use a gang (several claims allocated together: dralloc submit --gang)"
+            )
         case "in use":
-            return (f"{where}: {after} of {before} matching devices free{each}, {wanted} wanted ({what}); the others are {held}: "
-                    "wait for them to be released, or ask for fewer")
+            return (
+                f"{where}: {after} of {before} matching devices free{each}, {wanted} wanted ({what}); the others are {held}: "
+                "wait for them to be released, or ask for fewer"
+            )
         case "counters":
-            return (f"{where}: {after} of {before} matching devices{each} have their shared counters free, {wanted} wanted ({what}): "
-                    f"partitions (MIG) {held} use the GPU's memory slices; a whole GPU needs them all: "
-                    "ask for a partition instead, or wait for the partitions to be released")
+            return (
+                f"{where}: {after} of {before} matching devices{each} have their shared counters free, {wanted} wanted ({what}): "
+                f"partitions (MIG) {held} use the GPU's memory slices; a whole GPU needs them all: "
+                "ask for a partition instead, or wait for the partitions to be released"
+            )
         case "capacity":
-            return (f"{where}: {after} of {before} matching devices{each} have the capacity left, {wanted} wanted ({what}); "
-                    f"capacity is {held}: ask for less capacity, or wait")
+            return (
+                f"{where}: {after} of {before} matching devices{each} have the capacity left, {wanted} wanted ({what}); "
+                f"capacity is {held}: ask for less capacity, or wait"
+            )
         case "taints":
-            return (f"{where}: {(before or 0) - (after or 0)} matching devices{each} are tainted, {wanted} wanted ({what}): "
-                    "add a toleration to the request if the taint allows it, or wait for the taint to go")
+            return (
+                f"{where}: {(before or 0) - (after or 0)} matching devices{each} are tainted, {wanted} wanted ({what}): "
+                "add a toleration to the request if the taint allows it, or wait for the taint to go"
+            )
         case "constraints":
-            return (f"{where}: no {wanted} devices satisfy the claim's constraints together ({what}; {before} candidates{each}): "
-                    "relax the matchAttribute/distinctAttribute, or ask for fewer devices")
+            return (
+                f"{where}: no {wanted} devices satisfy the claim's constraints together ({what}; {before} candidates{each}): "
+                "relax the matchAttribute/distinctAttribute, or ask for fewer devices"
+            )
         case "class" | "selectors":
-            return (f"{where}: {after} devices{each} match the {f}, {wanted} wanted ({what}): "
-                    "check the selectors against the hardware with `dralloc lint`")
+            return f"{where}: {after} devices{each} match the {f}, {wanted} wanted ({what}): check the selectors against the hardware with `dralloc lint`"
         case "pool":
             return f"{where}: no usable pool ({what}): a pool is incomplete or its slices disagree on the generation"
     return f"{where}: {group.report.verdict}" if group.report.verdict else f"{where}: blocked by {f} ({what})"

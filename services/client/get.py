@@ -87,8 +87,17 @@ def nodes_view(state: FleetState, *, wide: bool, now: float) -> View:
         since = node[1] if node else None
         domains = domains_of.get(u.name, [])
         rows.append(
-            (u.name, profile, str(u.total), str(u.used), str(u.partitioned), str(u.free), percent(u.fragmentation),
-             ",".join(domains) if wide or len(domains) <= 1 else f"{domains[0]} +{len(domains) - 1}", age(since, now))
+            (
+                u.name,
+                profile,
+                str(u.total),
+                str(u.used),
+                str(u.partitioned),
+                str(u.free),
+                percent(u.fragmentation),
+                ",".join(domains) if wide or len(domains) <= 1 else f"{domains[0]} +{len(domains) - 1}",
+                age(since, now),
+            )
         )
         names.append(f"node/{u.name}")
         objects.append({**asdict(u), "nodes": list(u.nodes), "profile": profile, "fragmentation": round(u.fragmentation, 4), "nvlinkDomains": domains})

@@ -23,9 +23,7 @@ def claims_table(statuses: list[ClaimStatus], title: str | None = None):
     styles = {"allocated": "green", "unsatisfiable": "yellow", "error": "red", "pending": "dim"}
     counts: Counter[str] = Counter(s.state for s in statuses)
     caption = ", ".join(f"{counts[state]} {state}" for state in styles if counts[state]) or "no claims"
-    table = Table(
-        "CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, caption=caption, header_style="bold", box=None
-    )
+    table = Table("CLAIM", "STATUS", "NODE", "DEVICES", "MESSAGE", title=title, caption=caption, header_style="bold", box=None)
     for s in statuses:
         # A node-local pool is named after its node: show the device alone there.
         results = s.allocation.devices.results if s.allocation else []

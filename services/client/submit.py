@@ -181,10 +181,7 @@ def unsettled_summary(decisions: list[ClaimStatus], wait: float) -> str:
 
 def render(submission: Submission, output: str) -> None:
     if output == "json":
-        rows = [
-            {"event": r.event, "object": r.object, "subject": r.subject, "sequence": r.sequence, "duplicate": r.duplicate}
-            for r in submission.published
-        ]
+        rows = [{"event": r.event, "object": r.object, "subject": r.subject, "sequence": r.sequence, "duplicate": r.duplicate} for r in submission.published]
         doc: dict = {"published": rows}
         if submission.decisions is not None:
             doc["claims"] = msgspec.to_builtins(submission.decisions)

@@ -85,13 +85,34 @@ LABEL_PROFILE = f"{DRALLOC}/hardware-profile"
 
 # NVML enums to the strings NVIDIA's driver publishes (go-nvlib's names).
 BRANDS = {
-    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
-    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
-    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
 }
 ARCHITECTURES = {
-    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell",
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
 }
 
 _LEADING_ZEROS = re.compile(r"^0+(?=\d)")

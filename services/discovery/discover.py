@@ -32,7 +32,12 @@ def default_node_name() -> str:
 
 
 def inventory_from(
-    *, profile: str | None, replay: str | None, node: str, mig: bool = True, nics: bool = False,
+    *,
+    profile: str | None,
+    replay: str | None,
+    node: str,
+    mig: bool = True,
+    nics: bool = False,
     capture: str | None = None,
 ) -> NodeInventory:
     """The node's inventory from a profile, a replayed capture, or (neither given) NVML.
@@ -85,11 +90,18 @@ def _table(slices: list[ResourceSlice]) -> str:
             what = attr.get("profile") or attr.get("productName") or attr.get(PRODUCT) or attr.get("ifName") or ""
             memory = d.capacity["memory"].value if "memory" in d.capacity else ""
             counters = ", ".join(c.counter_set for c in d.consumes_counters)
-            topo = " ".join(
-                f"{k.split('/')[-1]}={attr[k]}" for k in sorted(attr) if "/" in k and k not in (PCI_BUS_ID, PRODUCT)
-            )
+            topo = " ".join(f"{k.split('/')[-1]}={attr[k]}" for k in sorted(attr) if "/" in k and k not in (PCI_BUS_ID, PRODUCT))
             taints = " ".join(f"taint:{t.key}={t.value}" for t in d.taints)
-            table.add_row(s.metadata.name, s.spec.driver, d.name, str(attr.get("type", "nic" if s.spec.driver == NIC_DRIVER else "")), str(what), str(memory), counters, f"{topo} {taints}".strip())
+            table.add_row(
+                s.metadata.name,
+                s.spec.driver,
+                d.name,
+                str(attr.get("type", "nic" if s.spec.driver == NIC_DRIVER else "")),
+                str(what),
+                str(memory),
+                counters,
+                f"{topo} {taints}".strip(),
+            )
     console = Console(width=200, record=True, file=io.StringIO())  # recorded, not shown (was an unclosed devnull)
     console.print(table)
     return console.export_text()

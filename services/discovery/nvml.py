@@ -200,18 +200,20 @@ def _read_mig_profiles(dev: DeviceSource) -> tuple[MigProfile, ...]:
         placements = ask(lambda: dev.mig_placements(pid)) or STANDARD_PLACEMENTS.get(pid, ())
         if not placements:
             continue
-        profiles.append(MigProfile(
-            id=pid,
-            name=str(info["name"]).removeprefix("MIG "),
-            multiprocessors=info["multiprocessorCount"],
-            copy_engines=info["copyEngineCount"],
-            decoders=info["decoderCount"],
-            encoders=info["encoderCount"],
-            jpeg_engines=info["jpegCount"],
-            ofa_engines=info["ofaCount"],
-            memory_mib=info["memorySizeMB"],
-            placements=tuple((int(s), int(n)) for s, n in placements),
-        ))
+        profiles.append(
+            MigProfile(
+                id=pid,
+                name=str(info["name"]).removeprefix("MIG "),
+                multiprocessors=info["multiprocessorCount"],
+                copy_engines=info["copyEngineCount"],
+                decoders=info["decoderCount"],
+                encoders=info["encoderCount"],
+                jpeg_engines=info["jpegCount"],
+                ofa_engines=info["ofaCount"],
+                memory_mib=info["memorySizeMB"],
+                placements=tuple((int(s), int(n)) for s, n in placements),
+            )
+        )
     return tuple(profiles)
 
 
@@ -349,8 +351,18 @@ class _PynvmlDevice:
 
     def mig_profile(self, index: int) -> dict[str, Any]:
         info = self._q(self._n.nvmlDeviceGetGpuInstanceProfileInfo, index)
-        fields = ("id", "sliceCount", "instanceCount", "multiprocessorCount", "copyEngineCount",
-                  "decoderCount", "encoderCount", "jpegCount", "ofaCount", "memorySizeMB")
+        fields = (
+            "id",
+            "sliceCount",
+            "instanceCount",
+            "multiprocessorCount",
+            "copyEngineCount",
+            "decoderCount",
+            "encoderCount",
+            "jpegCount",
+            "ofaCount",
+            "memorySizeMB",
+        )
         result: dict[str, Any] = {f: int(getattr(info, f)) for f in fields}
         result["name"] = _text(getattr(info, "name", b"")) or f"profile-{index}"
         return result
@@ -396,8 +408,7 @@ class _PynvmlDevice:
         for key, query in (
             ("remappedRows", lambda: self._q(n.nvmlDeviceGetRemappedRows)),
             ("retiredPagesPending", lambda: self._q(n.nvmlDeviceGetRetiredPagesPendingStatus)),
-            ("eccVolatileUncorrected", lambda: self._q(
-                n.nvmlDeviceGetTotalEccErrors, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
+            ("eccVolatileUncorrected", lambda: self._q(n.nvmlDeviceGetTotalEccErrors, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC)),
         ):
             value = ask(query)
             if value is not None:

@@ -114,8 +114,7 @@ class RecordingDevice:
 
     def mig_placements(self, profile_id: int) -> list[tuple[int, int]]:
         entry = next(e for e in self.data.get("migGpuInstanceProfiles", []) if e.get("id") == profile_id)
-        return _record(entry, "placements", lambda: self.device.mig_placements(profile_id),
-                       lambda v: [{"start": s, "size": n} for s, n in v])
+        return _record(entry, "placements", lambda: self.device.mig_placements(profile_id), lambda v: [{"start": s, "size": n} for s, n in v])
 
     def _link(self, link: int) -> dict[str, Any]:
         links = self.data.setdefault("nvlinks", [])

@@ -41,9 +41,7 @@ class ReplaySource:
         if not isinstance(capture, dict) or not isinstance(capture.get("devices"), list):
             raise ReplayError("not an NVML inventory capture: expected an object with a 'devices' list")
         self.capture = capture
-        self._pairs = {
-            frozenset((p.get("a"), p.get("b"))): p for p in capture.get("pairs", []) if isinstance(p, dict)
-        }
+        self._pairs = {frozenset((p.get("a"), p.get("b"))): p for p in capture.get("pairs", []) if isinstance(p, dict)}
 
     @classmethod
     def from_file(cls, path: str | Path) -> ReplaySource:

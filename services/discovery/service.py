@@ -142,8 +142,7 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event) -> None:
     try:
         inventories = await asyncio.to_thread(scan)
     except NvmlUnavailable as exc:
-        log.error("discovery: %s; no NVIDIA GPU is usable on this node "
-                  "(use DRALLOC_DISCOVERY_SOURCE=profile to simulate one)", exc)
+        log.error("discovery: %s; no NVIDIA GPU is usable on this node (use DRALLOC_DISCOVERY_SOURCE=profile to simulate one)", exc)
         raise SystemExit(1) from None
     except ReplayError as exc:
         log.error("discovery: %s", exc)
@@ -193,9 +192,7 @@ async def _adopt(bus: Bus, publishers: dict[str, Publisher]) -> None:
             publishers[event.pool].adopt(event.generation, [])
 
 
-async def _publish_all(
-    bus: Bus, kube: Any, publishers: dict[str, Publisher], inventories: Sequence[NodeInventory], layout: str
-) -> None:
+async def _publish_all(bus: Bus, kube: Any, publishers: dict[str, Publisher], inventories: Sequence[NodeInventory], layout: str) -> None:
     updates: list[Update] = []
     for inv in inventories:
         publisher = publishers.setdefault(inv.node, Publisher(layout=layout))  # type: ignore[arg-type]
@@ -210,8 +207,12 @@ async def _publish_all(
     await _send(bus, [ev.NodePublished(node=u.node) for u in updates if u.node is not None])
     changed = [u for u in updates if u.publish]
     if changed:
-        log.info("discovery: published %d slice(s) of %d node(s), removed %d",
-                 sum(len(u.publish) for u in changed), len(changed), sum(len(u.remove) for u in updates))
+        log.info(
+            "discovery: published %d slice(s) of %d node(s), removed %d",
+            sum(len(u.publish) for u in changed),
+            len(changed),
+            sum(len(u.remove) for u in updates),
+        )
     if kube is not None:
         await kube.apply([s for u in updates for s in u.publish], [k for u in updates for k in u.remove])
 

@@ -203,9 +203,15 @@ def _gpu_group(gpu: Gpu, inventory: NodeInventory) -> _Group:
     for profile in gpu.mig_profiles:
         mig_attrs = {**mig_common, A.PROFILE: _string(profile.name)}
         for name, part_capacity, consumes in _partitions(gpu.name, set_name, profile):
-            devices.append(Device(
-                name=name, attributes=mig_attrs, capacity=part_capacity, consumes_counters=consumes, taints=taints,
-            ))
+            devices.append(
+                Device(
+                    name=name,
+                    attributes=mig_attrs,
+                    capacity=part_capacity,
+                    consumes_counters=consumes,
+                    taints=taints,
+                )
+            )
     return _Group(devices, CounterSet(name=set_name, counters=counters))
 
 

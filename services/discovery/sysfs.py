@@ -61,14 +61,16 @@ def read_nics(node: str, root: str | Path = "/sys") -> list[Nic]:
         numa = _read(Path(real) / "numa_node")
         speed = _read(net / ifname / "speed")
         switch = pcie_switch(real)
-        nics.append(Nic(
-            name=f"nic-{A.dns_label(ifname)}",
-            if_name=ifname,
-            pci_bus_id=pci[-1],
-            pcie_root=A.pcie_root(real),
-            numa_node=int(numa) if numa and numa.lstrip("-").isdigit() and int(numa) >= 0 else None,
-            pcie_switch=f"{node}/{switch}" if switch else None,
-            rdma=(device / "infiniband").is_dir(),
-            link_speed_gbps=int(speed) // 1000 if speed and speed.isdigit() and int(speed) > 0 else None,
-        ))
+        nics.append(
+            Nic(
+                name=f"nic-{A.dns_label(ifname)}",
+                if_name=ifname,
+                pci_bus_id=pci[-1],
+                pcie_root=A.pcie_root(real),
+                numa_node=int(numa) if numa and numa.lstrip("-").isdigit() and int(numa) >= 0 else None,
+                pcie_switch=f"{node}/{switch}" if switch else None,
+                rdma=(device / "infiniband").is_dir(),
+                link_speed_gbps=int(speed) // 1000 if speed and speed.isdigit() and int(speed) > 0 else None,
+            )
+        )
     return nics

@@ -77,7 +77,6 @@ from dralloc.schemas.resource import (
 log = logging.getLogger("dralloc.ingestor.kubernetes")
 
 
-
 class _Listed(Protocol):
     """What a reflector follows: a Kubernetes object (its metadata carries the resourceVersion)."""
 
@@ -225,8 +224,7 @@ class Reflector(Generic[T]):
             status = msgspec.json.decode(event.object)
             if isinstance(status, dict) and status.get("code") == 410:
                 raise Gone()
-            raise ApiException(status=status.get("code", 500) if isinstance(status, dict) else 500,
-                               reason=f"watch error: {status}")
+            raise ApiException(status=status.get("code", 500) if isinstance(status, dict) else 500, reason=f"watch error: {status}")
         if event.type == "BOOKMARK":
             self.resource_version = msgspec.json.decode(event.object, type=_Bookmark).metadata.resourceVersion
             return
@@ -294,8 +292,7 @@ def class_events(kind: str, device_class: DeviceClass) -> list[SourceEvent]:
 def slice_events(kind: str, resource_slice: ResourceSlice) -> list[SourceEvent]:
     if kind == "DELETED" or resource_slice.metadata.deletion_timestamp:
         spec = resource_slice.spec
-        return [ev.ResourceSliceRemoved(name=resource_slice.metadata.name, driver=spec.driver, pool=spec.pool.name,
-                                        generation=spec.pool.generation)]
+        return [ev.ResourceSliceRemoved(name=resource_slice.metadata.name, driver=spec.driver, pool=spec.pool.name, generation=spec.pool.generation)]
     return [ev.ResourceSlicePublished(slice=resource_slice)]
 
 
@@ -335,9 +332,7 @@ class KubeSourceOptions:
             claim_templates=_env_flag("DRALLOC_INGESTOR_CLAIM_TEMPLATES"),
             pods=os.environ.get("DRALLOC_INGESTOR_PODS", "true").strip().lower() not in ("0", "false", "no", "off"),
             unused_claims=unused,
-            settings=KubeSettings(server=env.server,
-                                  kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig,
-                                  context=env.context),
+            settings=KubeSettings(server=env.server, kubeconfig=getattr(config, "kubeconfig", None) or env.kubeconfig, context=env.context),
         )
 
 
@@ -395,8 +390,9 @@ class KubernetesSource:
                 await queue.put(event)
 
         if self.options.pods:
-            self.gate = PodGate(api, self.report, self._known_claims, self._known_classes, publish,
-                                submitted=lambda subject: self.last.get(subject, "").startswith("pod:"))
+            self.gate = PodGate(
+                api, self.report, self._known_claims, self._known_classes, publish, submitted=lambda subject: self.last.get(subject, "").startswith("pod:")
+            )
 
         def sink(mapper: Callable[[str, Any], list[SourceEvent]]) -> Callable[[str, Any], Awaitable[None]]:
             async def on_change(kind: str, obj: Any) -> None:
@@ -404,6 +400,7 @@ class KubernetesSource:
                     await publish(event)
                 if self.gate is not None and isinstance(obj, ResourceClaim):
                     await self.gate.claim_changed(obj)  # after the claim's own event: the bus has it first
+
             return on_change
 
         needs_pod = self.options.pods and self.options.unused_claims == "pending"
@@ -412,8 +409,10 @@ class KubernetesSource:
         def reflector(what: str, lister: Callable[..., Awaitable[Any]], item_type: type, mapper: Callable[[str, Any], list[SourceEvent]]) -> Reflector[Any]:
             return Reflector(what, lister, item_type, sink(mapper), self.report, watch_seconds=self.options.watch_seconds)
 
-        found = [reflector("deviceclasses", v1.list_device_class, DeviceClass, class_events),
-                 reflector("devicetaintrules", taintrules.lister(api), DeviceTaintRule, taintrules.taint_rule_events)]
+        found = [
+            reflector("deviceclasses", v1.list_device_class, DeviceClass, class_events),
+            reflector("devicetaintrules", taintrules.lister(api), DeviceTaintRule, taintrules.taint_rule_events),
+        ]
         if self.options.slices:
             found.append(reflector("resourceslices", v1.list_resource_slice, ResourceSlice, slice_events))
         if self.options.namespaces:
@@ -443,10 +442,8 @@ class KubernetesSource:
             if reflector.item_type in (ResourceClaim, DeviceClass):
                 await reflector.synced.wait()
         core = self.gate.core
-        listers = ([("pods in " + ns, _bind(core.list_namespaced_pod, ns)) for ns in self.options.namespaces]
-                   or [("pods", core.list_pod_for_all_namespaces)])
-        reflectors = [Reflector(what, lister, GatedPod, self.gate.on_pod, self.report, watch_seconds=self.options.watch_seconds)
-                      for what, lister in listers]
+        listers = [("pods in " + ns, _bind(core.list_namespaced_pod, ns)) for ns in self.options.namespaces] or [("pods", core.list_pod_for_all_namespaces)]
+        reflectors = [Reflector(what, lister, GatedPod, self.gate.on_pod, self.report, watch_seconds=self.options.watch_seconds) for what, lister in listers]
         await asyncio.gather(*(r.run(stop) for r in reflectors))
 
 
@@ -457,6 +454,7 @@ def _env_flag(name: str) -> bool:
 def _bind(method: Callable[..., Awaitable[Any]], namespace: str) -> Callable[..., Awaitable[Any]]:
     async def call(**kwargs: Any) -> Any:
         return await method(namespace, **kwargs)
+
     return call
 
 
@@ -491,8 +489,7 @@ class ClaimController:
     repeated Pod event never makes a second claim.
     """
 
-    def __init__(self, api: ApiClient, report: Report, claims: Iterable[Reflector[ResourceClaim]],
-                 namespaces: list[str]) -> None:
+    def __init__(self, api: ApiClient, report: Report, claims: Iterable[Reflector[ResourceClaim]], namespaces: list[str]) -> None:
         self.core = CoreV1Api(api)
         self.resource = ResourceV1Api(api)
         self.report = report
@@ -504,10 +501,8 @@ class ClaimController:
     async def run(self, stop: asyncio.Event, watch_seconds: int) -> None:
         for reflector in self.claims:
             await reflector.synced.wait()  # know the existing claims before creating any
-        listers = ([("pods in " + ns, _bind(self.core.list_namespaced_pod, ns)) for ns in self.namespaces]
-                   or [("pods", self.core.list_pod_for_all_namespaces)])
-        reflectors = [Reflector(what, lister, PodWithStatus, self.on_pod, self.report, watch_seconds=watch_seconds)
-                      for what, lister in listers]
+        listers = [("pods in " + ns, _bind(self.core.list_namespaced_pod, ns)) for ns in self.namespaces] or [("pods", self.core.list_pod_for_all_namespaces)]
+        reflectors = [Reflector(what, lister, PodWithStatus, self.on_pod, self.report, watch_seconds=watch_seconds) for what, lister in listers]
         await asyncio.gather(*(r.run(stop) for r in reflectors))
 
     async def on_pod(self, kind: str, pod: PodWithStatus) -> None:
@@ -526,8 +521,7 @@ class ClaimController:
                 self.report(f"Pod {pod.metadata.namespace}/{pod.metadata.name} claim {entry.name!r}: {exc}")
         if statuses != recorded:
             # The whole list, so that merge and strategic-merge semantics give the same result.
-            patch = {"status": {"resourceClaimStatuses": [{"name": name, "resourceClaimName": claim}
-                                                          for name, claim in sorted(statuses.items())]}}
+            patch = {"status": {"resourceClaimStatuses": [{"name": name, "resourceClaimName": claim} for name, claim in sorted(statuses.items())]}}
             try:
                 await self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace or "default", patch)
             except ApiException as exc:
@@ -540,8 +534,11 @@ class ClaimController:
         for reflector in self.claims:
             for claim in reflector.known.values():
                 meta = claim.metadata
-                if meta.namespace == pod.metadata.namespace and meta.annotations.get(POD_CLAIM_NAME_ANNOTATION) == entry_name \
-                        and any(ref.uid == pod.metadata.uid and ref.controller for ref in meta.owner_references):
+                if (
+                    meta.namespace == pod.metadata.namespace
+                    and meta.annotations.get(POD_CLAIM_NAME_ANNOTATION) == entry_name
+                    and any(ref.uid == pod.metadata.uid and ref.controller for ref in meta.owner_references)
+                ):
                     return meta.name
         return None
 
@@ -550,16 +547,16 @@ class ClaimController:
         if existing:
             return existing
         namespace = pod.metadata.namespace or "default"
-        body = await body_of(self.resource.read_namespaced_resource_claim_template(
-            entry.resource_claim_template_name, namespace, _preload_content=False))
+        body = await body_of(self.resource.read_namespaced_resource_claim_template(entry.resource_claim_template_name, namespace, _preload_content=False))
         if (problem := json_problem(body)) is not None:  # (a ValueError, as a template that does not decode is)
             raise ValueError(f"ResourceClaimTemplate {namespace}/{entry.resource_claim_template_name}: {problem}")
         template = msgspec.json.decode(body, type=ResourceClaimTemplate)
         wanted = claim_from_template(pod, entry, template, suffix="")
         # No name: the API server completes `generateName`, as for the real controller's claims.
         claim_body = to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))
-        claim = msgspec.json.decode(await body_of(self.resource.create_namespaced_resource_claim(
-            namespace, claim_body, _preload_content=False)), type=ResourceClaim)  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
+        # the client sends a dict body as is; the stub names the model only
+        sent = self.resource.create_namespaced_resource_claim(namespace, claim_body, _preload_content=False)  # type: ignore[arg-type]
+        claim = msgspec.json.decode(await body_of(sent), type=ResourceClaim)
         self.created[(pod.metadata.uid or "", entry.name)] = claim.metadata.name
         log.info("created ResourceClaim %s/%s for Pod %s", namespace, claim.metadata.name, pod.metadata.name)
         return claim.metadata.name

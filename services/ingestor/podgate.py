@@ -116,8 +116,7 @@ def allowed_nodes(allocation: AllocationResult) -> set[str] | None:
         return None
     nodes: set[str] = set()
     for term in selector.node_selector_terms:
-        names = [r for r in [*term.match_fields, *term.match_expressions]
-                 if r.key in ("metadata.name", "kubernetes.io/hostname") and r.operator == "In"]
+        names = [r for r in [*term.match_fields, *term.match_expressions] if r.key in ("metadata.name", "kubernetes.io/hostname") and r.operator == "In"]
         if not names:
             return None  # a term that selects by other labels: any node may match it
         nodes |= set(names[0].values)
@@ -151,9 +150,15 @@ def cluster_extended_claim(pod: GatedPod, classes: Iterable[DeviceClass]) -> Res
 class PodGate:
     """Follows the Pods of the cluster and hands the gated ones to the allocator (see the module doc)."""
 
-    def __init__(self, api: ApiClient, report: Report, claims: Callable[[], Iterable[ResourceClaim]],
-                 classes: Callable[[], Iterable[DeviceClass]], publish: Callable[[SourceEvent], Awaitable[None]],
-                 submitted: Callable[[str], bool] = lambda subject: False) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        report: Report,
+        claims: Callable[[], Iterable[ResourceClaim]],
+        classes: Callable[[], Iterable[DeviceClass]],
+        publish: Callable[[SourceEvent], Awaitable[None]],
+        submitted: Callable[[str], bool] = lambda subject: False,
+    ) -> None:
         self.core = CoreV1Api(api)
         self.resource = ResourceV1Api(api)
         self.report = report
@@ -192,8 +197,7 @@ class PodGate:
             names.append(extended)
         names = sorted(set(names))
         self.units[key] = (pod, names)
-        await self.publish(ev.PodSubmitted(namespace=pod.metadata.namespace or "default", name=pod.metadata.name,
-                                           uid=pod.metadata.uid or "", claims=names))
+        await self.publish(ev.PodSubmitted(namespace=pod.metadata.namespace or "default", name=pod.metadata.name, uid=pod.metadata.uid or "", claims=names))
         await self._lift_when_allocated(key)
 
     async def claim_changed(self, claim: ResourceClaim) -> None:
@@ -228,8 +232,15 @@ class PodGate:
             spec["affinity"] = pinned_affinity(pod.spec.affinity, next(iter(nodes)))
         patch = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": spec}
         try:
-            await body_of(self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace or "default", patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                                                         _content_type=MERGE_PATCH, _preload_content=False))
+            await body_of(
+                self.core.patch_namespaced_pod(
+                    pod.metadata.name,
+                    pod.metadata.namespace or "default",
+                    patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            )
         except ApiException as exc:
             if exc.status in (404, 409):
                 return  # gone, or changed since it was read: its next event decides again
@@ -251,24 +262,33 @@ class PodGate:
         if not name:
             body = to_builtins(wanted)
             body["metadata"].pop("name", None)
-            created = msgspec.json.decode(await body_of(self.resource.create_namespaced_resource_claim(
-                pod.metadata.namespace or "default", body, _preload_content=False)), type=ResourceClaim)  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
+            # the client sends a dict body as is; the stub names the model only
+            sent = self.resource.create_namespaced_resource_claim(pod.metadata.namespace or "default", body, _preload_content=False)  # type: ignore[arg-type]
+            created = msgspec.json.decode(await body_of(sent), type=ResourceClaim)
             name = created.metadata.name
             log.info("Pod %s/%s: created extended-resource claim %s", pod.metadata.namespace, pod.metadata.name, name)
         self.extended[uid] = name
         if recorded is None or recorded.resource_claim_name != name:
-            mappings = [{"containerName": m.container, "resourceName": m.resource, "requestName": m.request}
-                        for m in request_mappings(pod, wanted)]
+            mappings = [{"containerName": m.container, "resourceName": m.resource, "requestName": m.request} for m in request_mappings(pod, wanted)]
             patch = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": name, "requestMappings": mappings}}}
-            await body_of(self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace or "default", patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                                                                _content_type=MERGE_PATCH, _preload_content=False))
+            await body_of(
+                self.core.patch_namespaced_pod_status(
+                    pod.metadata.name,
+                    pod.metadata.namespace or "default",
+                    patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            )
         return name
 
     def _existing_extended(self, pod: GatedPod) -> str | None:
         for claim in self.claims():
             meta = claim.metadata
-            if meta.namespace == pod.metadata.namespace and meta.annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true" \
-                    and any(ref.uid == pod.metadata.uid and ref.controller for ref in meta.owner_references):
+            if (
+                meta.namespace == pod.metadata.namespace
+                and meta.annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true"
+                and any(ref.uid == pod.metadata.uid and ref.controller for ref in meta.owner_references)
+            ):
                 return meta.name
         return None
-

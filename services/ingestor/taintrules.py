@@ -47,10 +47,20 @@ def lister(api: ApiClient) -> Callable[..., Awaitable[Any]]:
             raise TypeError(f"list_device_taint_rule: unexpected arguments {sorted(unknown)}")
         query = [(_QUERY[k], v) for k, v in kwargs.items() if v is not None]
         return await api.call_api(
-            PATH, "GET", {}, query, {"Accept": "application/json"},
-            body=None, post_params={}, files={}, response_types_map={200: "object"},
-            auth_settings=["BearerToken"], _return_http_data_only=True,
-            _preload_content=preload, _request_timeout=timeout, collection_formats={},
+            PATH,
+            "GET",
+            {},
+            query,
+            {"Accept": "application/json"},
+            body=None,
+            post_params={},
+            files={},
+            response_types_map={200: "object"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=preload,
+            _request_timeout=timeout,
+            collection_formats={},
         )
 
     return list_device_taint_rule

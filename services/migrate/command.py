@@ -67,8 +67,15 @@ def files(paths: Sequence[str]) -> list[str]:
     return out
 
 
-def run(paths: Sequence[str], *, output: str = "yaml", in_place: bool = False, usage_path: str | None = None,
-        keep_node_selectors: bool = False, stdin_text: str | None = None) -> Result:
+def run(
+    paths: Sequence[str],
+    *,
+    output: str = "yaml",
+    in_place: bool = False,
+    usage_path: str | None = None,
+    keep_node_selectors: bool = False,
+    stdin_text: str | None = None,
+) -> Result:
     """Migrate the inputs. Raises InputError (exit 2) before any output when something cannot be decoded."""
     if output not in OUTPUTS:
         raise InputError(f"--output must be one of {', '.join(OUTPUTS)}, not {output!r}")

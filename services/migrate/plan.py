@@ -48,10 +48,18 @@ MAX_REPLICAS = 10_000
 """Replicas of one pod template beyond this are refused (a typo, or hostile input)."""
 
 CLASSES = [
-    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}},
-    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
-     "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}},
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]},
+    },
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "mig.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]},
+    },
 ]
 """NVIDIA's DRA driver classes, as `examples/deviceclasses.yaml` defines them and NVIDIA's Helm chart installs them
 (k8s-dra-driver-gpu `deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-gpu.yaml`, `deviceclass-mig.yaml`)."""
@@ -121,8 +129,14 @@ def _workload(obj: dict, where: str, usage, report: Report) -> Workload | None:
     for mode in ("device_plugin", "dra"):
         copy = plain(obj)
         try:
-            templates = migrate_object(copy, names=Names(), report=report if mode == "dra" else Report(), where=where,
-                                       usage=usage if mode == "dra" else None, whole_gpus=mode == "device_plugin")
+            templates = migrate_object(
+                copy,
+                names=Names(),
+                report=report if mode == "dra" else Report(),
+                where=where,
+                usage=usage if mode == "dra" else None,
+                whole_gpus=mode == "device_plugin",
+            )
         except DecodeError as exc:
             raise InputError(f"{where}: {describe(obj)}: {exc}") from None
         modes[mode] = (copy, {t["metadata"]["name"]: t["spec"]["spec"] for t in templates})
@@ -277,15 +291,19 @@ def plan(paths: Sequence[str], fleet: Any, usage_path: str | None = None) -> tup
     dra_engine, dra_parents, dra_shared = _engine(spec)
     dra_fleet = time.perf_counter() - before_dra
     dra = _allocate_dra(dra_engine, dra_parents, dra_shared, workloads)
+
     def saved(w: Workload) -> float:
         return round(dp.per_workload.get(w.name, 0.0) - dra.per_workload.get(w.name, 0.0), 2)
 
     drivers = [
-        {"workload": w.name, "pods": w.pods,
-         "device_plugin_gpus": round(dp.per_workload.get(w.name, 0.0), 2),
-         "dra_gpus": round(dra.per_workload.get(w.name, 0.0), 2),
-         "saved": saved(w),
-         "why": _why(w.name in dra.mig_workloads, w.name in dra.share_workloads)}
+        {
+            "workload": w.name,
+            "pods": w.pods,
+            "device_plugin_gpus": round(dp.per_workload.get(w.name, 0.0), 2),
+            "dra_gpus": round(dra.per_workload.get(w.name, 0.0), 2),
+            "saved": saved(w),
+            "why": _why(w.name in dra.mig_workloads, w.name in dra.share_workloads),
+        }
         for w in sorted(workloads, key=lambda w: (-saved(w), w.name))
     ]
     result = {

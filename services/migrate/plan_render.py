@@ -11,15 +11,16 @@ TOP = 10
 
 def table(result: dict, console: Console) -> None:
     """The comparison, then the workloads that save the most."""
-    summary = Table(title=f"dralloc plan: {result['workloads']} workloads, {result['pods']} pods on "
-                          f"{result['fleet_nodes']} nodes ({result['fleet_gpus']} GPUs)", header_style="bold")
+    summary = Table(
+        title=f"dralloc plan: {result['workloads']} workloads, {result['pods']} pods on {result['fleet_nodes']} nodes ({result['fleet_gpus']} GPUs)",
+        header_style="bold",
+    )
     summary.add_column("")
     summary.add_column("device plugin", justify="right")
     summary.add_column("DRA (dralloc)", justify="right")
     summary.add_column("saved", justify="right")
     summary.add_row("GPUs needed", str(result["device_plugin_gpus"]), str(result["dra_gpus"]), str(result["gpus_saved"]))
-    summary.add_row("nodes used", str(result["device_plugin_nodes"]), str(result["dra_nodes"]),
-                    str(result["device_plugin_nodes"] - result["dra_nodes"]))
+    summary.add_row("nodes used", str(result["device_plugin_nodes"]), str(result["dra_nodes"]), str(result["device_plugin_nodes"] - result["dra_nodes"]))
     summary.add_row("pods that did not fit", str(result["not_fitted_device_plugin"]), str(result["not_fitted_dra"]), "")
     summary.add_row("pods on MIG slices", "0", str(result["dra_pods_on_mig"]), "")
     summary.add_row("pods on GPU shares", "0", str(result["dra_pods_on_shares"]), "")
@@ -28,17 +29,18 @@ def table(result: dict, console: Console) -> None:
     if not drivers:
         console.print("No workload uses fewer GPUs under DRA (no MIG asks, no right-sizing data).")
         return
-    top = Table(title="Workloads driving the difference (GPU-equivalents: a MIG slice counts Ng/7, a share its memory fraction)",
-                header_style="bold")
+    top = Table(title="Workloads driving the difference (GPU-equivalents: a MIG slice counts Ng/7, a share its memory fraction)", header_style="bold")
     for column in ("workload", "pods", "device plugin", "DRA", "saved", "why"):
         top.add_column(column, justify="right" if column in ("pods", "device plugin", "DRA", "saved") else "left")
     for d in drivers:
         top.add_row(d["workload"], str(d["pods"]), f"{d['device_plugin_gpus']:g}", f"{d['dra_gpus']:g}", f"{d['saved']:g}", d["why"])
     console.print(top)
     seconds = result["seconds"]
-    console.print(f"planned in {seconds['total']:.1f} s (reading and migrating {seconds['read_and_migrate']:.1f} s; device plugin "
-                  f"{seconds['device_plugin_fleet'] + seconds['device_plugin_allocate']:.1f} s; DRA fleet {seconds['dra_fleet']:.1f} s, "
-                  f"allocation {seconds['dra_allocate']:.1f} s)")
+    console.print(
+        f"planned in {seconds['total']:.1f} s (reading and migrating {seconds['read_and_migrate']:.1f} s; device plugin "
+        f"{seconds['device_plugin_fleet'] + seconds['device_plugin_allocate']:.1f} s; DRA fleet {seconds['dra_fleet']:.1f} s, "
+        f"allocation {seconds['dra_allocate']:.1f} s)"
+    )
 
 
 class PlotUnavailable(RuntimeError):
@@ -69,8 +71,13 @@ def chart(result: dict, path: str, fmt: str) -> None:
     left.set_title(f"{result['gpus_saved']} GPUs saved for {result['workloads']} workloads ({result['pods']} pods)")
     left.legend()
     if result["not_fitted_device_plugin"] or result["not_fitted_dra"]:
-        left.text(0.5, -0.12, f"did not fit: {result['not_fitted_device_plugin']} pods (device plugin), "
-                              f"{result['not_fitted_dra']} (DRA)", transform=left.transAxes, ha="center")
+        left.text(
+            0.5,
+            -0.12,
+            f"did not fit: {result['not_fitted_device_plugin']} pods (device plugin), {result['not_fitted_dra']} (DRA)",
+            transform=left.transAxes,
+            ha="center",
+        )
     if drivers:
         right = axes[0][1]
         names = [d["workload"] for d in reversed(drivers)]
@@ -80,8 +87,7 @@ def chart(result: dict, path: str, fmt: str) -> None:
 
         shown = [w for w in colors if any(d["why"] == w for d in drivers)]
         right.legend(handles=[Patch(color=colors[w], label=w) for w in shown], loc="lower right")
-        right.set_title(f"GPU-equivalents saved, by workload\n({result['dra_pods_on_mig']} pods on MIG slices, "
-                        f"{result['dra_pods_on_shares']} on GPU shares)")
+        right.set_title(f"GPU-equivalents saved, by workload\n({result['dra_pods_on_mig']} pods on MIG slices, {result['dra_pods_on_shares']} on GPU shares)")
         right.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, format=fmt)

@@ -123,8 +123,9 @@ class _Container:
     asks: list[_Ask]
 
 
-def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: str,
-                   usage: Usage | None = None, keep_node_selectors: bool = False, whole_gpus: bool = False) -> list[dict]:
+def migrate_object(
+    obj: MutableMapping, *, names: Names, report: Report, where: str, usage: Usage | None = None, keep_node_selectors: bool = False, whole_gpus: bool = False
+) -> list[dict]:
     """Rewrite every pod spec of `obj` that asks for NVIDIA GPUs; the new templates, in order.
 
     `where` prefixes every message (file and document). `whole_gpus`: every GPU ask (MIG and
@@ -146,8 +147,19 @@ def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: 
         handled.add(id(spec))
         label = role(obj, path)
         base = _dns(f"{name or 'pod'}-{label}-gpu" if label else f"{name or 'pod'}-gpu")
-        template = _migrate_pod_spec(spec, path, namespace, base, obj_name=name or "", names=names, report=report,
-                                     what=what, usage=usage, keep=keep_node_selectors, whole_gpus=whole_gpus)
+        template = _migrate_pod_spec(
+            spec,
+            path,
+            namespace,
+            base,
+            obj_name=name or "",
+            names=names,
+            report=report,
+            what=what,
+            usage=usage,
+            keep=keep_node_selectors,
+            whole_gpus=whole_gpus,
+        )
         if template is not None:
             templates.append(template)
     for path, mapping in mappings(obj, skip=frozenset(handled)):
@@ -156,34 +168,47 @@ def migrate_object(obj: MutableMapping, *, names: Names, report: Report, where: 
             amounts = res.get(kind) if isinstance(res, Mapping) else None
             if isinstance(amounts, Mapping) and any(isinstance(resources.classify(str(k)), GpuResource) for k in amounts):
                 report.problems.append(
-                    f"{what}: {dotted((*path, 'resources', kind))}: a GPU request outside a PodSpec "
-                    "(no `containers` list around it) is left in place"
+                    f"{what}: {dotted((*path, 'resources', kind))}: a GPU request outside a PodSpec (no `containers` list around it) is left in place"
                 )
                 break
     return templates
 
 
-def _migrate_pod_spec(spec: MutableMapping, path: Path, namespace: str | None, base: str, *, obj_name: str,
-                      names: Names, report: Report, what: str, usage: Usage | None, keep: bool,
-                      whole_gpus: bool = False) -> dict | None:
+def _migrate_pod_spec(
+    spec: MutableMapping,
+    path: Path,
+    namespace: str | None,
+    base: str,
+    *,
+    obj_name: str,
+    names: Names,
+    report: Report,
+    what: str,
+    usage: Usage | None,
+    keep: bool,
+    whole_gpus: bool = False,
+) -> dict | None:
     containers = _containers(spec, path, report, what)
     asking = [c for c in containers if c.asks]
     if not asking:
         return None
     claims = spec.get("resourceClaims")
     if claims or any(isinstance(c.body.get("resources"), Mapping) and c.body["resources"].get("claims") for c in containers):
-        report.problems.append(
-            f"{what}: {dotted(path)}: already mixes resourceClaims and GPU extended resources; left as it is"
-        )
+        report.problems.append(f"{what}: {dotted(path)}: already mixes resourceClaims and GPU extended resources; left as it is")
         return None
     if whole_gpus:
         for c in asking:
             for ask in c.asks:
                 ask.resource = GpuResource(ask.resource.name, "gpu")
     elif usage is not None:
-        models = tuple(m for m in MIG_MODELS if all(
-            gfd.admits(r, product=m.product_name, architecture=m.architecture, compute_major=int(m.compute_capability.split(".")[0]))
-            for r in _gfd_requirements(spec, path)))
+        models = tuple(
+            m
+            for m in MIG_MODELS
+            if all(
+                gfd.admits(r, product=m.product_name, architecture=m.architecture, compute_major=int(m.compute_capability.split(".")[0]))
+                for r in _gfd_requirements(spec, path)
+            )
+        )
         _right_size(asking, usage, namespace, obj_name, report, what, models)
     requests = _requests(asking)
     selectors = _node_selection(spec, path, {a.resource.kind == "mig" for c in asking for a in c.asks}, keep, report, what)
@@ -240,8 +265,7 @@ def _containers(spec: Mapping, path: Path, report: Report, what: str) -> list[_C
         for i, body in enumerate(items):
             cpath = (*path, key, i)
             init = key == "initContainers"
-            found.append(_Container(cpath, body, init, init and body.get("restartPolicy") == "Always",
-                                    _asks(body, cpath, report, what)))
+            found.append(_Container(cpath, body, init, init and body.get("restartPolicy") == "Always", _asks(body, cpath, report, what)))
     return found
 
 
@@ -286,10 +310,7 @@ def _asks(container: Mapping, path: Path, report: Report, what: str) -> list[_As
             if n:
                 asks.append(_Ask(cls, n))
     if asks and unknown:
-        report.problems.append(
-            f"{what}: container {cname!r}: also asks for {', '.join(unknown)}, which has no DRA equivalent here; "
-            "container left as it is"
-        )
+        report.problems.append(f"{what}: container {cname!r}: also asks for {', '.join(unknown)}, which has no DRA equivalent here; container left as it is")
         return []
     return asks
 
@@ -317,8 +338,7 @@ def _gfd_requirements(spec: Mapping, path: Path) -> list[gfd.Requirement]:
     return reqs
 
 
-def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, workload: str, report: Report, what: str,
-                models: tuple = MIG_MODELS) -> None:
+def _right_size(asking: list[_Container], usage: Usage, namespace: str | None, workload: str, report: Report, what: str, models: tuple = MIG_MODELS) -> None:
     """Move one-GPU app containers whose observed peak fits a MIG partition onto it (each change reported)."""
     for c in asking:
         if c.init or len(c.asks) != 1:
@@ -441,8 +461,10 @@ def _node_selection(spec: MutableMapping, path: Path, kinds: set[bool], keep: bo
     terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
     if not isinstance(terms, list) or not all(isinstance(t, Mapping) for t in terms):
         raise DecodeError((*apath, "nodeSelectorTerms"), "expected a list of node selector terms")
-    parsed = [[_requirement(e, (*apath, "nodeSelectorTerms", i, "matchExpressions", j))
-               for j, e in enumerate(_expressions(t, (*apath, "nodeSelectorTerms", i)))] for i, t in enumerate(terms)]
+    parsed = [
+        [_requirement(e, (*apath, "nodeSelectorTerms", i, "matchExpressions", j)) for j, e in enumerate(_expressions(t, (*apath, "nodeSelectorTerms", i)))]
+        for i, t in enumerate(terms)
+    ]
     if len(terms) == 1:
         kept = []
         for expression, req in zip(terms[0].get("matchExpressions") or [], parsed[0]):
@@ -460,9 +482,7 @@ def _node_selection(spec: MutableMapping, path: Path, kinds: set[bool], keep: bo
     if not any(gfd.is_gfd(r.key) for term in parsed for r in term):
         return out
     if not gfd_only:
-        report.warnings.append(
-            f"{what}: {dotted(apath)}: several node selector terms mix GPU labels with others; kept on the pod, not translated"
-        )
+        report.warnings.append(f"{what}: {dotted(apath)}: several node selector terms mix GPU labels with others; kept on the pod, not translated")
         return out
     translated = [[translate(r) for r in term] for term in parsed]
     if any(c is None for term in translated for c in term):

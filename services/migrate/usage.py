@@ -78,10 +78,7 @@ class Fit:
         for product, profile in self.profiles:
             by_profile.setdefault(profile, []).append(product)
         attr = "device.attributes['gpu.nvidia.com']"
-        terms = [
-            f"{attr}.profile == '{profile}' && {attr}.productName in [{', '.join(repr(p) for p in products)}]"
-            for profile, products in by_profile.items()
-        ]
+        terms = [f"{attr}.profile == '{profile}' && {attr}.productName in [{', '.join(repr(p) for p in products)}]" for profile, products in by_profile.items()]
         return terms[0] if len(terms) == 1 else " || ".join(f"({t})" for t in terms)
 
     def describe(self) -> str:
@@ -97,10 +94,7 @@ class Usage:
     def peak(self, namespace: str | None, workload: str, container: str) -> Peak | None:
         """The container's peak over the rows of the workload itself and of its pods (`<workload>-...`)."""
         ns = namespace or "default"
-        found = [
-            p for (n, w, c), p in self._peaks.items()
-            if n == ns and c == container and (w == workload or w.startswith(workload + "-"))
-        ]
+        found = [p for (n, w, c), p in self._peaks.items() if n == ns and c == container and (w == workload or w.startswith(workload + "-"))]
         if not found:
             return None
         return Peak(max(p.memory_mib for p in found), max(p.utilization for p in found))
@@ -168,7 +162,8 @@ def fit(peak: Peak, models: tuple[GpuModel, ...] = MIG_MODELS) -> Fit | str:
     for model in models:
         whole = max(model.mig_profiles, key=lambda p: p.multiprocessors)
         candidates = [
-            p for p in model.mig_profiles
+            p
+            for p in model.mig_profiles
             if "+" not in p.name  # media-extension profiles hold the same memory with extra engines
             and p is not whole
             and p.memory_mib >= need_mib

@@ -97,14 +97,26 @@ class EventRecorder:
     async def _create(self, core: CoreV1Api, involved: Involved, name: str, message: str) -> _Seen:
         stamp = _now()
         body = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": name, "namespace": involved.namespace},
-            "involvedObject": {"kind": involved.kind, "apiVersion": involved.api_version, "namespace": involved.namespace,
-                               "name": involved.name, "uid": involved.uid},
-            "type": "Warning", "reason": REASON, "message": message[:1024],
-            "source": {"component": COMPONENT}, "reportingComponent": "dralloc.dev/statuswriter",
-            "reportingInstance": COMPONENT, "action": "Allocate",
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            "involvedObject": {
+                "kind": involved.kind,
+                "apiVersion": involved.api_version,
+                "namespace": involved.namespace,
+                "name": involved.name,
+                "uid": involved.uid,
+            },
+            "type": "Warning",
+            "reason": REASON,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": "dralloc.dev/statuswriter",
+            "reportingInstance": COMPONENT,
+            "action": "Allocate",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
         }
         try:
             await body_of(core.create_namespaced_event(involved.namespace, body, _preload_content=False))  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
@@ -119,5 +131,12 @@ class EventRecorder:
         return _Seen(count=count, written=self.clock())
 
     async def _patch(self, core: CoreV1Api, namespace: str, name: str, count: int) -> None:
-        await body_of(core.patch_namespaced_event(name, namespace, {"count": count, "lastTimestamp": _now()},  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                                                  _content_type=MERGE_PATCH, _preload_content=False))
+        await body_of(
+            core.patch_namespaced_event(
+                name,
+                namespace,
+                {"count": count, "lastTimestamp": _now()},  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )

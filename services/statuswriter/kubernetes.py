@@ -114,8 +114,9 @@ def same_allocation(a: AllocationResult, b: AllocationResult) -> bool:
 class KubernetesSink:
     """A `StatusSink` writing `ResourceClaim.status` through the API server (see the module doc)."""
 
-    def __init__(self, config: Any = None, *, api: ApiClient | None = None,
-                 report: Callable[[Result], None] | None = None, settings: KubeSettings | None = None) -> None:
+    def __init__(
+        self, config: Any = None, *, api: ApiClient | None = None, report: Callable[[Result], None] | None = None, settings: KubeSettings | None = None
+    ) -> None:
         env = KubeSettings.from_env()
         self.settings = settings or KubeSettings(
             server=env.server,
@@ -191,8 +192,9 @@ class KubernetesSink:
     async def _traced(self, what: str, key: str, action: Callable[[Any], Any], event: Any) -> Result:
         # A span in the claim's trace (the status writer's consumer span is current): what was done to its status.
         namespace, _, name = key.partition("/")
-        with telemetry.tracer().start_as_current_span(f"{what} ResourceClaim status", kind=SpanKind.CLIENT, attributes={
-                "k8s.namespace.name": namespace, "dralloc.claim": name}) as span:
+        with telemetry.tracer().start_as_current_span(
+            f"{what} ResourceClaim status", kind=SpanKind.CLIENT, attributes={"k8s.namespace.name": namespace, "dralloc.claim": name}
+        ) as span:
             result = await self._locked(key, action, event)
             span.set_attribute("dralloc.outcome", result.outcome.value)
             return result
@@ -225,8 +227,11 @@ class KubernetesSink:
                 if not same_allocation(have, want):
                     self._written.pop(current.metadata.uid or "", None)
                     self._foreign.add(current.metadata.uid or "")
-                    return Result(event.key, Outcome.KEPT_FOREIGN, f"the claim is already allocated elsewhere ({_devices(have)}); "
-                                  f"dralloc's allocation ({_devices(want)}) was not written")
+                    return Result(
+                        event.key,
+                        Outcome.KEPT_FOREIGN,
+                        f"the claim is already allocated elsewhere ({_devices(have)}); dralloc's allocation ({_devices(want)}) was not written",
+                    )
                 self._written[current.metadata.uid or ""] = want_json
                 missing = [r for r in reserved if r["uid"] not in {c.uid for c in status.reserved_for}]
                 if not missing:
@@ -286,8 +291,15 @@ class KubernetesSink:
         body = {"metadata": {"resourceVersion": current.metadata.resource_version}, **patch}
         v1 = await self._v1()
         try:
-            await body_of(v1.patch_namespaced_resource_claim_status(name, namespace, body, _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                                                                    _preload_content=False))
+            await body_of(
+                v1.patch_namespaced_resource_claim_status(
+                    name,
+                    namespace,
+                    body,
+                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
+                    _preload_content=False,
+                )
+            )
             return True
         except ApiException as exc:
             if exc.status == 409:
@@ -297,15 +309,20 @@ class KubernetesSink:
                 return False  # deleted in between: the re-read says so
             raise _classify(exc) from exc
 
-
     async def _add_finalizer(self, namespace: str, name: str, current: ResourceClaim) -> ResourceClaim | None:
         """The claim with `FINALIZER` added at the version read; None on a conflict (re-read and decide again)."""
-        body = {"metadata": {"resourceVersion": current.metadata.resource_version,
-                             "finalizers": [*current.metadata.finalizers, FINALIZER]}}
+        body = {"metadata": {"resourceVersion": current.metadata.resource_version, "finalizers": [*current.metadata.finalizers, FINALIZER]}}
         v1 = await self._v1()
         try:
-            return _claim_of(await body_of(v1.patch_namespaced_resource_claim(  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False)), namespace, name)
+            return _claim_of(
+                await body_of(
+                    v1.patch_namespaced_resource_claim(  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
+                        name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
+                    )
+                ),
+                namespace,
+                name,
+            )
         except ApiException as exc:
             if exc.status in (404, 409):
                 return None
@@ -320,11 +337,22 @@ class KubernetesSink:
                 return
             if current.status is not None and current.status.allocation is not None:
                 return  # allocated again meanwhile: the finalizer protects that allocation now
-            body = {"metadata": {"resourceVersion": current.metadata.resource_version,
-                                 "finalizers": [f for f in current.metadata.finalizers if f != FINALIZER] or None}}
+            body = {
+                "metadata": {
+                    "resourceVersion": current.metadata.resource_version,
+                    "finalizers": [f for f in current.metadata.finalizers if f != FINALIZER] or None,
+                }
+            }
             try:
-                await body_of(v1.patch_namespaced_resource_claim(name, namespace, body, _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                                                                 _preload_content=False))
+                await body_of(
+                    v1.patch_namespaced_resource_claim(
+                        name,
+                        namespace,
+                        body,
+                        _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
+                        _preload_content=False,
+                    )
+                )
                 return
             except ApiException as exc:
                 if exc.status == 404:

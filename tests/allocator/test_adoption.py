@@ -32,7 +32,9 @@ def _slice(devices: list[dict], counters: list | None = None) -> ResourceSlice:
 def _engine(devices: list[dict], counters: list | None = None) -> Engine:
     engine = Engine(scoring=False)
     engine.apply(msgspec.convert({"metadata": {"name": "node-1", "labels": {"kubernetes.io/hostname": "node-1"}}}, Node))
-    engine.apply(msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass))
+    engine.apply(
+        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
+    )
     assert engine.apply(_slice(devices, counters)) == []
     return engine
 
@@ -49,7 +51,13 @@ def _claim(name: str, namespace: str = "ns", results: list[dict] | None = None, 
 
 def _state(engine: Engine) -> tuple:
     ledger = engine.ledger
-    return dict(ledger.exclusive), {k: dict(v) for k, v in ledger.shares.items()}, ledger.used_bits, dict(ledger.counter_used), {k: dict(v) for k, v in ledger.cap_used.items()}
+    return (
+        dict(ledger.exclusive),
+        {k: dict(v) for k, v in ledger.shares.items()},
+        ledger.used_bits,
+        dict(ledger.counter_used),
+        {k: dict(v) for k, v in ledger.cap_used.items()},
+    )
 
 
 def test_another_claims_device_in_any_namespace_is_not_adopted_and_nothing_is_held():

@@ -23,12 +23,13 @@ CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml
 
 def gpu_slice(node: str, count: int, *, pool: str | None = None, name: str | None = None) -> ResourceSlice:
     """A node's GPU slice as dralloc's discovery builds it (real attributes), with `count` GPUs."""
-    (_, slices), = build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": node}])
+    ((_, slices),) = build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": node}])
     template = next(s for s in slices if s.spec.driver == "gpu.nvidia.com")
     first = template.spec.devices[0]
     devices = [msgspec.structs.replace(first, name=f"gpu-{i}") for i in range(count)]
-    spec = msgspec.structs.replace(template.spec, devices=devices, node_name=f"{node}-0",
-                                   pool=msgspec.structs.replace(template.spec.pool, name=pool or f"{node}-0"))
+    spec = msgspec.structs.replace(
+        template.spec, devices=devices, node_name=f"{node}-0", pool=msgspec.structs.replace(template.spec.pool, name=pool or f"{node}-0")
+    )
     return msgspec.structs.replace(template, spec=spec, metadata=msgspec.structs.replace(template.metadata, name=name or f"{node}-0-gpus"))
 
 

@@ -15,8 +15,7 @@ def failing(name: str, generation: int = 1) -> ResourceClaim:
     """A claim whose selector fails on every device: an `error`."""
     raw = msgspec.to_builtins(claim(name, uid=f"uid-{name}"))
     raw["metadata"]["generation"] = generation
-    raw["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
-        {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].noSuchAttribute == 1'}}]
+    raw["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].noSuchAttribute == 1'}}]
     return msgspec.convert(raw, ResourceClaim)
 
 
@@ -57,7 +56,9 @@ def test_the_rebuild_does_not_evaluate_a_claim_that_ended_in_error():
         ev.AllocationFailed(namespace="ml", name="bad", uid="uid-bad", generation=1, reason="error", message="x"),
         ev.AllocationFailed(namespace="ml", name="renewed", uid="uid-renewed", generation=1, reason="error", message="x"),
         ev.AllocationFailed(namespace="ml", name="full", uid="uid-full", generation=1, reason="unsatisfiable", message="x"),
-        ev.ClaimSubmitted(claim=bad), ev.ClaimSubmitted(claim=renewed), ev.ClaimSubmitted(claim=full),
+        ev.ClaimSubmitted(claim=bad),
+        ev.ClaimSubmitted(claim=renewed),
+        ev.ClaimSubmitted(claim=full),
     ):
         book.replayed(event)
     assert set(book.parked) == {bad.key}

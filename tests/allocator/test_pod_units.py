@@ -76,8 +76,10 @@ def test_the_cluster_holding_another_allocation_releases_ours_then_adopts_it() -
     book.submitted(mine, needs_pod=True)
     (ours,) = store(book, book.pod_submitted(pod("p", "c")))
     # kube-scheduler's write landed first: the cluster shows another device.
-    theirs_alloc = msgspec.structs.replace(ours.allocation, devices=msgspec.structs.replace(
-        ours.allocation.devices, results=[msgspec.structs.replace(ours.allocation.devices.results[0], device="gpu-7")]))
+    theirs_alloc = msgspec.structs.replace(
+        ours.allocation,
+        devices=msgspec.structs.replace(ours.allocation.devices, results=[msgspec.structs.replace(ours.allocation.devices.results[0], device="gpu-7")]),
+    )
     theirs = msgspec.structs.replace(mine, status=ResourceClaimStatus(allocation=theirs_alloc))
     release = book.submitted(theirs, cluster=True, needs_pod=True)
     assert isinstance(release, ev.AllocationReleased) and release.uid == mine.metadata.uid
@@ -112,10 +114,16 @@ def test_a_unit_split_by_the_cluster_is_placed_again_and_a_stale_view_of_it_is_n
     here = first["ml/a"].node
     # kube-scheduler took `a` on the other node before dralloc's write: release, adopt, the Pod comes back.
     there = "n-1" if here == "n-0" else "n-0"
-    selector = msgspec.convert({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [there]}]}]},
-                               type(first["ml/a"].allocation.node_selector))
-    theirs_alloc = msgspec.structs.replace(first["ml/a"].allocation, node_selector=selector, devices=msgspec.structs.replace(
-        first["ml/a"].allocation.devices, results=[msgspec.structs.replace(first["ml/a"].allocation.devices.results[0], pool=there)]))
+    selector = msgspec.convert(
+        {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [there]}]}]}, type(first["ml/a"].allocation.node_selector)
+    )
+    theirs_alloc = msgspec.structs.replace(
+        first["ml/a"].allocation,
+        node_selector=selector,
+        devices=msgspec.structs.replace(
+            first["ml/a"].allocation.devices, results=[msgspec.structs.replace(first["ml/a"].allocation.devices.results[0], pool=there)]
+        ),
+    )
     theirs = msgspec.structs.replace(a, status=ResourceClaimStatus(allocation=theirs_alloc))
     release = book.submitted(theirs, cluster=True, needs_pod=True)
     assert isinstance(release, ev.AllocationReleased)

@@ -49,7 +49,9 @@ def test_mig_partitions_in_use_name_their_claims(tmp_path):
     (entry,) = doc["claims"]
     (group,) = entry["groups"]
     assert group["holders"] == ["ml/slice"]
-    assert group["verdict"].startswith("1 node: 7 of 8 matching devices have their shared counters free, 8 wanted (request gpus): partitions (MIG) held by ml/slice")
+    assert group["verdict"].startswith(
+        "1 node: 7 of 8 matching devices have their shared counters free, 8 wanted (request gpus): partitions (MIG) held by ml/slice"
+    )
     assert "ask for a partition instead" in group["verdict"]
 
 

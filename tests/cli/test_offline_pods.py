@@ -75,7 +75,9 @@ def test_the_article_pod_gets_two_nvlink_gpus(shared_dir):
 
 
 def test_a_deployment_stands_for_its_replicas_each_pod_one_unit(tmp_path):
-    text = TEMPLATE + """
+    text = (
+        TEMPLATE
+        + """
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: train, namespace: ml}
@@ -86,6 +88,7 @@ spec:
       containers: [{name: trainer, resources: {claims: [{name: gpus}]}}]
       resourceClaims: [{name: gpus, resourceClaimTemplateName: four-h100}]
 """
+    )
     code, entries = results("-f", write(tmp_path, text), "-f", str(CLASSES), "--profile", "h100-sxm:1")
     # one node of 8 GPUs: two replicas fit (one NVLink domain each half), the third does not
     assert code == 1
@@ -99,7 +102,9 @@ spec:
 
 
 def test_a_job_with_extended_resources_and_a_named_claim_is_one_unit_on_one_node(tmp_path):
-    text = TEMPLATE + """
+    text = (
+        TEMPLATE
+        + """
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
 metadata: {name: whole-gpu}
@@ -134,6 +139,7 @@ spec:
       - {name: gpus, resourceClaimTemplateName: four-h100}
       - {name: nic, resourceClaimName: scratch-nic}
 """
+    )
     code, entries = results("-f", write(tmp_path, text), "-f", str(CLASSES), "--profile", "h100-sxm:2")
     assert code == 0, entries
     assert [e["claim"] for e in entries] == ["ml/finetune-0-gpus", "ml/finetune-0-extended-resources", "ml/scratch-nic"]
@@ -146,7 +152,9 @@ spec:
 
 
 def test_a_pod_that_cannot_fit_whole_takes_nothing(tmp_path):
-    text = TEMPLATE + """
+    text = (
+        TEMPLATE
+        + """
 apiVersion: v1
 kind: Pod
 metadata: {name: greedy, namespace: ml}
@@ -165,6 +173,7 @@ metadata: {name: small, namespace: ml}
 spec:
   containers: [{name: c, resources: {limits: {nvidia.com/gpu: 8}}}]
 """
+    )
     code, entries = results("-f", write(tmp_path, text), "-f", str(CLASSES), "--profile", "h100-sxm:1")
     assert code == 1
     statuses = {e["claim"]: e["status"] for e in entries}

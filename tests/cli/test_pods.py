@@ -96,9 +96,15 @@ def test_a_pod_is_itself():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: many, template: {}}", "field spec.replicas: expected an integer, got str"),
+        (
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: many, template: {}}",
+            "field spec.replicas: expected an integer, got str",
+        ),
         ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: -1, template: {}}", "field spec.replicas: must be 0 or more, got -1"),
-        (f"apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\nspec: {{replicas: {MAX_PODS_PER_WORKLOAD + 1}, template: {{}}}}", "more than dralloc expands"),
+        (
+            f"apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: x}}\nspec: {{replicas: {MAX_PODS_PER_WORKLOAD + 1}, template: {{}}}}",
+            "more than dralloc expands",
+        ),
         ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {replicas: 1}", "field spec.template: a pod template (a mapping) is required"),
         ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {}\nspec: {template: {}}", "field metadata.name: required"),
         (

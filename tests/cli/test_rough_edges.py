@@ -73,10 +73,14 @@ async def test_gang_domain_flag_and_the_refusal_that_says_how(nats_url, tmp_path
         refused = await asyncio.to_thread(dralloc, "submit", "-f", str(CLASSES), "-f", str(path), "--gang", "job", "--wait", "5", "-o", "json", url=nats_url)
         messages = [c["message"] for c in json.loads(refused.stdout)["claims"]]
         assert refused.returncode == 1
-        assert all('to allow any nodes, annotate the claims with dralloc.dev/gang-domain: "" (dralloc submit --gang-domain "")' in m for m in messages), messages
+        assert all('to allow any nodes, annotate the claims with dralloc.dev/gang-domain: "" (dralloc submit --gang-domain "")' in m for m in messages), (
+            messages
+        )
         await asyncio.to_thread(dralloc, "delete", "-f", str(path), url=nats_url)
         path.write_text(claim("worker-2", 8) + claim("worker-3", 8))
-        anywhere = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--gang", "job2", "--gang-domain", "", "--wait", "60", "-o", "json", url=nats_url)
+        anywhere = await asyncio.to_thread(
+            dralloc, "submit", "-f", str(path), "--gang", "job2", "--gang-domain", "", "--wait", "60", "-o", "json", url=nats_url
+        )
     assert anywhere.returncode == 0, anywhere.stdout + anywhere.stderr
     nodes = {c["node"] for c in json.loads(anywhere.stdout)["claims"]}
     assert nodes == {"l40s-pcie-0", "l40s-pcie-1"}
@@ -119,12 +123,15 @@ def test_long_expressions_are_cut_in_messages(tmp_path):
     expression = f"({long_or}) && ("  # a syntax error at the very end
     assert len(expression) > 9000
     path = tmp_path / "claim.yaml"
-    path.write_text(CLASSES.read_text() + f"""---
+    path.write_text(
+        CLASSES.read_text()
+        + f"""---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {{name: long, namespace: ml}}
 spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.nvidia.com, selectors: [{{cel: {{expression: {json.dumps(expression)}}}}}]}}}}]}}}}
-""")
+"""
+    )
     allocated = CliRunner().invoke(app, ["allocate", "-f", str(path), "--profile", "l40s-pcie", "-o", "json"])
     (entry,) = json.loads(allocated.stdout)["results"]
     assert entry["status"] == "error"

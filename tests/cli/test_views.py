@@ -30,7 +30,9 @@ DRALLOC = str(Path(sys.executable).parent / "dralloc")
 CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
 LONG = "a-claim-with-a-very-long-name-that-a-narrow-terminal-cannot-show-whole"
 
-CLAIMS = CLASSES.read_text() + f"""
+CLAIMS = (
+    CLASSES.read_text()
+    + f"""
 ---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -48,6 +50,7 @@ kind: ResourceClaim
 metadata: {{name: too-big, namespace: research}}
 spec: {{devices: {{requests: [{{name: gpus, exactly: {{deviceClassName: gpu.nvidia.com, count: 9}}}}]}}}}
 """
+)
 
 
 def dralloc(*args: str, url: str) -> subprocess.CompletedProcess:
@@ -145,15 +148,19 @@ async def test_get_commands_piped_keep_full_names_and_speak_json_yaml_name(syste
 
 
 async def test_get_watch_prints_a_row_when_a_claim_is_decided(system, nats_url, tmp_path):
-    proc = subprocess.Popen([DRALLOC, "get", "claims", "-w"], env={**os.environ, "NATS_URL": nats_url}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [DRALLOC, "get", "claims", "-w"], env={**os.environ, "NATS_URL": nats_url}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         header = await asyncio.to_thread(proc.stdout.readline)
         assert header.split()[0] == "CLAIM"
         for _ in range(3):
             await asyncio.to_thread(proc.stdout.readline)  # the three claims decided so far
         path = tmp_path / "new.yaml"
-        path.write_text("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: late, namespace: ml}\n"
-                        "spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n")
+        path.write_text(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: late, namespace: ml}\n"
+            "spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n"
+        )
         submitted = await asyncio.to_thread(dralloc, "submit", "-f", str(path), url=nats_url)
         assert submitted.returncode == 0, submitted.stderr
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)

@@ -182,22 +182,21 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
                 problems.append(f"{claim_key}: device {dkey} not eligible for {r.request}")
             request = _request(claim, r.request)
             rule_taints = [
-                o.spec.taint for o in objects
-                if isinstance(o, DeviceTaintRule) and o.spec.device_selector is not None
-                and all(want is None or want == have for want, have in zip(
-                    (o.spec.device_selector.driver, o.spec.device_selector.pool, o.spec.device_selector.device), dkey))
+                o.spec.taint
+                for o in objects
+                if isinstance(o, DeviceTaintRule)
+                and o.spec.device_selector is not None
+                and all(
+                    want is None or want == have
+                    for want, have in zip((o.spec.device_selector.driver, o.spec.device_selector.pool, o.spec.device_selector.device), dkey)
+                )
             ]
             for taint in [*device.taints, *rule_taints]:
                 if taint.effect in ("NoSchedule", "NoExecute") and not _tolerated(taint, request.tolerations):
                     problems.append(f"{claim_key}: taint {taint.key} on {dkey} not tolerated")
         for c in claim.spec.devices.constraints:
             attribute = c.match_attribute or c.distinct_attribute
-            covered = [
-                dkey
-                for name, keys in by_request.items()
-                for dkey in keys
-                if not c.requests or name in c.requests or name.split("/")[0] in c.requests
-            ]
+            covered = [dkey for name, keys in by_request.items() for dkey in keys if not c.requests or name in c.requests or name.split("/")[0] in c.requests]
             values = [_attr(devices[d][1], d[0], attribute) for d in covered if d in devices]
             if any(v is None for v in values):
                 problems.append(f"{claim_key}: a device lacks constraint attribute {attribute}")

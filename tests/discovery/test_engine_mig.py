@@ -58,6 +58,7 @@ def h200_slices(shared_dir):
     def build(layout: str):
         capture = json.loads((shared_dir / "fixtures/hardware/h200-vm/nvml-inventory.json").read_text())
         return build_slices(read_inventory(ReplaySource(capture), "h200-vm"), layout=layout)
+
     return build
 
 

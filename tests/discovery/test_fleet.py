@@ -12,11 +12,7 @@ from dralloc.discovery.fleet import FleetError, build_fleet, fleet_nodes, load_f
 def test_fleet_file_builds_named_nodes_with_valid_slices(tmp_path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(
-        "layout: '1.34'\n"
-        "nodes:\n"
-        "- {profile: h100-sxm, count: 2}\n"
-        "- {profile: h200-sxm-mig, count: 1, prefix: mig}\n"
-        "- {profile: gb200-nvl72, count: 20}\n"
+        "layout: '1.34'\nnodes:\n- {profile: h100-sxm, count: 2}\n- {profile: h200-sxm-mig, count: 1, prefix: mig}\n- {profile: gb200-nvl72, count: 20}\n"
     )
     fleet = build_fleet(path)
     names = [name for name, _ in fleet]

@@ -28,13 +28,15 @@ def names(apiserver: ApiServer) -> dict[str, int]:
     return {o["metadata"]["name"]: o["spec"]["pool"]["generation"] for o in apiserver.objects_of("resourceslices")}
 
 
-async def test_service_writes_its_slices_to_kubernetes_and_deletes_them_on_stop(
-    bus: Bus, apiserver: ApiServer, monkeypatch
-) -> None:
+async def test_service_writes_its_slices_to_kubernetes_and_deletes_them_on_stop(bus: Bus, apiserver: ApiServer, monkeypatch) -> None:
     monkeypatch.setenv("DRALLOC_KUBE_SERVER", str(apiserver.url))
     # An earlier run's slice of the same name exists: it is replaced, not duplicated.
-    stale = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "k1-gpu-0"},
-             "spec": {"driver": "gpu.nvidia.com", "nodeName": "k1", "pool": {"name": "k1", "generation": 0, "resourceSliceCount": 1}}}
+    stale = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "k1-gpu-0"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "k1", "pool": {"name": "k1", "generation": 0, "resourceSliceCount": 1}},
+    }
     apiserver.apply(stale)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(bus, Config(source="profile", profile="l40s-pcie", node="k1", kubernetes=True), stop))

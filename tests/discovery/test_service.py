@@ -90,6 +90,7 @@ async def test_rescans_publish_only_changes_and_a_vanished_gpu_is_a_new_generati
             found = {d.name for e in slices.values() for d in e.slice.spec.devices}
             gens = {e.slice.spec.pool.generation for e in slices.values()}
             return found == names and gens == {generation}
+
         return check
 
     await until(await gpus({"gpu-0", "gpu-1"}, 1))
@@ -101,11 +102,12 @@ async def test_rescans_publish_only_changes_and_a_vanished_gpu_is_a_new_generati
     await until(await gpus({"gpu-0"}, 2))
 
     edit(capture_file, lambda d: d["devices"][0].update(remappedRows=[0, 2, 0, 1]))  # failed row remap
+
     async def tainted():
         slices = (await current(bus))[0]
         taints = [(t.key, t.value) for e in slices.values() for d in e.slice.spec.devices for t in d.taints]
-        return taints == [(A.TAINT_UNHEALTHY, "row-remap-failure")] and {
-            e.slice.spec.pool.generation for e in slices.values()} == {3}
+        return taints == [(A.TAINT_UNHEALTHY, "row-remap-failure")] and {e.slice.spec.pool.generation for e in slices.values()} == {3}
+
     await until(tainted)
 
     edit(capture_file, lambda d: d["devices"][0].update(remappedRows=[0, 0, 0, 0]))  # repaired: the taint goes

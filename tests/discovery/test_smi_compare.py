@@ -24,7 +24,7 @@ def test_comparison_on_the_real_capture(shared_dir) -> None:
     capture = json.loads((fixtures / "nvml-inventory.json").read_text())
     slices = build_slices(read_inventory(ReplaySource(capture), "h200-vm"))
     xml = (fixtures / "nvidia-smi-q.xml").read_text()
-    xml = xml[xml.index("<?xml"):]  # the file starts with the command line that made it
+    xml = xml[xml.index("<?xml") :]  # the file starts with the command line that made it
     rows, problems = compare(slices, xml, {"0000:00:06.0": "9.0"})
     assert problems == []
     assert len(rows) == 10 and "memory MiB" in table(rows)

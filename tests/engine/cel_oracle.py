@@ -24,8 +24,17 @@ from celpy import celtypes
 # --- Kubernetes quantity -------------------------------------------------------------
 
 _Q = re.compile(r"([+-]?)([0-9]+\.?[0-9]*|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?\Z")
-_MULT = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10**3), "M": Decimal(10**6),
-         "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18)}
+_MULT = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+}
 _MULT.update({s: Decimal(2 ** (10 * (i + 1))) for i, s in enumerate(["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])})
 
 
@@ -65,7 +74,8 @@ def oracle_parse_quantity(text: str) -> OracleQuantity:
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
 
 
 @total_ordering
@@ -182,7 +192,7 @@ def _substring(s: Any, start: Any, *end: Any) -> celtypes.StringType:
     e = int(end[0]) if end else len(s)
     if not 0 <= int(start) <= e <= len(s):
         raise ValueError("substring out of range")
-    return celtypes.StringType(str(s)[int(start):e])
+    return celtypes.StringType(str(s)[int(start) : e])
 
 
 def _ordered(items: Any) -> list:
@@ -211,8 +221,7 @@ def _strings(fn: Any) -> Any:
     """String functions take strings only (celpy would stringify anything)."""
 
     def call(s: Any, *args: Any) -> Any:
-        if not isinstance(s, celtypes.StringType) or not all(
-                isinstance(a, (celtypes.StringType, celtypes.IntType)) for a in args):
+        if not isinstance(s, celtypes.StringType) or not all(isinstance(a, (celtypes.StringType, celtypes.IntType)) for a in args):
             raise TypeError("no such overload")
         return fn(s, *args)
 
@@ -246,7 +255,7 @@ FUNCTIONS = {
     "indexOf": _index_of,
     "lastIndexOf": _last_index_of,
     "substring": _strings(_substring),
-    "charAt": _strings(lambda s, i: celtypes.StringType(str(s)[int(i):int(i) + 1])),
+    "charAt": _strings(lambda s, i: celtypes.StringType(str(s)[int(i) : int(i) + 1])),
     "find": _strings(lambda s, p: celtypes.StringType((m := re.search(str(p), str(s))) and m.group(0) or "")),
     "findAll": _strings(lambda s, p: celtypes.ListType([celtypes.StringType(x.group(0)) for x in re.finditer(str(p), str(s))])),
     "isSorted": lambda xs: _b(all(a <= b for a, b in zip(_ordered(xs), _ordered(xs)[1:]))),
@@ -295,7 +304,7 @@ def rewrite(expression: str) -> str:
         if len(args) != 3:
             raise ValueError("cel.bind needs 3 arguments")
         var, init, body = (a.strip() for a in args)
-        text = f"{text[:at]}({_substitute(body, var, init)}){text[end + 1:]}"
+        text = f"{text[:at]}({_substitute(body, var, init)}){text[end + 1 :]}"
     return text
 
 
@@ -349,15 +358,18 @@ def device_activation(driver: str, device: dict) -> dict:
         attributes.setdefault(celtypes.StringType(domain), {})[celtypes.StringType(ident)] = _attr(value)
     for name, value in (device.get("capacity") or {}).items():
         domain, _, ident = name.partition("/") if "/" in name else (driver, "", name)
-        capacity.setdefault(celtypes.StringType(domain), {})[celtypes.StringType(ident)] = \
-            oracle_parse_quantity(str(value["value"]))
+        capacity.setdefault(celtypes.StringType(domain), {})[celtypes.StringType(ident)] = oracle_parse_quantity(str(value["value"]))
     to_map = lambda d: DomainMap({k: celtypes.MapType(v) for k, v in d.items()})  # noqa: E731
-    return {"device": celtypes.MapType({
-        celtypes.StringType("driver"): celtypes.StringType(driver),
-        celtypes.StringType("attributes"): to_map(attributes),
-        celtypes.StringType("capacity"): to_map(capacity),
-        celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(bool(device.get("allowMultipleAllocations"))),
-    })}
+    return {
+        "device": celtypes.MapType(
+            {
+                celtypes.StringType("driver"): celtypes.StringType(driver),
+                celtypes.StringType("attributes"): to_map(attributes),
+                celtypes.StringType("capacity"): to_map(capacity),
+                celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(bool(device.get("allowMultipleAllocations"))),
+            }
+        )
+    }
 
 
 _env = celpy.Environment()

@@ -99,7 +99,9 @@ def test_allocate_together(inputs: Path):
 
 def test_bad_input_is_exit_2_with_nothing_on_stdout(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requests: [{name: r, exactly: {deviceClassName: gpu, count: two}}]}}\n")
+    bad.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: x}\nspec: {devices: {requests: [{name: r, exactly: {deviceClassName: gpu, count: two}}]}}\n"
+    )
     result = _invoke("allocate", "-f", str(bad), "-o", "json")
     assert result.exit_code == 2
     assert result.stdout == ""
@@ -153,18 +155,33 @@ def test_bench_workloads_build_what_they_promise():
 
 def test_nodes_known_only_from_slices_are_tried_in_name_order(tmp_path: Path):
     docs = [
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}},
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu"},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]},
+        },
         # pool "a" lives on node-b, pool "b" on node-a: slice order and node-name order disagree
         *[
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
                 "metadata": {"name": f"{pool}-slice"},
-                "spec": {"driver": "gpu.example.com", "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "nodeName": node, "devices": [{"name": "gpu-0"}]},
+                "spec": {
+                    "driver": "gpu.example.com",
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                    "nodeName": node,
+                    "devices": [{"name": "gpu-0"}],
+                },
             }
             for pool, node in (("a", "node-b"), ("b", "node-a"))
         ],
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}}},
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
+        },
     ]
     path = tmp_path / "in.yaml"
     path.write_text(yaml.safe_dump_all(docs))

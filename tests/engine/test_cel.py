@@ -202,18 +202,20 @@ def test_expression_length_limit() -> None:
         compile_selector(at_limit + " ")
 
 
-@pytest.mark.parametrize("hostile", [
-    # nested comprehensions over literal lists: a cost bomb
-    "[" + ",".join(["1"] * 100) + "].all(a, [" + ",".join(["1"] * 100) + "].all(b, ["
-    + ",".join(["1"] * 100) + "].all(c, a + b + c > 0)))",
-    # comprehensions over the device's own maps, nested six deep
-    "device.attributes.all(a, device.attributes.all(b, device.attributes.all(c, device.attributes.all(d, "
-    "device.attributes.all(e, device.attributes.all(f, a + b + c + d + e + f != ''))))))",
-    # list doubling through map()
-    "[1,2,3,4,5,6,7,8,9,10].map(a, [1,2,3,4,5,6,7,8,9,10].map(b, [1,2,3,4,5,6,7,8,9,10].map(c, "
-    "[1,2,3,4,5,6,7,8,9,10].map(d, [1,2,3,4,5,6,7,8,9,10].map(e, [1,2,3,4,5,6,7,8,9,10].map(f, 1))))))"
-    ".size() > 0",
-])
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        # nested comprehensions over literal lists: a cost bomb
+        "[" + ",".join(["1"] * 100) + "].all(a, [" + ",".join(["1"] * 100) + "].all(b, [" + ",".join(["1"] * 100) + "].all(c, a + b + c > 0)))",
+        # comprehensions over the device's own maps, nested six deep
+        "device.attributes.all(a, device.attributes.all(b, device.attributes.all(c, device.attributes.all(d, "
+        "device.attributes.all(e, device.attributes.all(f, a + b + c + d + e + f != ''))))))",
+        # list doubling through map()
+        "[1,2,3,4,5,6,7,8,9,10].map(a, [1,2,3,4,5,6,7,8,9,10].map(b, [1,2,3,4,5,6,7,8,9,10].map(c, "
+        "[1,2,3,4,5,6,7,8,9,10].map(d, [1,2,3,4,5,6,7,8,9,10].map(e, [1,2,3,4,5,6,7,8,9,10].map(f, 1))))))"
+        ".size() > 0",
+    ],
+)
 def test_cost_bombs_are_refused_at_compile_time(hostile: str) -> None:
     with pytest.raises(CelCompileError, match="estimated cost .* over the limit of 1,000,000"):
         compile_selector(hostile)
@@ -222,8 +224,7 @@ def test_cost_bombs_are_refused_at_compile_time(hostile: str) -> None:
 def test_backtracking_regex_cannot_hang() -> None:
     """RE2 runs in linear time: (a+)+$ on 64 a's and a '!' would take ages in a backtracking engine."""
     env = _env("x.example.com", {"name": "d", "attributes": {"s": {"string": "a" * 63 + "!"}}})
-    for expression in ['device.attributes["x.example.com"].s.matches("(a+)+$")',
-                       'device.attributes["x.example.com"].s.find("(a|aa)+$") == ""']:
+    for expression in ['device.attributes["x.example.com"].s.matches("(a+)+$")', 'device.attributes["x.example.com"].s.find("(a|aa)+$") == ""']:
         s = compile_selector(expression)
         assert s.matches(env) is s.evaluate(env)
 
@@ -238,8 +239,8 @@ def test_deep_nesting_is_refused_not_crashing() -> None:
 def test_cost_limit_constant_and_a_realistic_selector_is_cheap() -> None:
     assert MAX_COST == 1_000_000
     s = compile_selector(
-        'device.attributes["gpu.nvidia.com"].exists(k, k.startsWith("cuda")) && '
-        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0')
+        'device.attributes["gpu.nvidia.com"].exists(k, k.startsWith("cuda")) && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0'
+    )
     assert 0 < s.cost < 10_000
 
 
@@ -267,8 +268,7 @@ def test_errors_are_cel_errors() -> None:
 # --- diagnose --------------------------------------------------------------------------------
 
 
-SEED = ("device.driver == 'nvidia.com/gpu' && device.attributes['memory'].quantity >= quantity('40Gi') "
-        "&& device.attributes['nvlink'].boolean == true")
+SEED = "device.driver == 'nvidia.com/gpu' && device.attributes['memory'].quantity >= quantity('40Gi') && device.attributes['nvlink'].boolean == true"
 
 
 def test_diagnose_the_seed_manifest(shared_dir: Path) -> None:
@@ -332,8 +332,19 @@ def test_compile_speed_is_bounded_for_hostile_input() -> None:
 
 
 _DOMAINS = ['"gpu.nvidia.com"', '"resource.kubernetes.io"', '"nic.example.com"', '"nope.example.com"']
-_TYPED = {"productName": "s", "type": "s", "pcieRoot": "s", "architecture": "s", "index": "i", "speedGbps": "i",
-          "node": "i", "healthy": "b", "rdma": "b", "driverVersion": "v", "nosuch": "s"}
+_TYPED = {
+    "productName": "s",
+    "type": "s",
+    "pcieRoot": "s",
+    "architecture": "s",
+    "index": "i",
+    "speedGbps": "i",
+    "node": "i",
+    "healthy": "b",
+    "rdma": "b",
+    "driverVersion": "v",
+    "nosuch": "s",
+}
 
 
 def _random_selector(rnd, depth: int = 0) -> str:
@@ -348,25 +359,28 @@ def _random_selector(rnd, depth: int = 0) -> str:
 
     if depth < 3 and rnd.random() < 0.45:
         a, b = _random_selector(rnd, depth + 1), _random_selector(rnd, depth + 1)
-        return rnd.choice([f"{a} && {b}", f"({a} || {b})", f"!({a})",
-                           f"({a} ? {b} : {_random_selector(rnd, depth + 1)})"])
-    return rnd.choice([
-        lambda: 'device.driver == "gpu.nvidia.com"',
-        lambda: f"has({val()})",
-        lambda: val("s") + " == " + rnd.choice(['"Hopper"', '"gpu"', '"pci0000:5b"']),
-        lambda: f"{val('i')} {rnd.choice(['<', '>=', '!='])} {rnd.choice(['0', '2', '400'])}",
-        lambda: val("b"),
-        lambda: f'{val("s")}.{rnd.choice(["startsWith", "contains"])}("{rnd.choice("pNH")}")',
-        lambda: f'"{rnd.choice(list(_TYPED))}" in {attrs()}',
-        lambda: f'device.capacity[{rnd.choice(_DOMAINS)}].{rnd.choice(["memory", "bandwidth"])}'
-                f'.compareTo(quantity("{rnd.choice(["40Gi", "10G", "1500m"])}")) {rnd.choice([">=", "<"])} 0',
-        lambda: f'{val("v")}.isGreaterThan(semver("{rnd.choice(["550.0.0", "1.0.0"])}"))',
-        lambda: f"[0, 2].{rnd.choice(['exists', 'all'])}(x, {val('i')} == x)",
-        lambda: f"cel.bind(g, {attrs()}, has(g.{rnd.choice(list(_TYPED))}) || g.index == 0)",
-        lambda: f'{attrs()}.exists(k, k.startsWith("{rnd.choice("pin")}"))',
-        lambda: f"size({attrs()}) > {rnd.choice(['0', '3'])}",
-        lambda: "device.allowMultipleAllocations",
-    ])()
+        return rnd.choice([f"{a} && {b}", f"({a} || {b})", f"!({a})", f"({a} ? {b} : {_random_selector(rnd, depth + 1)})"])
+    return rnd.choice(
+        [
+            lambda: 'device.driver == "gpu.nvidia.com"',
+            lambda: f"has({val()})",
+            lambda: val("s") + " == " + rnd.choice(['"Hopper"', '"gpu"', '"pci0000:5b"']),
+            lambda: f"{val('i')} {rnd.choice(['<', '>=', '!='])} {rnd.choice(['0', '2', '400'])}",
+            lambda: val("b"),
+            lambda: f'{val("s")}.{rnd.choice(["startsWith", "contains"])}("{rnd.choice("pNH")}")',
+            lambda: f'"{rnd.choice(list(_TYPED))}" in {attrs()}',
+            lambda: (
+                f"device.capacity[{rnd.choice(_DOMAINS)}].{rnd.choice(['memory', 'bandwidth'])}"
+                f'.compareTo(quantity("{rnd.choice(["40Gi", "10G", "1500m"])}")) {rnd.choice([">=", "<"])} 0'
+            ),
+            lambda: f'{val("v")}.isGreaterThan(semver("{rnd.choice(["550.0.0", "1.0.0"])}"))',
+            lambda: f"[0, 2].{rnd.choice(['exists', 'all'])}(x, {val('i')} == x)",
+            lambda: f"cel.bind(g, {attrs()}, has(g.{rnd.choice(list(_TYPED))}) || g.index == 0)",
+            lambda: f'{attrs()}.exists(k, k.startsWith("{rnd.choice("pin")}"))',
+            lambda: f"size({attrs()}) > {rnd.choice(['0', '3'])}",
+            lambda: "device.allowMultipleAllocations",
+        ]
+    )()
 
 
 def test_random_selectors_agree() -> None:

@@ -24,23 +24,26 @@ FAILING_LOOKUP = ' && device.attributes["gpu.example.com"].missing == 1'
 """A lookup that fails on every device: the fast path errs and the reference interpreter re-decides."""
 
 
-@pytest.mark.parametrize(("expression", "cel_go"), [
-    # the wanted costs of cel-go's checker/cost_test.go (a literal list of 3 or 5)
-    ("[1, 2, 3].all(x, true)", 20),
-    ("[1,2,3,4,5].map(x, x).exists(x, x == 5) == true", 118),
-    # the same cases, wrapped so that they are selectors: size() 1, > 1
-    ("[1,2,3,4,5].filter(x, x % 2 == 0).size() > 0", 101 + 2),
-    ("[1,2,3,4,5].map(x, x).size() > 0", 86 + 2),
-    ("[1,2,3,4,5].map(x, x).filter(x, x % 2 == 0).size() > 0", 177 + 2),
-    # device fields: driver names are at most 63 characters, so == traverses at most 14 (ceil(1.4))
-    ('device.driver == "gpu.nvidia.com"', 4),
-    # a literal list's items are as long as they are (cel-go's entry sizes): == traverses 1 character
-    ('["a", "b"].exists(x, x == device.attributes["d"].s)', 31),
-    # cel.bind: an empty list (10) and its value (a list: 10) once, then the body
-    ("cel.bind(x, [1, 2], x.all(y, y > 0))", 32),
-    # the issue's expression: 3 per iteration of `all` (loop condition 2, accumulator 1) makes it 2.2M
-    (_nested(90, FAILING_LOOKUP), 2_227_977),
-])
+@pytest.mark.parametrize(
+    ("expression", "cel_go"),
+    [
+        # the wanted costs of cel-go's checker/cost_test.go (a literal list of 3 or 5)
+        ("[1, 2, 3].all(x, true)", 20),
+        ("[1,2,3,4,5].map(x, x).exists(x, x == 5) == true", 118),
+        # the same cases, wrapped so that they are selectors: size() 1, > 1
+        ("[1,2,3,4,5].filter(x, x % 2 == 0).size() > 0", 101 + 2),
+        ("[1,2,3,4,5].map(x, x).size() > 0", 86 + 2),
+        ("[1,2,3,4,5].map(x, x).filter(x, x % 2 == 0).size() > 0", 177 + 2),
+        # device fields: driver names are at most 63 characters, so == traverses at most 14 (ceil(1.4))
+        ('device.driver == "gpu.nvidia.com"', 4),
+        # a literal list's items are as long as they are (cel-go's entry sizes): == traverses 1 character
+        ('["a", "b"].exists(x, x == device.attributes["d"].s)', 31),
+        # cel.bind: an empty list (10) and its value (a list: 10) once, then the body
+        ("cel.bind(x, [1, 2], x.all(y, y > 0))", 32),
+        # the issue's expression: 3 per iteration of `all` (loop condition 2, accumulator 1) makes it 2.2M
+        (_nested(90, FAILING_LOOKUP), 2_227_977),
+    ],
+)
 def test_the_estimate_is_cel_gos(expression: str, cel_go: int) -> None:
     assert check_expression(expression)[2].cost == cel_go
 
@@ -65,11 +68,14 @@ def test_the_largest_such_expression_kubernetes_accepts_compiles() -> None:
     assert 0 < interpreter.cost <= selector.cost
 
 
-@pytest.mark.parametrize(("expression", "cel_go"), [
-    ("[1, 2, 3].all(x, true)", 20),
-    ("[1,2,3,4,5].map(x, x).size() > 0", 88),
-    ('device.driver == "gpu.example.com"', 4),
-])
+@pytest.mark.parametrize(
+    ("expression", "cel_go"),
+    [
+        ("[1, 2, 3].all(x, true)", 20),
+        ("[1,2,3,4,5].map(x, x).size() > 0", 88),
+        ('device.driver == "gpu.example.com"', 4),
+    ],
+)
 def test_the_runtime_cost_is_cel_gos(expression: str, cel_go: int) -> None:
     """Where nothing short-circuits, cel-go's actual cost equals its estimate."""
     interpreter = Interpreter()
@@ -130,24 +136,37 @@ def _gpu_env():
 
 def _engine(budget: int | None, devices: int = 16) -> Engine:
     engine = Engine(cel_budget=budget)
-    engine.apply(msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass))
-    engine.apply(msgspec.convert(yaml.safe_load(f"""
+    engine.apply(
+        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
+    )
+    engine.apply(
+        msgspec.convert(
+            yaml.safe_load(f"""
 metadata: {{name: node-a-gpus}}
 spec:
   driver: gpu.example.com
   pool: {{name: node-a, generation: 1, resourceSliceCount: 1}}
   nodeName: node-a
   devices: [{", ".join(f"{{name: gpu-{i}, attributes: {{index: {{int: {i}}}}}}}" for i in range(devices))}]
-"""), ResourceSlice))
+"""),
+            ResourceSlice,
+        )
+    )
     return engine
 
 
 def _claim(name: str, expression: str) -> ResourceClaim:
-    return msgspec.convert({
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": expression}}]}}]}},
-    }, ResourceClaim)
+    return msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": expression}}]}}]
+                }
+            },
+        },
+        ResourceClaim,
+    )
 
 
 # ~1,000 per device: 16 devices cost ~16,000 to evaluate, every one failing (a missing attribute);
@@ -166,7 +185,7 @@ def test_a_claim_that_spends_its_budget_ends_as_an_error() -> None:
     # three evaluations were paid for: what they found is kept, the rest was never evaluated
     assert max(v.evaluated.bit_count() for v in engine.verdicts._cache.values() if v.errors) == 3
     # the next claim has a budget of its own and a cheap selector: it is allocated
-    (cheap,) = engine.allocate([_claim("cheap", "device.attributes[\"gpu.example.com\"].index >= 0")])
+    (cheap,) = engine.allocate([_claim("cheap", 'device.attributes["gpu.example.com"].index >= 0')])
     assert cheap.status == "allocated"
 
 

@@ -23,7 +23,7 @@ EXTRA = [
     'cel.bind(a, device.attributes["gpu.nvidia.com"], a.?model.orValue("") == "x" && a[?"index"].hasValue())',
     'device.attributes["gpu.nvidia.com"].all(k, v, k.startsWith("c") || v != 0)',
     '{"a": 1, "b": [1, 2]}.transformMap(k, v, k != "", size(v) > 0 ? v : 0).size() == 2',
-    '[1, 2, 3].map(x, x > 1, x * 2).exists_one(y, y == 4) ? -1 < 0 : !false',
+    "[1, 2, 3].map(x, x > 1, x * 2).exists_one(y, y == 4) ? -1 < 0 : !false",
     'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0',
     'has(device.attributes["dra.net"].rdma) && device.driver.matches("^dra")',
 ]

@@ -17,8 +17,15 @@ def _class(name: str = "gpu", driver: str = "gpu.example.com") -> DeviceClass:
     return msgspec.convert({"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}, DeviceClass)
 
 
-def _slice(node: str, devices: list[dict], *, pool: str | None = None, generation: int = 1, counters: list | None = None, name: str | None = None) -> ResourceSlice:
-    spec = {"driver": "gpu.example.com", "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": 1}, "nodeName": node, "devices": devices}
+def _slice(
+    node: str, devices: list[dict], *, pool: str | None = None, generation: int = 1, counters: list | None = None, name: str | None = None
+) -> ResourceSlice:
+    spec = {
+        "driver": "gpu.example.com",
+        "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": 1},
+        "nodeName": node,
+        "devices": devices,
+    }
     if counters:
         spec["sharedCounters"] = counters
     return msgspec.convert({"metadata": {"name": name or f"{node}-gpus"}, "spec": spec}, ResourceSlice)
@@ -26,7 +33,10 @@ def _slice(node: str, devices: list[dict], *, pool: str | None = None, generatio
 
 def _claim(name: str, count: int = 1, **exactly) -> ResourceClaim:
     return msgspec.convert(
-        {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count, **exactly}}]}}},
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count, **exactly}}]}},
+        },
         ResourceClaim,
     )
 
@@ -72,7 +82,10 @@ def test_allocate_is_idempotent_per_claim_key():
 def test_restore_rebuilds_the_ledger_even_before_slices_arrive():
     engine = _engine()
     existing = msgspec.convert(
-        {**msgspec.to_builtins(_claim("old")), "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}}},
+        {
+            **msgspec.to_builtins(_claim("old")),
+            "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}},
+        },
         ResourceClaim,
     )
     assert engine.restore(existing) == []
@@ -88,7 +101,10 @@ def test_restore_refuses_a_device_held_by_another_claim():
     engine = _engine(_slice("node-1", GPUS))
     engine.allocate([_claim("a")])
     taken = msgspec.convert(
-        {**msgspec.to_builtins(_claim("b")), "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}}},
+        {
+            **msgspec.to_builtins(_claim("b")),
+            "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"}]}}},
+        },
         ResourceClaim,
     )
     problems = engine.restore(taken)
@@ -175,7 +191,12 @@ def test_search_budget_ends_in_an_error():
     claim = msgspec.convert(
         {
             "metadata": {"name": "wide", "namespace": "ns"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 6}}], "constraints": [{"distinctAttribute": "gpu.example.com/pair"}]}},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 6}}],
+                    "constraints": [{"distinctAttribute": "gpu.example.com/pair"}],
+                }
+            },
         },
         ResourceClaim,
     )
@@ -206,7 +227,12 @@ def test_distinct_attribute_short_of_values_fails_without_searching():
     claim = msgspec.convert(
         {
             "metadata": {"name": "wide", "namespace": "ns"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 7}}], "constraints": [{"distinctAttribute": "gpu.example.com/numa"}]}},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 7}}],
+                    "constraints": [{"distinctAttribute": "gpu.example.com/numa"}],
+                }
+            },
         },
         ResourceClaim,
     )

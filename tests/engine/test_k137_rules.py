@@ -14,11 +14,18 @@ DRIVER = "vgpu.example.com"
 
 
 def _slice(policy: dict, multi: bool = True) -> ResourceSlice:
-    return msgspec.convert({
-        "metadata": {"name": "s"},
-        "spec": {"driver": DRIVER, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}, "nodeName": "node-1",
-                 "devices": [{"name": "v0", "allowMultipleAllocations": multi, "capacity": {"bw": {"value": "2", "requestPolicy": policy}}}]},
-    }, ResourceSlice)
+    return msgspec.convert(
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "driver": DRIVER,
+                "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                "nodeName": "node-1",
+                "devices": [{"name": "v0", "allowMultipleAllocations": multi, "capacity": {"bw": {"value": "2", "requestPolicy": policy}}}],
+            },
+        },
+        ResourceSlice,
+    )
 
 
 def _engine(policy: dict) -> Engine:
@@ -29,8 +36,10 @@ def _engine(policy: dict) -> Engine:
 
 
 def _claim(name: str, **exactly: object) -> ResourceClaim:
-    return msgspec.convert({"metadata": {"name": name, "uid": f"uid-{name}"},
-                            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "v", **exactly}}]}}}, ResourceClaim)
+    return msgspec.convert(
+        {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "v", **exactly}}]}}},
+        ResourceClaim,
+    )
 
 
 POLICY = {"default": "500m", "validRange": {"min": "500m", "max": "1.5", "step": "250m"}}
@@ -75,11 +84,17 @@ def test_cel_runtime_error_names_selector_device_and_remedy() -> None:
 
 
 def _held(name: str, *share_ids: str | None) -> ResourceClaim:
-    results = [{"request": "r", "driver": DRIVER, "pool": "p", "device": "v0", **({"shareID": s, "consumedCapacity": {"bw": "500m"}} if s else {})}
-               for s in share_ids]
-    return msgspec.convert({"metadata": {"name": name, "uid": f"uid-{name}"},
-                            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "v"}}]}},
-                            "status": {"allocation": {"devices": {"results": results}}}}, ResourceClaim)
+    results = [
+        {"request": "r", "driver": DRIVER, "pool": "p", "device": "v0", **({"shareID": s, "consumedCapacity": {"bw": "500m"}} if s else {})} for s in share_ids
+    ]
+    return msgspec.convert(
+        {
+            "metadata": {"name": name, "uid": f"uid-{name}"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "v"}}]}},
+            "status": {"allocation": {"devices": {"results": results}}},
+        },
+        ResourceClaim,
+    )
 
 
 def test_a_result_without_share_id_holds_a_shared_device_whole_until_released() -> None:

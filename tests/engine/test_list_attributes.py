@@ -30,20 +30,26 @@ DRIVER = "gpu.example.com"
 D = f'device.attributes["{DRIVER}"]'
 
 DEVICES: list[dict] = [
-    {"name": "lists", "attributes": {
-        "models": {"strings": ["a100", "h100"]},
-        "ids": {"ints": [1, 2, 3]},
-        "flags": {"bools": [True]},
-        "drivers": {"versions": ["1.2.3", "2.0.0-rc.1"]},
-        "model": {"string": "h100"},
-        "numa": {"int": 1},
-    }},
-    {"name": "scalars", "attributes": {
-        "models": {"string": "a100"},
-        "ids": {"int": 2},
-        "flags": {"bool": False},
-        "drivers": {"version": "1.2.3"},
-    }},
+    {
+        "name": "lists",
+        "attributes": {
+            "models": {"strings": ["a100", "h100"]},
+            "ids": {"ints": [1, 2, 3]},
+            "flags": {"bools": [True]},
+            "drivers": {"versions": ["1.2.3", "2.0.0-rc.1"]},
+            "model": {"string": "h100"},
+            "numa": {"int": 1},
+        },
+    },
+    {
+        "name": "scalars",
+        "attributes": {
+            "models": {"string": "a100"},
+            "ids": {"int": 2},
+            "flags": {"bool": False},
+            "drivers": {"version": "1.2.3"},
+        },
+    },
     {"name": "bare", "attributes": {}},
 ]
 
@@ -51,26 +57,26 @@ EXPRESSIONS = [
     f'{D}.models.includes("h100")',
     f'{D}.models.includes("a100")',
     f'{D}.models.includes("v100")',
-    f'{D}.models.includes(1)',  # type mismatch: false, not an error
-    f'{D}.ids.includes(2)',
+    f"{D}.models.includes(1)",  # type mismatch: false, not an error
+    f"{D}.ids.includes(2)",
     f'{D}.ids.includes("2")',
-    f'{D}.flags.includes(true)',
-    f'{D}.flags.includes(1)',
+    f"{D}.flags.includes(true)",
+    f"{D}.flags.includes(1)",
     f'{D}.drivers.includes(semver("1.2.3"))',
     f'{D}.drivers.includes("1.2.3")',  # a string is not a version
     f'has({D}.models) && {D}.models.includes("a100")',
-    f'{D}.ids.exists(i, i > 2)',
-    f'{D}.ids.all(i, i > 0)',
-    f'size({D}.ids) == 3',
-    f'{D}.models.size() == 2',
-    f'{D}.ids[2] == 3',
-    f'{D}.ids[5] == 3',  # out of range: an error
-    f'{D}.drivers[0].major() == 1',
+    f"{D}.ids.exists(i, i > 2)",
+    f"{D}.ids.all(i, i > 0)",
+    f"size({D}.ids) == 3",
+    f"{D}.models.size() == 2",
+    f"{D}.ids[2] == 3",
+    f"{D}.ids[5] == 3",  # out of range: an error
+    f"{D}.drivers[0].major() == 1",
     f'{D}.drivers.exists(v, v.isGreaterThan(semver("1.5.0")))',
     f'{D}.drivers[1].isLessThan(semver("2.0.0"))',
     f'{D}.model.includes("h100")',
-    f'{D}.numa.includes(1)',
-    f'{D}.missing.includes(1)',  # no such attribute: an error (use has())
+    f"{D}.numa.includes(1)",
+    f"{D}.missing.includes(1)",  # no such attribute: an error (use has())
 ]
 
 
@@ -80,8 +86,7 @@ def _device(raw: dict) -> Device:
 
 # `in`, comprehensions and indexing on a scalar string are cel-go errors, but celpy treats a
 # string as a sequence: these are compared on the list device only
-ON_LISTS = [f'"h100" in {D}.models', f'3 in {D}.ids', f'!("v100" in {D}.models)',
-            f'{D}.models.exists(m, m.startsWith("h"))', f'{D}.models[0] == "a100"']
+ON_LISTS = [f'"h100" in {D}.models', f"3 in {D}.ids", f'!("v100" in {D}.models)', f'{D}.models.exists(m, m.startsWith("h"))', f'{D}.models[0] == "a100"']
 
 
 @pytest.mark.parametrize("expression", EXPRESSIONS + ON_LISTS)
@@ -112,11 +117,11 @@ def test_includes_semantics_that_could_break() -> None:
     assert _verdict(f'{D}.models.includes("h100")', scalars) is False
     assert _verdict(f'{D}.models.includes("a100")', scalars) is True  # a scalar: equality
     assert _verdict(f'{D}.ids.includes("2")', lists) is False  # type mismatch: false, not an error
-    assert _verdict(f'{D}.ids.includes(2.0)', lists) is True  # cel-go compares numbers across types
+    assert _verdict(f"{D}.ids.includes(2.0)", lists) is True  # cel-go compares numbers across types
     assert _verdict(f'{D}.drivers.includes(semver("2.0.0-rc.1"))', lists) is True
-    assert _verdict(f'{D}.ids[7] == 1', lists) == "error"
+    assert _verdict(f"{D}.ids[7] == 1", lists) == "error"
     assert _verdict(f'{D}.models[0] == "a100"', scalars) == "error"  # a string is not a list
-    assert _verdict(f'{D}.?models.orValue([]).size() == 2', lists) is True
+    assert _verdict(f"{D}.?models.orValue([]).size() == 2", lists) is True
     assert _verdict(f'"h100" in {D}.models', lists) is True
 
 
@@ -124,14 +129,14 @@ def test_includes_refuses_lists_over_48_values_only_when_it_must_look_further() 
     # the API server refuses such a device (48 values per device); built directly, the
     # function still bounds its cost as Kubernetes' does
     raw = {"name": "long", "attributes": {"ids": {"ints": list(range(60))}}}
-    assert _verdict(f'{D}.ids.includes(5)', raw) is True
-    assert _verdict(f'{D}.ids.includes(59)', raw) == "error"
+    assert _verdict(f"{D}.ids.includes(5)", raw) is True
+    assert _verdict(f"{D}.ids.includes(59)", raw) == "error"
 
 
 def test_includes_compiles_on_any_value_and_is_costed() -> None:
     assert cel.compile_selector(f'{D}.models.includes("x")').cost > cel.compile_selector(f'{D}.models == "x"').cost
     with pytest.raises(cel.CelCompileError):
-        cel.compile_selector(f'{D}.models.includes()')
+        cel.compile_selector(f"{D}.models.includes()")
 
 
 def test_a_device_with_list_attributes_does_not_fail_other_selectors() -> None:
@@ -142,28 +147,38 @@ def test_a_device_with_list_attributes_does_not_fail_other_selectors() -> None:
 
 def test_runtime_error_on_a_list_names_the_device() -> None:
     with pytest.raises(cel.CelRuntimeError, match=r"device gpu\.example\.com/lists"):
-        cel.compile_selector(f'{D}.ids[9] == 1').matches(cel.device_env(DRIVER, _device(DEVICES[0])))
+        cel.compile_selector(f"{D}.ids[9] == 1").matches(cel.device_env(DRIVER, _device(DEVICES[0])))
 
 
 # --- validation -------------------------------------------------------------------------
 
 
 def _slice(attributes: dict) -> ResourceSlice:
-    return msgspec.convert({
-        "metadata": {"name": "s"},
-        "spec": {"driver": DRIVER, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}, "nodeName": "node-1",
-                 "devices": [{"name": "d", "attributes": attributes}]},
-    }, ResourceSlice)
+    return msgspec.convert(
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "driver": DRIVER,
+                "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                "nodeName": "node-1",
+                "devices": [{"name": "d", "attributes": attributes}],
+            },
+        },
+        ResourceSlice,
+    )
 
 
-@pytest.mark.parametrize(("attributes", "problem"), [
-    ({"a": {"strings": []}}, "must not be empty"),
-    ({"a": {"strings": ["x" * 65]}}, "at most 64 bytes"),
-    ({"a": {"strings": ["é" * 33]}}, "at most 64 bytes"),  # bytes, not characters
-    ({"a": {"string": "x" * 65}}, "at most 64 bytes"),
-    ({"a": {"ints": [1], "int": 1}}, "exactly one of"),
-    ({f"a{i}": {"ints": list(range(7))} for i in range(7)}, "at most 48 attribute values"),
-])
+@pytest.mark.parametrize(
+    ("attributes", "problem"),
+    [
+        ({"a": {"strings": []}}, "must not be empty"),
+        ({"a": {"strings": ["x" * 65]}}, "at most 64 bytes"),
+        ({"a": {"strings": ["é" * 33]}}, "at most 64 bytes"),  # bytes, not characters
+        ({"a": {"string": "x" * 65}}, "at most 64 bytes"),
+        ({"a": {"ints": [1], "int": 1}}, "exactly one of"),
+        ({f"a{i}": {"ints": list(range(7))} for i in range(7)}, "at most 48 attribute values"),
+    ],
+)
 def test_validation_of_list_attributes(attributes: dict, problem: str) -> None:
     errors = [str(e) for e in validate(_slice(attributes))]
     assert any(problem in e for e in errors), errors
@@ -193,7 +208,7 @@ def attribute_values(draw: Any) -> dict | None:
 def _set(value: dict | None) -> frozenset | None:
     if value is None:
         return None
-    (kind, v), = value.items()
+    ((kind, v),) = value.items()
     kind = kind.rstrip("s")
     return frozenset((kind, x) for x in (v if isinstance(v, list) else [v]))
 
@@ -202,21 +217,31 @@ def _engine(values: list[dict | None]) -> Engine:
     engine = Engine(scoring=False)
     engine.apply(msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}, DeviceClass))
     devices = [{"name": f"d{i}", "attributes": {"topo": v} if v is not None else {}} for i, v in enumerate(values)]
-    engine.apply(msgspec.convert({
-        "metadata": {"name": "s"},
-        "spec": {"driver": DRIVER, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}, "nodeName": "node-1", "devices": devices},
-    }, ResourceSlice))
+    engine.apply(
+        msgspec.convert(
+            {
+                "metadata": {"name": "s"},
+                "spec": {"driver": DRIVER, "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}, "nodeName": "node-1", "devices": devices},
+            },
+            ResourceSlice,
+        )
+    )
     return engine
 
 
 def _claim(counts: list[int], constraint: str) -> ResourceClaim:
-    return msgspec.convert({
-        "metadata": {"name": "c", "namespace": "default"},
-        "spec": {"devices": {
-            "requests": [{"name": f"r{i}", "exactly": {"deviceClassName": "gpu", "count": n}} for i, n in enumerate(counts)],
-            "constraints": [{constraint: f"{DRIVER}/topo"}],
-        }},
-    }, ResourceClaim)
+    return msgspec.convert(
+        {
+            "metadata": {"name": "c", "namespace": "default"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": f"r{i}", "exactly": {"deviceClassName": "gpu", "count": n}} for i, n in enumerate(counts)],
+                    "constraints": [{constraint: f"{DRIVER}/topo"}],
+                }
+            },
+        },
+        ResourceClaim,
+    )
 
 
 def _holds(sets: list[frozenset | None], match: bool) -> bool:

@@ -26,7 +26,10 @@ def _slice(name: str, node: str, devices: list[dict], *, pool: str, count: int =
 
 def _claim(name: str, count: int = 1) -> ResourceClaim:
     return msgspec.convert(
-        {"metadata": {"name": name, "namespace": "ns"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count}}]}}},
+        {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count}}]}},
+        },
         ResourceClaim,
     )
 

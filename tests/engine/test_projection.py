@@ -28,8 +28,7 @@ LISTED = [
     (f'"model" in {D}', [("attributes", "gpu.example.com", "model")]),
     ('device.attributes.gpu.model == "x"', [("attributes", "gpu", "model")]),
     ('device.capacity["gpu.example.com"].memory.compareTo(quantity("40Gi")) >= 0', [("capacity", "gpu.example.com", "memory")]),
-    (f'has({D}.cc) && {D}.cc.isGreaterThan(semver("8.0.0")) || device.driver == "x"',
-     [("attributes", "gpu.example.com", "cc"), ("driver",)]),
+    (f'has({D}.cc) && {D}.cc.isGreaterThan(semver("8.0.0")) || device.driver == "x"', [("attributes", "gpu.example.com", "cc"), ("driver",)]),
     (f"cel.bind(m, {D}.memory, m > 1 && m < 9)", [("attributes", "gpu.example.com", "memory")]),
     (f'["a", "b"].exists(x, {D}.model == x)', [("attributes", "gpu.example.com", "model")]),
     # `device` bound by a macro or cel.bind is not the device
@@ -58,8 +57,8 @@ DYNAMIC = [
     "device.capacity.size() > 0",
     'device.attributes[?"gpu.example.com"].?model.hasValue()',  # optional domain lookup
     "[device].size() == 1",  # the device itself
-    "cel.bind(d, device, d.driver == \"x\")",
-    '[1].exists(x, cel.bind(device, x, true)) && device.attributes.size() > 0',  # shadowing ends with the scope
+    'cel.bind(d, device, d.driver == "x")',
+    "[1].exists(x, cel.bind(device, x, true)) && device.attributes.size() > 0",  # shadowing ends with the scope
 ]
 
 
@@ -184,27 +183,42 @@ def test_devices_with_equal_projections_get_equal_outcomes_over_the_upstream_cor
 
 def _engine(devices: int, budget: int | None = None) -> Engine:
     engine = Engine() if budget is None else Engine(cel_budget=budget)
-    engine.apply(msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass))
+    engine.apply(
+        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
+    )
     items = ", ".join(
         f'{{name: gpu-{i}, attributes: {{index: {{int: {i}}}, uuid: {{string: "u-{i}"}}, model: {{string: {"h100" if i % 2 else "a100"}}}'
-        f'{", memoryGiB: {int: 80}" if i % 4 == 1 else ""}}}}}' for i in range(devices))
-    engine.apply(msgspec.convert(yaml.safe_load(f"""
+        f"{', memoryGiB: {int: 80}' if i % 4 == 1 else ''}}}}}"
+        for i in range(devices)
+    )
+    engine.apply(
+        msgspec.convert(
+            yaml.safe_load(f"""
 metadata: {{name: node-a-gpus}}
 spec:
   driver: gpu.example.com
   pool: {{name: node-a, generation: 1, resourceSliceCount: 1}}
   nodeName: node-a
   devices: [{items}]
-"""), ResourceSlice))
+"""),
+            ResourceSlice,
+        )
+    )
     return engine
 
 
 def _claim(name: str, expression: str) -> ResourceClaim:
-    return msgspec.convert({
-        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": expression}}]}}]}},
-    }, ResourceClaim)
+    return msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": expression}}]}}]
+                }
+            },
+        },
+        ResourceClaim,
+    )
 
 
 # a match on some devices (h100 with memoryGiB), no match on others (a100), a runtime error on the
@@ -248,7 +262,7 @@ def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monk
 
 def test_a_reused_verdict_costs_no_budget() -> None:
     """Sixteen devices that look the same to a costly selector: one evaluation is paid for."""
-    costly = "[" + ", ".join(str(i) for i in range(60)) + f'].all(x, x >= 0) && {D}.missing == 1'
+    costly = "[" + ", ".join(str(i) for i in range(60)) + f"].all(x, x >= 0) && {D}.missing == 1"
     cost = compile_selector(costly).cost
     engine = _engine(16, budget=cost * 3)
     (outcome,) = engine.allocate([_claim("costly", costly)])

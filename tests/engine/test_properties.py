@@ -80,9 +80,12 @@ def claim_specs(draw: Any) -> list[dict]:
 
 def build(fleet: dict) -> list:
     objects: list = [
-        msgspec.convert({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"kubernetes.io/hostname": n}}}, Node) for n in ("node-1", "node-2")
+        msgspec.convert({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"kubernetes.io/hostname": n}}}, Node)
+        for n in ("node-1", "node-2")
     ]
-    objects.append(msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}, DeviceClass))
+    objects.append(
+        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}, DeviceClass)
+    )
     groups: dict[str, list[dict]] = {}
     for d in fleet["devices"]:
         groups.setdefault(d["node"], []).append(d)
@@ -147,7 +150,9 @@ def _brute_force(fleet: dict, objects: list, spec: dict, node: str) -> bool:
         results = []
         for r, combo in choice:
             for d in combo:
-                result = DeviceRequestAllocationResult(request=r["name"], driver=DRIVER, pool=pool_of[d["name"]], device=d["name"], admin_access=True if r["admin"] else None)
+                result = DeviceRequestAllocationResult(
+                    request=r["name"], driver=DRIVER, pool=pool_of[d["name"]], device=d["name"], admin_access=True if r["admin"] else None
+                )
                 if r["tolerate"]:
                     result.tolerations = claim.spec.devices.requests[int(r["name"][1:])].exactly.tolerations
                 if d["shared"]:
@@ -215,4 +220,12 @@ def test_together_is_all_or_nothing_and_valid(fleet: dict, specs: list[dict]):
 
 def _ledger_state(engine: Engine) -> tuple:
     ledger = engine.ledger
-    return (ledger.used_bits, dict(ledger.counter_used), {k: dict(v) for k, v in ledger.cap_used.items()}, dict(ledger.free_local), list(ledger.free_ge), dict(ledger.exclusive), dict(ledger.shares))
+    return (
+        ledger.used_bits,
+        dict(ledger.counter_used),
+        {k: dict(v) for k, v in ledger.cap_used.items()},
+        dict(ledger.free_local),
+        list(ledger.free_ge),
+        dict(ledger.exclusive),
+        dict(ledger.shares),
+    )

@@ -20,17 +20,39 @@ from dralloc.schemas.quantity import (
 )
 
 
-@pytest.mark.parametrize("text, nano", [
-    ("0", 0), ("1", NANO), ("1.5", 1_500_000_000), ("500m", 500_000_000), ("1n", 1), ("1u", 1000),
-    ("1k", 1000 * NANO), ("2M", 2 * 10**6 * NANO), ("40G", 40 * 10**9 * NANO), ("1E", 10**18 * NANO),
-    ("1Ki", 1024 * NANO), ("80Gi", 80 * 2**30 * NANO), ("1.5Gi", 3 * 2**29 * NANO), ("-2Gi", -2 * 2**30 * NANO),
-    ("+3", 3 * NANO), ("1e3", 1000 * NANO), ("1E-3", NANO // 1000), ("1.5e3", 1500 * NANO), (".5", NANO // 2),
-    ("1.", NANO), ("0.1Ki", 102_400_000_000),
-    # finer than 1n rounds up (away from zero), as ParseQuantity does
-    ("0.5n", 1), ("1.1n", 2), ("-0.5n", -1), ("1e-12", 1),
-    # BinarySI is capped at the int64 maximum
-    ("8Ei", (2**63 - 1) * NANO),
-])
+@pytest.mark.parametrize(
+    "text, nano",
+    [
+        ("0", 0),
+        ("1", NANO),
+        ("1.5", 1_500_000_000),
+        ("500m", 500_000_000),
+        ("1n", 1),
+        ("1u", 1000),
+        ("1k", 1000 * NANO),
+        ("2M", 2 * 10**6 * NANO),
+        ("40G", 40 * 10**9 * NANO),
+        ("1E", 10**18 * NANO),
+        ("1Ki", 1024 * NANO),
+        ("80Gi", 80 * 2**30 * NANO),
+        ("1.5Gi", 3 * 2**29 * NANO),
+        ("-2Gi", -2 * 2**30 * NANO),
+        ("+3", 3 * NANO),
+        ("1e3", 1000 * NANO),
+        ("1E-3", NANO // 1000),
+        ("1.5e3", 1500 * NANO),
+        (".5", NANO // 2),
+        ("1.", NANO),
+        ("0.1Ki", 102_400_000_000),
+        # finer than 1n rounds up (away from zero), as ParseQuantity does
+        ("0.5n", 1),
+        ("1.1n", 2),
+        ("-0.5n", -1),
+        ("1e-12", 1),
+        # BinarySI is capped at the int64 maximum
+        ("8Ei", (2**63 - 1) * NANO),
+    ],
+)
 def test_parse(text: str, nano: int) -> None:
     assert parse_quantity(text) == nano
 
@@ -41,8 +63,9 @@ def test_parse_numbers(value: int | float, nano: int) -> None:
     assert parse_quantity(value) == nano
 
 
-@pytest.mark.parametrize("text", ["", " 1", "1 ", "1 Gi", "abc", "Gi", "1.2.3", "1K", "1gi", "1Qi", "--1", "1e",
-                                  "e3", ".", "1,5", "0x10", "1.5.Gi", "nan", "inf"])
+@pytest.mark.parametrize(
+    "text", ["", " 1", "1 ", "1 Gi", "abc", "Gi", "1.2.3", "1K", "1gi", "1Qi", "--1", "1e", "e3", ".", "1,5", "0x10", "1.5.Gi", "nan", "inf"]
+)
 def test_parse_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="invalid quantity"):
         parse_quantity(text)
@@ -55,22 +78,45 @@ def test_parse_rejects_non_numbers() -> None:
             parse_quantity(bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("text, canonical", [
-    # Kubernetes' canonical form keeps the written format: BinarySI, DecimalSI, DecimalExponent
-    ("80Gi", "80Gi"), ("1024Mi", "1Gi"), ("1.5Gi", "1536Mi"), ("0.5Gi", "512Mi"), ("1000Ki", "1000Ki"),
-    ("1.5Ki", "1536"), ("0.1Ki", "102400m"), ("-1Ki", "-1Ki"), ("8Ei", "9223372036854775807"),
-    ("1000", "1k"), ("1000000", "1M"), ("1500", "1500"), ("1.5", "1500m"), ("0.001", "1m"), ("100m", "100m"),
-    ("0", "0"), ("1n", "1n"), ("0.5n", "1n"), ("12E", "12E"), ("1024", "1024"),
-    ("1e3", "1e3"), ("1.5e3", "1500"), ("1e-3", "1e-3"), ("1e-12", "1e-9"),
-])
+@pytest.mark.parametrize(
+    "text, canonical",
+    [
+        # Kubernetes' canonical form keeps the written format: BinarySI, DecimalSI, DecimalExponent
+        ("80Gi", "80Gi"),
+        ("1024Mi", "1Gi"),
+        ("1.5Gi", "1536Mi"),
+        ("0.5Gi", "512Mi"),
+        ("1000Ki", "1000Ki"),
+        ("1.5Ki", "1536"),
+        ("0.1Ki", "102400m"),
+        ("-1Ki", "-1Ki"),
+        ("8Ei", "9223372036854775807"),
+        ("1000", "1k"),
+        ("1000000", "1M"),
+        ("1500", "1500"),
+        ("1.5", "1500m"),
+        ("0.001", "1m"),
+        ("100m", "100m"),
+        ("0", "0"),
+        ("1n", "1n"),
+        ("0.5n", "1n"),
+        ("12E", "12E"),
+        ("1024", "1024"),
+        ("1e3", "1e3"),
+        ("1.5e3", "1500"),
+        ("1e-3", "1e-3"),
+        ("1e-12", "1e-9"),
+    ],
+)
 def test_canonical_format(text: str, canonical: str) -> None:
     q, fmt = parse_quantity_format(text)
     assert format_quantity(q, fmt) == canonical
     assert parse_quantity(canonical) == q
 
 
-@pytest.mark.parametrize("text, shortest", [("80Gi", "80Gi"), ("40G", "40G"), ("500m", "500m"), ("2", "2"),
-                                            ("1000", "1k"), ("1024", "1Ki"), ("2G", "2G"), ("1536Mi", "1536Mi")])
+@pytest.mark.parametrize(
+    "text, shortest", [("80Gi", "80Gi"), ("40G", "40G"), ("500m", "500m"), ("2", "2"), ("1000", "1k"), ("1024", "1Ki"), ("2G", "2G"), ("1536Mi", "1536Mi")]
+)
 def test_format_without_format_picks_the_shorter_spelling(text: str, shortest: str) -> None:
     assert format_quantity(parse_quantity(text)) == shortest
 
@@ -120,8 +166,20 @@ def test_as_int64() -> None:
 
 
 def test_semver_precedence_follows_semver_org() -> None:
-    ordered = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-               "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0", "1.0.1", "1.1.0", "2.0.0", "10.0.0"]
+    ordered = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "1.0.1",
+        "1.1.0",
+        "2.0.0",
+        "10.0.0",
+    ]
     parsed = [parse_semver(v) for v in ordered]
     assert parsed == sorted(parsed)
     assert len(set(parsed)) == len(parsed)
@@ -131,16 +189,14 @@ def test_semver_build_metadata_is_ignored() -> None:
     assert parse_semver("550.54.15+build.2") == parse_semver("550.54.15")
 
 
-@pytest.mark.parametrize("text", ["1.2", "v1.2.3", "1.02.3", "1.2.3-01", "1.2.3-", "1.2.3+", "", "a.b.c", "1.2.3.4",
-                                  " 1.2.3", "1.2.3-a..b"])
+@pytest.mark.parametrize("text", ["1.2", "v1.2.3", "1.02.3", "1.2.3-01", "1.2.3-", "1.2.3+", "", "a.b.c", "1.2.3.4", " 1.2.3", "1.2.3-a..b"])
 def test_semver_strict_rejects(text: str) -> None:
     assert not is_semver(text)
     with pytest.raises(ValueError, match="invalid semantic version"):
         parse_semver(text)
 
 
-@pytest.mark.parametrize("text, normal", [("v1.2", "1.2.0"), ("1", "1.0.0"), ("1.02.3", "1.2.3"),
-                                          ("v1.2.3-rc.1", "1.2.3-rc.1"), ("1.2.3", "1.2.3")])
+@pytest.mark.parametrize("text, normal", [("v1.2", "1.2.0"), ("1", "1.0.0"), ("1.02.3", "1.2.3"), ("v1.2.3-rc.1", "1.2.3-rc.1"), ("1.2.3", "1.2.3")])
 def test_semver_normalize(text: str, normal: str) -> None:
     assert parse_semver(text, normalize=True) == parse_semver(normal)
 

@@ -26,6 +26,7 @@ async def test_a_real_allocator_commits_no_device_twice_for_an_allocation_writte
     allocator = Service("allocator", ["allocator", "--nats-url", url], {"DRALLOC_ALLOCATOR_LEASE_TTL": "2"}, tmp_path)
     await allocator.start()
     try:
+
         async def decision(namespace: str, name: str) -> ev.Event:
             async with asyncio.timeout(30):
                 while True:

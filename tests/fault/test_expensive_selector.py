@@ -28,8 +28,7 @@ def expensive(name: str, first: int = 0) -> ev.ClaimSubmitted:
     items = ", ".join(str(i) for i in range(first, first + 64))
     # the uuid differs per device, so no two devices share a verdict (engine/projection.py):
     # every device is a full evaluation, and the budget runs out before the fleet does
-    expression = (f"cel.bind(l, [{items}], l.all(a, l.all(b, l.all(c, true))))"
-                  ' && device.attributes["gpu.nvidia.com"].uuid == "no such GPU"')
+    expression = f'cel.bind(l, [{items}], l.all(a, l.all(b, l.all(c, true)))) && device.attributes["gpu.nvidia.com"].uuid == "no such GPU"'
     raw = msgspec.to_builtins(claim_event(name).claim)
     raw["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
     return ev.ClaimSubmitted(claim=msgspec.convert(raw, ResourceClaim))
@@ -40,8 +39,7 @@ def outcomes(stored: list, name: str) -> list[ev.AllocationEvent]:
 
 
 async def test_an_expensive_selector_ends_as_an_error_without_stalling_or_moving_the_lease():
-    async with Stack(nodes=4, allocators=2, env={"DRALLOC_CEL_BUDGET": str(BUDGET)}) as stack, \
-            await Bus.connect(stack.nats.url, name="test") as bus:
+    async with Stack(nodes=4, allocators=2, env={"DRALLOC_CEL_BUDGET": str(BUDGET)}) as stack, await Bus.connect(stack.nats.url, name="test") as bus:
         await stack.ready(bus)
         leader = await stack.leader_pid(bus)
         decisions = StreamReader(bus, "ALLOCATIONS")

@@ -132,6 +132,7 @@ async def test_a_watching_ingestor_reports_a_poisoned_file_and_keeps_publishing_
     ingestor = Service("ingestor", ["ingestor", "-f", str(files), "--watch", "--nats-url", url_of(bus)], env, tmp_path)
     await ingestor.start()
     try:
+
         async def published() -> set[str]:
             info = await bus.js.stream_info("CLAIMS", subjects_filter="dra.claims.>")
             return set(info.state.subjects or {})
@@ -154,7 +155,6 @@ async def test_a_watching_ingestor_reports_a_poisoned_file_and_keeps_publishing_
             assert "ResourceClaim/team-a/b: field metadata.name: 'team-a/b' is not a DNS subdomain" in log
     finally:
         await ingestor.stop()
-
 
 
 def ghost_slice(devices: int, *, node: str, pool: str) -> tuple[str, bytes]:

@@ -70,13 +70,17 @@ def test_nvml_inventory_matches_nvidia_smi(nvml) -> None:
     rows, problems = compare(slices, smi("-q", "-x"), caps)
 
     for gpu in inventory.gpus:
-        print(f"\n{gpu.name}: pcieRoot={gpu.pcie_root} numaNode={gpu.numa_node} pcieSwitch={gpu.pcie_switch} "
-              f"nvlink={gpu.nvlink} nvlinkDomain={gpu.nvlink_domain} clique={gpu.clique} "
-              f"MIG profiles={[p.name for p in gpu.mig_profiles]} taints={gpu.taints}")
+        print(
+            f"\n{gpu.name}: pcieRoot={gpu.pcie_root} numaNode={gpu.numa_node} pcieSwitch={gpu.pcie_switch} "
+            f"nvlink={gpu.nvlink} nvlinkDomain={gpu.nvlink_domain} clique={gpu.clique} "
+            f"MIG profiles={[p.name for p in gpu.mig_profiles]} taints={gpu.taints}"
+        )
     print("\n" + table(rows))
-    print(f"\nNVML scan: {scan_s * 1000:.1f} ms; {len(slices)} slice(s), "
-          f"{sum(len(s.spec.devices) for s in slices)} device(s); driver {inventory.driver_version}, "
-          f"CUDA {inventory.cuda_driver_version}")
+    print(
+        f"\nNVML scan: {scan_s * 1000:.1f} ms; {len(slices)} slice(s), "
+        f"{sum(len(s.spec.devices) for s in slices)} device(s); driver {inventory.driver_version}, "
+        f"CUDA {inventory.cuda_driver_version}"
+    )
     assert problems == []
     assert rows and disagreements(rows) == []
 
@@ -93,7 +97,9 @@ def test_nvml_inventory_matches_nvidia_smi(nvml) -> None:
 def test_discover_command_uses_the_real_gpu(nvml) -> None:
     run = subprocess.run(
         [sys.executable, "-c", "from dralloc.cli import main; main()", "discover", "--node", "gpu-check", "-o", "json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr
     items = json.loads(run.stdout)["items"]

@@ -17,8 +17,7 @@ import yaml
 
 SUPPORTED = {"apiVersion", "kind", "namespace", "labels", "resources", "images", "patches"}
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ResourceSlice",
-                  "CustomResourceDefinition", "PriorityClass", "StorageClass"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ResourceSlice", "CustomResourceDefinition", "PriorityClass", "StorageClass"}
 
 POD_TEMPLATE_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
 

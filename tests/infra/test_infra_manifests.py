@@ -119,11 +119,17 @@ def test_least_privilege(objects: list[dict[str, Any]]) -> None:
     assert writes == {("", "pods", "patch"), ("", "pods/status", "patch"), ("resource.k8s.io", "resourceclaims", "create")}
     # The status writer: claim status, the claim's finalizer, Events (and reads Pods for their uid).
     assert granted(objects, "dralloc-statuswriter") == {
-        ("resource.k8s.io", "resourceclaims/status", "get"), ("resource.k8s.io", "resourceclaims/status", "patch"),
-        ("resource.k8s.io", "resourceclaims", "patch"), ("", "pods", "get"),
-        ("", "events", "create"), ("", "events", "get"), ("", "events", "patch")}
-    assert not any(o["kind"] in ("Role", "ClusterRole") and any("*" in r.get("verbs", []) + r.get("resources", [])
-                                                                 for r in o.get("rules", [])) for o in objects)
+        ("resource.k8s.io", "resourceclaims/status", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),
+        ("resource.k8s.io", "resourceclaims", "patch"),
+        ("", "pods", "get"),
+        ("", "events", "create"),
+        ("", "events", "get"),
+        ("", "events", "patch"),
+    }
+    assert not any(
+        o["kind"] in ("Role", "ClusterRole") and any("*" in r.get("verbs", []) + r.get("resources", []) for r in o.get("rules", [])) for o in objects
+    )
 
 
 def test_nats_values_ask_for_a_jetstream_cluster_on_files() -> None:

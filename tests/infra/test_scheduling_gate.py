@@ -15,10 +15,13 @@ from kustomize_render import find, render
 GATE_DIR = Path(__file__).resolve().parents[2] / "infra" / "scheduling-gate"
 
 
-@pytest.mark.parametrize(("directory", "versions", "api"), [
-    (GATE_DIR, ["1.36", "1.37"], "admissionregistration.k8s.io/v1"),
-    (GATE_DIR / "v1beta1", ["1.34", "1.35"], "admissionregistration.k8s.io/v1beta1"),
-])
+@pytest.mark.parametrize(
+    ("directory", "versions", "api"),
+    [
+        (GATE_DIR, ["1.36", "1.37"], "admissionregistration.k8s.io/v1"),
+        (GATE_DIR / "v1beta1", ["1.34", "1.35"], "admissionregistration.k8s.io/v1beta1"),
+    ],
+)
 def test_the_policy_validates_for_its_kubernetes_versions(directory: Path, versions: list[str], api: str) -> None:
     objects = render(directory)
     assert {(o["kind"], o["apiVersion"]) for o in objects} == {("MutatingAdmissionPolicy", api), ("MutatingAdmissionPolicyBinding", api)}
@@ -45,5 +48,6 @@ def test_it_gates_pods_that_use_dra_and_no_others() -> None:
     assert matches({"spec": {"containers": [{**container, "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}})
     assert not matches({"spec": {"containers": [container]}})
     assert not matches({"spec": {"containers": [{**container, "resources": {"requests": {"cpu": "1"}}}]}})
-    assert not matches({"spec": {"containers": [container], "resourceClaims": [{"name": "g", "resourceClaimName": "c"}],
-                                 "nodeName": "node-0"}})  # bound already (created with nodeName): nothing to gate
+    assert not matches(
+        {"spec": {"containers": [container], "resourceClaims": [{"name": "g", "resourceClaimName": "c"}], "nodeName": "node-0"}}
+    )  # bound already (created with nodeName): nothing to gate

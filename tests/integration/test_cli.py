@@ -43,8 +43,7 @@ async def test_submit_publishes_the_good_objects_and_names_each_bad_one(bus: Bus
     assert len(problems) == 3, out.stderr
     assert problems[0].startswith(f"dralloc: {tmp_path / 'a.yaml'} (document 2): invalid YAML")
     assert problems[1] == (
-        f"dralloc: {tmp_path / 'b.yaml'} (document 1): ResourceClaim/wrong: "
-        "field spec.devices.requests[0].exactly.deviceClassName: Expected `str`, got `int`"
+        f"dralloc: {tmp_path / 'b.yaml'} (document 1): ResourceClaim/wrong: field spec.devices.requests[0].exactly.deviceClassName: Expected `str`, got `int`"
     )
     assert problems[2].startswith("dralloc: ResourceClaim/ml/huge: not published: ClaimSubmitted on dra.claims.ml.huge is ")
     assert "over the server's message limit" in problems[2]
@@ -102,7 +101,9 @@ async def test_submit_wait_shows_each_claims_decision(bus: Bus, nats_url: str, t
 
     (tmp_path / "classes.yaml").write_text((EXAMPLES / "deviceclasses.yaml").read_text())
     (tmp_path / "fits.yaml").write_text(GOOD)
-    (tmp_path / "too-big.yaml").write_text(GOOD.replace("good", "too-big").replace("deviceClassName: gpu.nvidia.com", "deviceClassName: gpu.nvidia.com, count: 9"))
+    (tmp_path / "too-big.yaml").write_text(
+        GOOD.replace("good", "too-big").replace("deviceClassName: gpu.nvidia.com", "deviceClassName: gpu.nvidia.com, count: 9")
+    )
     async with demo.running(nats_url, paths=[str(tmp_path / "classes.yaml")], fleet=[{"profile": "h100-sxm", "count": 1}]):
         fits = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "fits.yaml"), "--wait", "30", "-o", "json", url=nats_url)
         assert fits.returncode == 0, fits.stderr

@@ -57,8 +57,7 @@ def test_pod_claims_are_expanded_as_the_claim_controller_does():
     assert claim.spec.devices.requests[0].exactly.count == 2
     assert claim.metadata.uid  # files carry no uid: one is derived
     assert problems == [
-        "pod.yaml (document 2): Pod/trainer: field spec.resourceClaims[2].resourceClaimTemplateName: "
-        "ResourceClaimTemplate ml/no-such-template not found"
+        "pod.yaml (document 2): Pod/trainer: field spec.resourceClaims[2].resourceClaimTemplateName: ResourceClaimTemplate ml/no-such-template not found"
     ]
     # Reading the same Pod again names the same claim (no duplicate allocation).
     assert events_from_manifests(load_text(TEMPLATE_AND_POD, "pod.yaml"), lambda _: None) == events
@@ -100,8 +99,7 @@ spec:
     assert len(problems) == 2
     assert problems[0].startswith(f"{tmp_path / 'a-broken.yaml'} (document 1): invalid YAML at line")
     assert problems[1] == (
-        f"{tmp_path / 'b-mixed.yaml'} (document 1): ResourceClaim/wrong-type: "
-        "field spec.devices.requests[0].exactly.count: Expected `int | null`, got `str`"
+        f"{tmp_path / 'b-mixed.yaml'} (document 1): ResourceClaim/wrong-type: field spec.devices.requests[0].exactly.count: Expected `int | null`, got `str`"
     )
 
 

@@ -144,9 +144,7 @@ async def test_redelivered_claim_is_not_allocated_twice(bus: Bus, nats_url: str,
         # Its successor rebuilds the ledger from ALLOCATIONS and gets `first` delivered again.
         stop = asyncio.Event()
         successor = asyncio.create_task(allocator.serve(bus, allocator.Config(), stop))
-        statuses = await wait_for_store(
-            bus, lambda s: all(k in s and s[k].state == "allocated" for k in ("ml/first", "ml/second"))
-        )
+        statuses = await wait_for_store(bus, lambda s: all(k in s and s[k].state == "allocated" for k in ("ml/first", "ml/second")))
         async with asyncio.timeout(10):  # ...and acks it
             while (info := await bus.js.consumer_info("CLAIMS", "allocator")).num_ack_pending or info.num_pending:
                 await asyncio.sleep(0.05)
@@ -181,10 +179,10 @@ async def test_restarted_allocator_rebuilds_its_ledger_and_retries_waiting_claim
 
 async def test_a_claim_that_arrives_allocated_is_adopted_not_decided_again(bus: Bus, nats_url: str, tmp_path: Path):
     (tmp_path / "classes.yaml").write_text((EXAMPLES / "deviceclasses.yaml").read_text())
-    results = "\n".join(
-        f"        - {{request: gpus, driver: gpu.nvidia.com, pool: h100-0, device: gpu-{i}}}" for i in (7, 6, 5, 4)
-    )
-    existing = claims_text(("running-job", 4, "")) + f"""status:
+    results = "\n".join(f"        - {{request: gpus, driver: gpu.nvidia.com, pool: h100-0, device: gpu-{i}}}" for i in (7, 6, 5, 4))
+    existing = (
+        claims_text(("running-job", 4, ""))
+        + f"""status:
   allocation:
     devices:
       results:
@@ -193,6 +191,7 @@ async def test_a_claim_that_arrives_allocated_is_adopted_not_decided_again(bus: 
       nodeSelectorTerms:
       - matchFields: [{{key: metadata.name, operator: In, values: [h100-0]}}]
 """
+    )
     (tmp_path / "existing.yaml").write_text(existing)
     whole, half = submitted(claims_text(("whole-node", 8, ""), ("other-half", 4, "")))
     async with demo.running(nats_url, paths=[str(tmp_path)], fleet=ONE_NODE):
@@ -203,8 +202,6 @@ async def test_a_claim_that_arrives_allocated_is_adopted_not_decided_again(bus: 
         assert [r.device for r in adopted.allocation.devices.results] == ["gpu-7", "gpu-6", "gpu-5", "gpu-4"]
         await bus.publish(whole)
         await bus.publish(half)
-        statuses = await wait_for_store(
-            bus, lambda s: "ml/whole-node" in s and "ml/other-half" in s and s["ml/other-half"].state == "allocated"
-        )
+        statuses = await wait_for_store(bus, lambda s: "ml/whole-node" in s and "ml/other-half" in s and s["ml/other-half"].state == "allocated")
     assert statuses["ml/whole-node"].state == "unsatisfiable"
     assert {d for _, _, d in devices_of(statuses["ml/other-half"])} == {f"gpu-{i}" for i in range(4)}

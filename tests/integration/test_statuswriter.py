@@ -68,16 +68,12 @@ async def test_store_keeps_the_latest_decision_per_claim(bus: Bus, nats_url: str
 
     # The CLI shows the same store, as stable JSON for machines.
     env = {**os.environ, "NATS_URL": nats_url}
-    out = await asyncio.to_thread(
-        subprocess.run, [DRALLOC, "get", "claims", "-o", "json"], env=env, capture_output=True, text=True, timeout=60
-    )
+    out = await asyncio.to_thread(subprocess.run, [DRALLOC, "get", "claims", "-o", "json"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert [c["claim"] for c in doc["claims"]] == ["ml/a", "ml/b", "ml/c"]
     assert doc["claims"][0]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
-    table = await asyncio.to_thread(
-        subprocess.run, [DRALLOC, "get", "claims"], env=env, capture_output=True, text=True, timeout=60
-    )
+    table = await asyncio.to_thread(subprocess.run, [DRALLOC, "get", "claims"], env=env, capture_output=True, text=True, timeout=60)
     rows = [line.split()[:4] for line in table.stdout.splitlines()]  # an AGE column follows
     assert ["ml/b", "allocated", "node-1", "gpu-1"] in rows
     assert ["ml/c", "error", "bad", "CEL"] in rows

@@ -73,7 +73,9 @@ async def test_submit_refuses_poison_and_bad_names_with_a_reason_each_and_publis
     assert problems[0].endswith("nested more than 100 levels deep")
     names = ["has space", "tab\there", "star*", "gt>", "pct%", "nul\x00"]
     for i, name in enumerate(names):
-        assert problems[i + 1].startswith(f"dralloc: {tmp_path / 'c-names.yaml'} (document {i + 1}): ResourceClaim/{name}: field metadata.name: {name!r} is not a DNS subdomain")
+        assert problems[i + 1].startswith(
+            f"dralloc: {tmp_path / 'c-names.yaml'} (document {i + 1}): ResourceClaim/{name}: field metadata.name: {name!r} is not a DNS subdomain"
+        )
     assert "field metadata.namespace: 'team-a/b' is not a DNS label" in problems[7]
     assert "field metadata.name: 'b/c' is not a DNS subdomain" in problems[8]
     published = json.loads(out.stdout)["published"]

@@ -177,12 +177,13 @@ class ApiServer(KubernetesScaffold):
         for kind in KINDS:
             res = resource(kind.group, kind.version, kind.plural)
             self.resources[res] = self.ResourceInfo(
-                kind=kind.kind, namespaced=kind.namespaced,
+                kind=kind.kind,
+                namespaced=kind.namespaced,
                 subresources=(["status"] if kind.status else []) + (["binding"] if kind.plural == "pods" else []),
                 verbs=["get", "list", "watch", "create", "update", "patch", "delete"],
             )
             # Above kmock's discovery fallbacks, below any reaction a test adds.
-            (self.fallback ** 1)[res] << self._serve
+            (self.fallback**1)[res] << self._serve
 
     # --- test controls ----------------------------------------------------------------
 
@@ -260,7 +261,7 @@ class ApiServer(KubernetesScaffold):
         if pod["spec"].get("schedulingGates"):
             raise _status(422, "Invalid", f"pod {key[2]} has non-empty .spec.schedulingGates")
         if pod["spec"].get("nodeName"):
-            raise _status(409, "Conflict", f"pod {key[2]} is already assigned to node \"{pod['spec']['nodeName']}\"")
+            raise _status(409, "Conflict", f'pod {key[2]} is already assigned to node "{pod["spec"]["nodeName"]}"')
         bound = copy.deepcopy(pod)
         bound["spec"]["nodeName"] = target
         self.writes.append(("create", "binding", key))
@@ -302,7 +303,11 @@ class ApiServer(KubernetesScaffold):
                 change = None
             if change is not None:
                 return Response(status=200, payload=self._write(kind, key, change, status, "patch"))
-            raise _status(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type!r})")
+            raise _status(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type!r})",
+            )
         raise _status(405, "MethodNotAllowed", f"{method} is not supported")
 
     def _list(self, kind: Kind, namespace: str | None) -> dict[str, Any]:
@@ -314,8 +319,7 @@ class ApiServer(KubernetesScaffold):
                 item.pop("apiVersion", None)
                 item.pop("kind", None)
                 items.append(item)
-        return {"apiVersion": kind.api_version, "kind": f"{kind.kind}List",
-                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+        return {"apiVersion": kind.api_version, "kind": f"{kind.kind}List", "metadata": {"resourceVersion": str(self._rv)}, "items": items}
 
     async def _watch(self, kind: Kind, request: Request) -> AsyncIterator[bytes]:
         await self._gate.wait()
@@ -333,13 +337,23 @@ class ApiServer(KubernetesScaffold):
         if since in ("", "0"):
             backlog = [("ADDED", obj) for obj in self._list_raw(kind, namespace)]
         elif not since.isdigit() or int(since) < self._compacted:
-            yield self._line("ERROR", {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                                       "message": f"too old resource version: {since} ({self._compacted})",
-                                       "reason": "Expired", "code": 410})
+            yield self._line(
+                "ERROR",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": f"too old resource version: {since} ({self._compacted})",
+                    "reason": "Expired",
+                    "code": 410,
+                },
+            )
             return
         else:
-            backlog = [(t, o) for rv, k, t, o in self._log if rv > int(since) and k == kind
-                       and (namespace is None or o["metadata"].get("namespace") == namespace)]
+            backlog = [
+                (t, o) for rv, k, t, o in self._log if rv > int(since) and k == kind and (namespace is None or o["metadata"].get("namespace") == namespace)
+            ]
         watcher = _Watcher(kind, namespace)
         for item in backlog:
             watcher.queue.put_nowait(item)
@@ -356,8 +370,7 @@ class ApiServer(KubernetesScaffold):
                     item = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
                     if bookmarks and (deadline is None or asyncio.get_running_loop().time() < deadline):
-                        yield self._line("BOOKMARK", {"apiVersion": kind.api_version, "kind": kind.kind,
-                                                      "metadata": {"resourceVersion": str(self._rv)}})
+                        yield self._line("BOOKMARK", {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": {"resourceVersion": str(self._rv)}})
                     continue
                 if item is None:
                     return
@@ -370,8 +383,11 @@ class ApiServer(KubernetesScaffold):
         return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
 
     def _list_raw(self, kind: Kind, namespace: str | None) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for (p, ns, _), o in sorted(self._objects.items(), key=lambda i: (i[0][1] or "", i[0][2]))
-                if p == kind.plural and (namespace is None or ns == namespace)]
+        return [
+            copy.deepcopy(o)
+            for (p, ns, _), o in sorted(self._objects.items(), key=lambda i: (i[0][1] or "", i[0][2]))
+            if p == kind.plural and (namespace is None or ns == namespace)
+        ]
 
     # --- the store ----------------------------------------------------------------------
 
@@ -384,8 +400,7 @@ class ApiServer(KubernetesScaffold):
     def _existing(self, kind: Kind, key: Key) -> dict[str, Any]:
         obj = self._objects.get(key)
         if obj is None:
-            raise _status(404, "NotFound", f'{kind.plural}.{kind.group or "core"} "{key[2]}" not found',
-                          name=key[2], group=kind.group, kind=kind.plural)
+            raise _status(404, "NotFound", f'{kind.plural}.{kind.group or "core"} "{key[2]}" not found', name=key[2], group=kind.group, kind=kind.plural)
         return obj
 
     def _create(self, kind: Kind, namespace: str | None, body: Any, keep_status: bool) -> dict[str, Any]:
@@ -402,8 +417,7 @@ class ApiServer(KubernetesScaffold):
             raise _status(422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value: name or generateName is required")
         key = (kind.plural, namespace, name)
         if key in self._objects:
-            raise _status(409, "AlreadyExists", f'{kind.plural}.{kind.group or "core"} "{name}" already exists',
-                          name=name, kind=kind.plural)
+            raise _status(409, "AlreadyExists", f'{kind.plural}.{kind.group or "core"} "{name}" already exists', name=name, kind=kind.plural)
         meta.update(name=name, uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
         meta.pop("resourceVersion", None)
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
@@ -419,10 +433,14 @@ class ApiServer(KubernetesScaffold):
             raise _status(400, "BadRequest", "the result of the change is not a JSON object")
         sent_rv = (new.get("metadata") or {}).get("resourceVersion")
         if sent_rv not in (None, "") and sent_rv != current["metadata"]["resourceVersion"]:
-            raise _status(409, "Conflict",
-                          f'Operation cannot be fulfilled on {kind.plural}.{kind.group or "core"} "{key[2]}": '
-                          "the object has been modified; please apply your changes to the latest version and try again",
-                          name=key[2], kind=kind.plural)
+            raise _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {kind.plural}.{kind.group or "core"} "{key[2]}": '
+                "the object has been modified; please apply your changes to the latest version and try again",
+                name=key[2],
+                kind=kind.plural,
+            )
         if status:
             # The status subresource changes status only; everything else is kept as it was.
             result = copy.deepcopy(current)
@@ -432,8 +450,14 @@ class ApiServer(KubernetesScaffold):
                 result.pop("status", None)
         else:
             result = new
-            result["metadata"] = {**new.get("metadata", {}),
-                                  **{k: current["metadata"][k] for k in ("uid", "creationTimestamp", "name", "namespace", "generation", "deletionTimestamp") if k in current["metadata"]}}
+            result["metadata"] = {
+                **new.get("metadata", {}),
+                **{
+                    k: current["metadata"][k]
+                    for k in ("uid", "creationTimestamp", "name", "namespace", "generation", "deletionTimestamp")
+                    if k in current["metadata"]
+                },
+            }
             if kind.status:
                 if "status" in current:
                     result["status"] = current["status"]
@@ -458,8 +482,11 @@ class ApiServer(KubernetesScaffold):
         pre = (options or {}).get("preconditions") or {}
         for field_name in ("uid", "resourceVersion"):
             if pre.get(field_name) and pre[field_name] != current["metadata"].get(field_name):
-                raise _status(409, "Conflict", f"Precondition failed: {field_name} in precondition: {pre[field_name]}, "
-                              f"{field_name} in object meta: {current['metadata'].get(field_name)}")
+                raise _status(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: {field_name} in precondition: {pre[field_name]}, {field_name} in object meta: {current['metadata'].get(field_name)}",
+                )
         self.writes.append(("delete", "", key))
         obj = copy.deepcopy(current)
         if obj["metadata"].get("finalizers"):
@@ -513,23 +540,37 @@ class ApiServer(KubernetesScaffold):
             # After creation a scheduling gate may only be removed (the API server's pod update validation).
             before = [g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []]
             if not before and (old.get("spec") or {}).get("affinity") != (new.get("spec") or {}).get("affinity"):
-                raise _status(422, "Invalid", f"Pod \"{new['metadata']['name']}\" is invalid: spec: Forbidden: pod updates may "
-                              "not change fields other than ... (spec.affinity only while the Pod has scheduling gates)")
+                raise _status(
+                    422,
+                    "Invalid",
+                    f'Pod "{new["metadata"]["name"]}" is invalid: spec: Forbidden: pod updates may '
+                    "not change fields other than ... (spec.affinity only while the Pod has scheduling gates)",
+                )
             for gate in (new.get("spec") or {}).get("schedulingGates") or []:
                 if gate.get("name") not in before:
-                    raise _status(422, "Invalid", f"Pod \"{new['metadata']['name']}\" is invalid: spec.schedulingGates: "
-                                  f"Forbidden: only deletion is allowed, but found new scheduling gate '{gate.get('name')}'")
+                    raise _status(
+                        422,
+                        "Invalid",
+                        f'Pod "{new["metadata"]["name"]}" is invalid: spec.schedulingGates: '
+                        f"Forbidden: only deletion is allowed, but found new scheduling gate '{gate.get('name')}'",
+                    )
         if kind.plural != "resourceclaims":
             return
         try:
             msgspec.convert(new, ResourceClaim)
         except msgspec.ValidationError as exc:
-            raise _status(422, "Invalid", f"ResourceClaim.resource.k8s.io \"{new['metadata']['name']}\" is invalid: {exc}") from exc
+            raise _status(422, "Invalid", f'ResourceClaim.resource.k8s.io "{new["metadata"]["name"]}" is invalid: {exc}') from exc
         before = (old or {}).get("status") or {}
         after = new.get("status") or {}
         if before.get("allocation") and after.get("allocation") and before["allocation"] != after["allocation"]:
-            raise _status(422, "Invalid", f"ResourceClaim.resource.k8s.io \"{new['metadata']['name']}\" is invalid: "
-                          "status.allocation: Forbidden: may not be changed once set")
+            raise _status(
+                422,
+                "Invalid",
+                f'ResourceClaim.resource.k8s.io "{new["metadata"]["name"]}" is invalid: status.allocation: Forbidden: may not be changed once set',
+            )
         if after.get("reservedFor") and not after.get("allocation"):
-            raise _status(422, "Invalid", f"ResourceClaim.resource.k8s.io \"{new['metadata']['name']}\" is invalid: "
-                          "status.reservedFor: Forbidden: may not be set when not allocated")
+            raise _status(
+                422,
+                "Invalid",
+                f'ResourceClaim.resource.k8s.io "{new["metadata"]["name"]}" is invalid: status.reservedFor: Forbidden: may not be set when not allocated',
+            )

@@ -51,8 +51,7 @@ def allowed_nodes(allocation: dict[str, Any]) -> set[str] | None:
 
 def affinity_nodes(pod: dict[str, Any]) -> set[str] | None:
     """The nodes a Pod's required node affinity names (``metadata.name In``), None if it names none."""
-    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     nodes: set[str] | None = None
     for term in required.get("nodeSelectorTerms", []):
         for requirement in term.get("matchFields", []):
@@ -86,8 +85,7 @@ class SchedulerStandIn:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             for pod in self.apiserver.objects_of("pods"):
-                if not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates") \
-                        and not pod["metadata"].get("deletionTimestamp"):
+                if not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates") and not pod["metadata"].get("deletionTimestamp"):
                     try:
                         await self.schedule(pod)
                     except ApiException:
@@ -138,9 +136,19 @@ class SchedulerStandIn:
                 body = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]}, "status": {"reservedFor": reserved + [entry]}}
                 await self.resource.patch_namespaced_resource_claim_status(claim["metadata"]["name"], namespace, body, _content_type=MERGE)
         node = sorted(nodes)[0] if nodes else "node-0"
-        await body_of(self.core.create_namespaced_pod_binding(pod["metadata"]["name"], namespace, {
-            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"]},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False))
+        await body_of(
+            self.core.create_namespaced_pod_binding(
+                pod["metadata"]["name"],
+                namespace,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": pod["metadata"]["name"]},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                },
+                _preload_content=False,
+            )
+        )
 
     def _extended_claim(self, pod: dict[str, Any]) -> ResourceClaim | None:
         """The in-memory extended-resource claim (PreFilter), None if the Pod asks for no mapped resource."""
@@ -150,8 +158,11 @@ class SchedulerStandIn:
     def _existing_extended(self, pod: dict[str, Any]) -> dict[str, Any] | None:
         for obj in self.apiserver.objects_of("resourceclaims"):
             meta = obj["metadata"]
-            if meta["namespace"] == pod["metadata"]["namespace"] and (meta.get("annotations") or {}).get(EXTENDED) == "true" \
-                    and any(r.get("uid") == pod["metadata"]["uid"] and r.get("controller") for r in meta.get("ownerReferences", [])):
+            if (
+                meta["namespace"] == pod["metadata"]["namespace"]
+                and (meta.get("annotations") or {}).get(EXTENDED) == "true"
+                and any(r.get("uid") == pod["metadata"]["uid"] and r.get("controller") for r in meta.get("ownerReferences", []))
+            ):
                 return obj
         return None
 
@@ -159,15 +170,20 @@ class SchedulerStandIn:
         """deleteClaim: the finalizer removed first (an update), then the delete."""
         name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
         finalizers = [f for f in claim["metadata"].get("finalizers", []) if f != FINALIZER]
-        await body_of(self.resource.patch_namespaced_resource_claim(name, namespace, {"metadata": {
-            "resourceVersion": claim["metadata"]["resourceVersion"], "finalizers": finalizers or None}},
-            _content_type=MERGE, _preload_content=False))
+        await body_of(
+            self.resource.patch_namespaced_resource_claim(
+                name,
+                namespace,
+                {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"], "finalizers": finalizers or None}},
+                _content_type=MERGE,
+                _preload_content=False,
+            )
+        )
         if self.apiserver.read("resourceclaims", namespace, name) is not None:
             await body_of(self.resource.delete_namespaced_resource_claim(name, namespace, _preload_content=False))
         self.deleted.append(name)
 
-    async def _allocate(self, pod: dict[str, Any], pending: list[dict[str, Any]], extended: ResourceClaim | None,
-                        node: str | None) -> bool:
+    async def _allocate(self, pod: dict[str, Any], pending: list[dict[str, Any]], extended: ResourceClaim | None, node: str | None) -> bool:
         engine = Engine(scoring=False)
         for obj in self.apiserver.objects_of("deviceclasses"):
             engine.apply(msgspec.convert(obj, DeviceClass))
@@ -178,33 +194,54 @@ class SchedulerStandIn:
                 engine.restore(msgspec.convert(obj, ResourceClaim))
         unit = [msgspec.convert(c, ResourceClaim) for c in pending]
         if extended is not None:
-            unit.append(msgspec.structs.replace(extended, metadata=msgspec.structs.replace(extended.metadata, name=f"{pod['metadata']['name']}-extended-resources")))
+            unit.append(
+                msgspec.structs.replace(extended, metadata=msgspec.structs.replace(extended.metadata, name=f"{pod['metadata']['name']}-extended-resources"))
+            )
         outcomes = engine.allocate(unit, node=node, together=True)
         if any(o.status != "allocated" for o in outcomes):
             return False
         if extended is not None:  # PreBind: the claim is created now, then written like the others
             body = to_builtins(extended)
             body["metadata"].pop("name", None)
-            pending = [*pending, json.loads(await body_of(self.resource.create_namespaced_resource_claim(
-                pod["metadata"]["namespace"], body, _preload_content=False)))]
+            pending = [
+                *pending,
+                json.loads(await body_of(self.resource.create_namespaced_resource_claim(pod["metadata"]["namespace"], body, _preload_content=False))),
+            ]
         for claim, outcome in zip(pending, outcomes):
             name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
             finalizers = claim["metadata"].get("finalizers", [])
             if FINALIZER not in finalizers:
-                claim = msgspec.json.decode(await body_of(self.resource.patch_namespaced_resource_claim(
-                    name, namespace, {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"],
-                                                   "finalizers": [*finalizers, FINALIZER]}},
-                    _content_type=MERGE, _preload_content=False)))
+                claim = msgspec.json.decode(
+                    await body_of(
+                        self.resource.patch_namespaced_resource_claim(
+                            name,
+                            namespace,
+                            {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"], "finalizers": [*finalizers, FINALIZER]}},
+                            _content_type=MERGE,
+                            _preload_content=False,
+                        )
+                    )
+                )
             entry = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
-            body = {"metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
-                    "status": {"allocation": msgspec.to_builtins(outcome.allocation), "reservedFor": [entry]}}
+            body = {
+                "metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
+                "status": {"allocation": msgspec.to_builtins(outcome.allocation), "reservedFor": [entry]},
+            }
             await self.resource.patch_namespaced_resource_claim_status(name, namespace, body, _content_type=MERGE)
             self.allocated.append(name)
         if extended is not None:
             made = pending[-1]["metadata"]["name"]
-            mappings = [{"containerName": m.container, "resourceName": m.resource, "requestName": m.request}
-                        for m in request_mappings(msgspec.convert(pod, Pod), extended)]
-            await body_of(self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], {
-                "status": {"extendedResourceClaimStatus": {"resourceClaimName": made, "requestMappings": mappings}}},
-                _content_type=MERGE, _preload_content=False))
+            mappings = [
+                {"containerName": m.container, "resourceName": m.resource, "requestName": m.request}
+                for m in request_mappings(msgspec.convert(pod, Pod), extended)
+            ]
+            await body_of(
+                self.core.patch_namespaced_pod_status(
+                    pod["metadata"]["name"],
+                    pod["metadata"]["namespace"],
+                    {"status": {"extendedResourceClaimStatus": {"resourceClaimName": made, "requestMappings": mappings}}},
+                    _content_type=MERGE,
+                    _preload_content=False,
+                )
+            )
         return True

@@ -25,14 +25,17 @@ def service_env(**extra: str) -> dict[str, str]:
 
 
 async def start(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(DRALLOC, "run", *args, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE)
+    return await asyncio.create_subprocess_exec(DRALLOC, "run", *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
 
 async def test_services_run_against_the_api_server(apiserver: ApiServer, nats_url: str) -> None:
-    env = service_env(DRALLOC_KUBE_SERVER=str(apiserver.url).rstrip("/"), NATS_URL=nats_url,
-                      DRALLOC_INGESTOR_SOURCE="kubernetes", DRALLOC_INGESTOR_SLICES="true",
-                      DRALLOC_STATUSWRITER_SINK="kubernetes")
+    env = service_env(
+        DRALLOC_KUBE_SERVER=str(apiserver.url).rstrip("/"),
+        NATS_URL=nats_url,
+        DRALLOC_INGESTOR_SOURCE="kubernetes",
+        DRALLOC_INGESTOR_SLICES="true",
+        DRALLOC_STATUSWRITER_SINK="kubernetes",
+    )
     processes = [await start(["ingestor"], env), await start(["statuswriter"], env)]
     bus = await Bus.connect(nats_url, name="test")
     await bus.ensure_streams()
@@ -42,10 +45,18 @@ async def test_services_run_against_the_api_server(apiserver: ApiServer, nats_ur
         apiserver.apply(CLASS)
         apiserver.apply(SLICE)
         apiserver.apply(claim("a"))
-        apiserver.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer", "namespace": "ml"},
-                         "spec": {"containers": [{"name": "main", "image": "busybox"}],
-                                  "schedulingGates": [{"name": "dralloc.dev/allocate"}],
-                                  "resourceClaims": [{"name": "gpu", "resourceClaimName": "a"}]}})
+        apiserver.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "trainer", "namespace": "ml"},
+                "spec": {
+                    "containers": [{"name": "main", "image": "busybox"}],
+                    "schedulingGates": [{"name": "dralloc.dev/allocate"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "a"}],
+                },
+            }
+        )
         status = await allocation_of(apiserver, "a", timeout=30)
         assert status["allocation"]["devices"]["results"][0]["pool"] == "node-0"
         assert status["reservedFor"][0]["name"] == "trainer"

@@ -29,8 +29,11 @@ def calls_by(apiserver: ApiServer, service: str) -> set[tuple[str, str, str]]:
             return "watch" if r.params.get("watch") in ("true", "True", "1") else ("get" if r.name else "list")
         return verbs[method]
 
-    return {(r.resource.group, r.resource.plural, verb(r)) for r in apiserver._requests
-            if r.headers.get("User-Agent") == user_agent(service) and r.resource is not None}
+    return {
+        (r.resource.group, r.resource.plural, verb(r))
+        for r in apiserver._requests
+        if r.headers.get("User-Agent") == user_agent(service) and r.resource is not None
+    }
 
 
 async def test_slice_writer_creates_replaces_deletes_within_its_rbac(apiserver: ApiServer) -> None:

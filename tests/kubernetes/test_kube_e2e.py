@@ -24,19 +24,32 @@ from dralloc.kube import KubeSettings
 from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.kubernetes import KubernetesSink
 
-CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
-         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}
-SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-0-gpu"},
-         "spec": {"driver": "gpu.example.com", "nodeName": "node-0",
-                  "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
-                  "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}},
-                              {"name": "gpu-1", "attributes": {"index": {"int": 1}}}]}}
+CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu.example.com"},
+    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]},
+}
+SLICE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceSlice",
+    "metadata": {"name": "node-0-gpu"},
+    "spec": {
+        "driver": "gpu.example.com",
+        "nodeName": "node-0",
+        "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}, {"name": "gpu-1", "attributes": {"index": {"int": 1}}}],
+    },
+}
 
 
 def claim(name: str, **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "ml", **meta},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", **meta},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
+    }
 
 
 @pytest.fixture
@@ -100,7 +113,6 @@ async def test_claims_get_their_allocation_and_deleted_claims_release_devices(ap
     assert apiserver.read("resourceclaims", "ml", "a") is None
 
 
-
 async def test_a_claim_allocated_elsewhere_keeps_its_device(apiserver: ApiServer, services: None) -> None:
     """A claim the cluster already allocated (say, by the scheduler) holds its device for dralloc too."""
     apiserver.apply(CLASS)
@@ -114,6 +126,7 @@ async def test_a_claim_allocated_elsewhere_keeps_its_device(apiserver: ApiServer
     assert not (apiserver.read("resourceclaims", "ml", "third").get("status") or {}).get("allocation")
     # The foreign allocation is never rewritten by dralloc.
     assert apiserver.read("resourceclaims", "ml", "elsewhere")["status"]["allocation"]["devices"]["results"] == [taken]
+
 
 async def test_the_status_write_is_part_of_the_claims_trace(apiserver: ApiServer, services: None) -> None:
     telemetry.setup("test")

@@ -12,9 +12,12 @@ from kubernetes_asyncio.client import ApiClient, ApiException, ResourceV1Api
 
 
 def claim(name: str, namespace: str = "default", **extra: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace, **extra},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, **extra},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
+    }
 
 
 ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
@@ -113,8 +116,7 @@ async def test_history_window_expires_old_versions(api: ApiClient, apiserver: Ap
 async def test_status_patch_with_stale_resource_version_is_409(api: ApiClient) -> None:
     v1 = ResourceV1Api(api)
     made = await v1.create_namespaced_resource_claim("default", claim("a"))
-    await v1.patch_namespaced_resource_claim("a", "default", {"metadata": {"labels": {"x": "y"}}},
-                                             _content_type="application/merge-patch+json")
+    await v1.patch_namespaced_resource_claim("a", "default", {"metadata": {"labels": {"x": "y"}}}, _content_type="application/merge-patch+json")
     stale = {"metadata": {"resourceVersion": made.metadata.resource_version}, "status": {"allocation": ALLOCATION}}
     with pytest.raises(ApiException) as exc:
         await v1.patch_namespaced_resource_claim_status("a", "default", stale, _content_type="application/merge-patch+json")
@@ -131,11 +133,11 @@ async def test_status_subresource_isolates_status_from_spec(api: ApiClient) -> N
     created = await v1.read_namespaced_resource_claim("a", "default")
     assert created.status is None or created.status.allocation is None  # create drops status
     # A main-resource patch cannot write status; a status patch cannot change metadata labels.
-    await v1.patch_namespaced_resource_claim("a", "default", {"status": {"allocation": ALLOCATION}},
-                                             _content_type="application/merge-patch+json")
+    await v1.patch_namespaced_resource_claim("a", "default", {"status": {"allocation": ALLOCATION}}, _content_type="application/merge-patch+json")
     assert (await v1.read_namespaced_resource_claim("a", "default")).status is None
-    await v1.patch_namespaced_resource_claim_status("a", "default", {"metadata": {"labels": {"x": "y"}}, "status": {"allocation": ALLOCATION}},
-                                                    _content_type="application/merge-patch+json")
+    await v1.patch_namespaced_resource_claim_status(
+        "a", "default", {"metadata": {"labels": {"x": "y"}}, "status": {"allocation": ALLOCATION}}, _content_type="application/merge-patch+json"
+    )
     after = await v1.read_namespaced_resource_claim("a", "default")
     assert after.status.allocation.devices.results[0].pool == "node-0" and not after.metadata.labels
 
@@ -147,12 +149,10 @@ async def test_allocation_cannot_be_replaced_and_reserved_for_needs_allocation(a
     with pytest.raises(ApiException) as exc:
         await v1.patch_namespaced_resource_claim_status("a", "default", bad, _content_type="application/merge-patch+json")
     assert exc.value.status == 422
-    await v1.patch_namespaced_resource_claim_status("a", "default", {"status": {"allocation": ALLOCATION}},
-                                                    _content_type="application/merge-patch+json")
+    await v1.patch_namespaced_resource_claim_status("a", "default", {"status": {"allocation": ALLOCATION}}, _content_type="application/merge-patch+json")
     other = json.loads(json.dumps(ALLOCATION).replace("gpu-0", "gpu-1"))
     with pytest.raises(ApiException) as exc:
-        await v1.patch_namespaced_resource_claim_status("a", "default", {"status": {"allocation": other}},
-                                                        _content_type="application/merge-patch+json")
+        await v1.patch_namespaced_resource_claim_status("a", "default", {"status": {"allocation": other}}, _content_type="application/merge-patch+json")
     assert exc.value.status == 422 and "may not be changed" in json.loads(exc.value.body)["message"]
 
 
@@ -161,8 +161,7 @@ async def test_json_patch_test_op_and_finalizers(api: ApiClient) -> None:
     await v1.create_namespaced_resource_claim("default", claim("a", finalizers=["example.com/hold"]))
     deleted = await v1.delete_namespaced_resource_claim("a", "default")
     assert deleted.metadata.deletion_timestamp  # held by its finalizer
-    ops = [{"op": "test", "path": "/metadata/finalizers/0", "value": "example.com/hold"},
-           {"op": "remove", "path": "/metadata/finalizers"}]
+    ops = [{"op": "test", "path": "/metadata/finalizers/0", "value": "example.com/hold"}, {"op": "remove", "path": "/metadata/finalizers"}]
     await v1.patch_namespaced_resource_claim("a", "default", ops)  # a list body: application/json-patch+json
     with pytest.raises(ApiException) as exc:
         await v1.read_namespaced_resource_claim("a", "default")
@@ -187,14 +186,19 @@ async def test_a_test_reaction_overrides_the_emulator(api: ApiClient, apiserver:
     apiserver["patch", apiserver.resource("resource.k8s.io", "v1", "resourceclaims")] << 503
     await ResourceV1Api(api).create_namespaced_resource_claim("default", claim("a"))
     with pytest.raises(ApiException) as exc:
-        await ResourceV1Api(api).patch_namespaced_resource_claim_status("a", "default", {"status": {"allocation": ALLOCATION}},
-                                                                        _content_type="application/merge-patch+json")
+        await ResourceV1Api(api).patch_namespaced_resource_claim_status(
+            "a", "default", {"status": {"allocation": ALLOCATION}}, _content_type="application/merge-patch+json"
+        )
     assert exc.value.status == 503
 
 
 def gated_pod(name: str, gates: list[str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "main", "image": "busybox"}], "schedulingGates": [{"name": g} for g in gates]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], "schedulingGates": [{"name": g} for g in gates]},
+    }
 
 
 async def test_scheduling_gates_may_only_be_removed_and_a_gated_pod_is_not_bound(api: ApiClient) -> None:
@@ -209,8 +213,9 @@ async def test_scheduling_gates_may_only_be_removed_and_a_gated_pod_is_not_bound
         await body_of(core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False))
     assert refused.value.status == 422 and b"schedulingGates" in refused.value.body
     with pytest.raises(ApiException) as added:
-        await core.patch_namespaced_pod("p", "default", {"spec": {"schedulingGates": [{"name": "a.example/one"}, {"name": "b.example/two"}]}},
-                                        _content_type="application/merge-patch+json")
+        await core.patch_namespaced_pod(
+            "p", "default", {"spec": {"schedulingGates": [{"name": "a.example/one"}, {"name": "b.example/two"}]}}, _content_type="application/merge-patch+json"
+        )
     assert added.value.status == 422 and "only deletion is allowed" in added.value.body
     await core.patch_namespaced_pod("p", "default", {"spec": {"schedulingGates": None}}, _content_type="application/merge-patch+json")
     await body_of(core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False))

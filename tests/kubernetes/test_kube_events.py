@@ -30,8 +30,7 @@ async def test_a_repeat_updates_the_event_and_a_burst_is_counted_not_written(api
     await recorder.record(CLAIM, "no node has enough free devices")
     (event,) = events(apiserver)
     assert (event["count"], event["reason"], event["type"]) == (1, "AllocationFailed", "Warning")
-    assert event["involvedObject"] == {"kind": "ResourceClaim", "apiVersion": "resource.k8s.io/v1", "namespace": "ml",
-                                       "name": "train", "uid": "uid-1"}
+    assert event["involvedObject"] == {"kind": "ResourceClaim", "apiVersion": "resource.k8s.io/v1", "namespace": "ml", "name": "train", "uid": "uid-1"}
     writes = len(apiserver.writes)
     await recorder.record(CLAIM, "no node has enough free devices")  # inside the interval: not written
     await recorder.record(CLAIM, "no node has enough free devices")

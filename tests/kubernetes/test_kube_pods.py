@@ -40,30 +40,50 @@ INFRA = Path(__file__).resolve().parents[2] / "infra"
 NS = "ml"
 DRIVER = "gpu.example.com"
 
-CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
-         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}],
-                  "extendedResourceName": "nvidia.com/gpu"}}
+CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}], "extendedResourceName": "nvidia.com/gpu"},
+}
 
 
 def node_slice(node: str, gpus: int = 2) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu"},
-            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}} for i in range(gpus)]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": f"gpu-{i}", "attributes": {"index": {"int": i}}} for i in range(gpus)],
+        },
+    }
 
 
 def template(name: str, count: int = 1, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": NS},
-            "spec": {"metadata": {"annotations": annotations or {}},
-                     "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "metadata": {"annotations": annotations or {}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}},
+        },
+    }
 
 
 def claim(name: str, count: int = 1) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": count}}]}},
+    }
 
 
-def pod(name: str, *, templates: dict[str, str] | None = None, claims: dict[str, str] | None = None,
-        gated: bool = True, gpus: int = 0) -> dict[str, Any]:
+def pod(name: str, *, templates: dict[str, str] | None = None, claims: dict[str, str] | None = None, gated: bool = True, gpus: int = 0) -> dict[str, Any]:
     entries = [{"name": entry, "resourceClaimTemplateName": t} for entry, t in (templates or {}).items()]
     entries += [{"name": entry, "resourceClaimName": c} for entry, c in (claims or {}).items()]
     container: dict[str, Any] = {"name": "main", "image": "busybox"}
@@ -145,8 +165,17 @@ async def test_a_pod_with_two_template_claims_gets_both_on_one_node(cluster: Clu
     api = cluster.apiserver
     # node-0 has one GPU left, node-1 two: each claim alone would fit node-0 (best fit), the Pod only on node-1.
     taken = {"request": "gpu", "driver": DRIVER, "pool": "node-0", "device": "gpu-0"}
-    api.apply({**claim("elsewhere"), "status": {"allocation": {"devices": {"results": [taken]}, "nodeSelector": {
-        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-0"]}]}]}}}})
+    api.apply(
+        {
+            **claim("elsewhere"),
+            "status": {
+                "allocation": {
+                    "devices": {"results": [taken]},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-0"]}]}]},
+                }
+            },
+        }
+    )
     api.apply(template("one-gpu"))
     api.apply(pod("trainer", templates={"a": "one-gpu", "b": "one-gpu"}))
     node = await cluster.bound("trainer")
@@ -187,8 +216,7 @@ async def test_a_gang_of_pods_that_cannot_all_fit_holds_nothing_and_each_pod_say
     for i in range(3):  # three whole nodes wanted, two there
         api.apply(pod(f"member-{i}", templates={"gpus": "two-gpus"}))
     async with asyncio.timeout(30):
-        while {e["involvedObject"]["name"] for e in api.objects_of("events") if e["involvedObject"]["kind"] == "Pod"} != {
-                "member-0", "member-1", "member-2"}:
+        while {e["involvedObject"]["name"] for e in api.objects_of("events") if e["involvedObject"]["kind"] == "Pod"} != {"member-0", "member-1", "member-2"}:
             await asyncio.sleep(0.05)
     for i in range(3):
         (c,) = cluster.claims_of(f"member-{i}")
@@ -206,7 +234,8 @@ async def test_a_claim_kube_scheduler_allocated_first_is_adopted_and_fixes_the_n
     adopted = await cluster.decision("shared", ev.AllocationCommitted)
     assert adopted.claim.status.allocation is not None
     assert {(r.pool, r.device) for r in adopted.claim.status.allocation.devices.results} == {
-        (r["pool"], r["device"]) for r in cluster_allocation["devices"]["results"]}  # the bus says what the cluster holds
+        (r["pool"], r["device"]) for r in cluster_allocation["devices"]["results"]
+    }  # the bus says what the cluster holds
     # A gated Pod sharing that claim: its own claim goes where the shared one is.
     api.apply(template("one-gpu"))
     api.apply(pod("second", templates={"own": "one-gpu"}, claims={"data": "shared"}))
@@ -231,8 +260,17 @@ async def test_a_status_write_lost_to_kube_scheduler_releases_dralloc_decision_a
         theirs = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-1"}
         raced.append(theirs)
         current = api.read("resourceclaims", NS, "contested")
-        api.apply({**current, "status": {"allocation": {"devices": {"results": [theirs]}, "nodeSelector": {
-            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]}}}})
+        api.apply(
+            {
+                **current,
+                "status": {
+                    "allocation": {
+                        "devices": {"results": [theirs]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
+                    }
+                },
+            }
+        )
 
     api.before_write.append(kube_scheduler_writes_first)
     api.apply(claim("contested"))
@@ -262,9 +300,17 @@ async def test_a_unit_split_by_a_lost_write_is_placed_again_beside_the_cluster_a
         pool = "node-1" if ours["pool"] == "node-0" else "node-0"
         raced.append((key[2], pool))
         current = api.read("resourceclaims", NS, key[2])
-        api.apply({**current, "status": {"allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-0"}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]}}}})
+        api.apply(
+            {
+                **current,
+                "status": {
+                    "allocation": {
+                        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-0"}]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
+                    }
+                },
+            }
+        )
 
     api.before_write.append(kube_scheduler_takes_one_claim_elsewhere)
     api.apply(template("one-gpu"))
@@ -346,23 +392,28 @@ async def test_a_pod_asking_for_nvidia_gpus_runs_on_the_extended_resource_claim(
     (dralloc_claim,) = cluster.scheduler.deleted
     released = await cluster.decision(dralloc_claim, ev.AllocationReleased)
     assert {r.pool for r in released.allocation.devices.results} == {"node-1"} == {node}  # dralloc's node kept
-    assert api.read("pods", NS, "legacy")["spec"]["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]}}}
+    assert api.read("pods", NS, "legacy")["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}]
+            }
+        }
+    }
     obj = api.read("pods", NS, "legacy")
     status = obj["status"]["extendedResourceClaimStatus"]
     assert status["requestMappings"] == [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]
     made = api.read("resourceclaims", NS, status["resourceClaimName"])
     assert made["metadata"]["name"].startswith("legacy-extended-resources-") and made["metadata"]["name"] != dralloc_claim
     assert made["metadata"]["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
-    assert made["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "legacy",
-                                                    "uid": obj["metadata"]["uid"], "controller": True}]
+    assert made["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "legacy", "uid": obj["metadata"]["uid"], "controller": True}]
     (request,) = made["spec"]["devices"]["requests"]
     assert request["name"] == "container-0-request-0" and request["exactly"]["count"] == 2
     assert request["exactly"]["deviceClassName"] == DRIVER
     assert node_of(made) == node and len(made["status"]["allocation"]["devices"]["results"]) == 2
     adopted = await cluster.decision(made["metadata"]["name"], ev.AllocationCommitted)  # the bus says what the cluster holds
     assert {(r.pool, r.device) for r in adopted.claim.status.allocation.devices.results} == {
-        (r["pool"], r["device"]) for r in made["status"]["allocation"]["devices"]["results"]}
+        (r["pool"], r["device"]) for r in made["status"]["allocation"]["devices"]["results"]
+    }
 
 
 async def test_an_unsatisfiable_pod_gets_one_event_with_the_reason(cluster: Cluster) -> None:
@@ -438,8 +489,11 @@ async def test_rbac_grants_exactly_what_the_services_call(cluster: Cluster) -> N
 
     def calls_by(service: str) -> set[tuple[str, str, str]]:
         agent = user_agent(service)
-        return {(r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), _verb(r))
-                for r in api._requests if r.headers.get("User-Agent") == agent and r.resource is not None}
+        return {
+            (r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), _verb(r))
+            for r in api._requests
+            if r.headers.get("User-Agent") == agent and r.resource is not None
+        }
 
     objects = render(INFRA)
     base_ingestor = granted(objects, "dralloc-ingestor")

@@ -15,14 +15,19 @@ from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 from dralloc.statuswriter.kubernetes import KubernetesSink, Outcome, Result
 
-ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]},
-              "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-0"]}]}]}}
+ALLOCATION = {
+    "devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]},
+    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-0"]}]}]},
+}
 
 
 def claim(name: str = "c", namespace: str = "default", **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace, **meta},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, **meta},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
+    }
 
 
 def committed(stored: dict[str, Any], allocation: dict[str, Any] = ALLOCATION) -> ev.AllocationCommitted:
@@ -160,7 +165,8 @@ async def test_server_errors_are_not_permanent(apiserver: ApiServer, sink: Kuber
 
 
 async def test_a_restarted_writer_clears_only_the_allocation_the_allocator_released(
-        apiserver: ApiServer, api: ApiClient, sink: KubernetesSink, results: list[Result]) -> None:
+    apiserver: ApiServer, api: ApiClient, sink: KubernetesSink, results: list[Result]
+) -> None:
     """A decision lost to kube-scheduler is released by the allocator; the writer that saw the loss may
     have restarted since (what it wrote, forgotten): the release names its allocation, so the
     cluster's own is kept."""

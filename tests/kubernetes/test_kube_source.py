@@ -15,16 +15,33 @@ from dralloc.ingestor.sources import SourceEvent
 from dralloc.kube import KubeSettings
 from dralloc.schemas import events as ev
 
-CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
-         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]}}
-SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "node-0-gpu"},
-         "spec": {"driver": "gpu.example.com", "nodeName": "node-0", "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
-                  "devices": [{"name": "gpu-0"}]}}
+CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "gpu.example.com"},
+    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]},
+}
+SLICE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceSlice",
+    "metadata": {"name": "node-0-gpu"},
+    "spec": {
+        "driver": "gpu.example.com",
+        "nodeName": "node-0",
+        "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
+        "devices": [{"name": "gpu-0"}],
+    },
+}
 
 
 def claim(name: str, namespace: str = "default", **extra: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}, **extra}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
+        **extra,
+    }
 
 
 class Running:
@@ -209,8 +226,7 @@ async def test_410_gone_relists_and_finds_what_happened_in_the_gap(apiserver: Ap
     events = await run.take(2)
     assert sorted(names(events)) == [("deleted", "default/goes"), ("submitted", "default/new")]
     assert await run.quiet() == []  # `stays` was known: not submitted again
-    lists = [r for r in apiserver._requests if r.resource and r.resource.plural == "resourceclaims"
-             and r.method.value == "GET" and not r.params.get("watch")]
+    lists = [r for r in apiserver._requests if r.resource and r.resource.plural == "resourceclaims" and r.method.value == "GET" and not r.params.get("watch")]
     assert len(lists) == 2  # the first list and the re-list after 410
 
 

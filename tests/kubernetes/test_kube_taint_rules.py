@@ -9,9 +9,15 @@ from test_kube_source import CLASS, start  # noqa: F401 - the fixture
 
 from dralloc.schemas import events as ev
 
-RULE = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "gpu-0-broken"},
-        "spec": {"deviceSelector": {"driver": "gpu.example.com", "device": "gpu-0"},
-                 "taint": {"key": "example.com/unhealthy", "value": "ecc", "effect": "NoExecute"}}}
+RULE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceTaintRule",
+    "metadata": {"name": "gpu-0-broken"},
+    "spec": {
+        "deviceSelector": {"driver": "gpu.example.com", "device": "gpu-0"},
+        "taint": {"key": "example.com/unhealthy", "value": "ecc", "effect": "NoExecute"},
+    },
+}
 
 
 def rules(events: list[Any]) -> list[tuple[str, str, str | None]]:
@@ -39,4 +45,3 @@ async def test_rules_are_listed_watched_and_removed(apiserver: ApiServer, start:
     apiserver.remove("devicetaintrules", None, "gpu-0-broken")
     assert rules(await run.take(1)) == [("rule-removed", "gpu-0-broken", None)]
     assert await run.quiet() == [] and run.problems == []
-

@@ -22,17 +22,27 @@ from kustomize_render import granted, render  # noqa: E402
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
-TEMPLATE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "one-gpu", "namespace": "ml"},
-            "spec": {"metadata": {"labels": {"team": "vision"}},
-                     "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}}
+TEMPLATE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "one-gpu", "namespace": "ml"},
+    "spec": {
+        "metadata": {"labels": {"team": "vision"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
+    },
+}
 
 
 def pod(name: str = "trainer", template: str = "one-gpu") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
-            "spec": {"containers": [{"name": "main", "image": "busybox"}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template},
-                                        {"name": "shared", "resourceClaimName": "existing"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}, {"name": "shared", "resourceClaimName": "existing"}],
+        },
+    }
 
 
 class Run:
@@ -83,8 +93,9 @@ async def test_pod_gets_its_claim_like_the_controller_makes_it(apiserver: ApiSer
     assert meta["generateName"] == "trainer-gpu-" and meta["name"].startswith("trainer-gpu-") and len(meta["name"]) > 12
     assert meta["annotations"][POD_CLAIM_NAME_ANNOTATION] == "gpu"
     assert meta["labels"] == {"team": "vision"}
-    assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": stored_pod["metadata"]["uid"],
-                                        "controller": True, "blockOwnerDeletion": True}]
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": stored_pod["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    ]
     assert made["spec"] == TEMPLATE["spec"]["spec"]
     # The Pod's status names its claim, and the claim is submitted for allocation.
     async with asyncio.timeout(5):
@@ -141,8 +152,11 @@ async def test_rbac_of_the_claim_templates_overlay_is_exactly_what_is_called(api
             return "watch" if r.params.get("watch") in ("true", "True", "1") else ("get" if r.name else "list")
         return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
 
-    called = {(r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), verb(r))
-              for r in apiserver._requests if r.headers.get("User-Agent") == agent and r.resource is not None}
+    called = {
+        (r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""), verb(r))
+        for r in apiserver._requests
+        if r.headers.get("User-Agent") == agent and r.resource is not None
+    }
     overlay, base = granted(render(INFRA / "claim-templates"), "dralloc-ingestor"), granted(render(INFRA), "dralloc-ingestor")
     assert called <= overlay  # nothing it calls is missing
     assert overlay - base <= called  # and the overlay adds only what the controller calls

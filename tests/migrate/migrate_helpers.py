@@ -111,12 +111,18 @@ def allocate(docs: Iterable[dict], fleet: Iterable[tuple[str, int]] = FLEET) -> 
             node = None
             for pod_claim in spec.get("resourceClaims") or []:
                 template = templates[(obj["metadata"].get("namespace"), pod_claim["resourceClaimTemplateName"])]
-                claim = msgspec.convert({
-                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": f"{obj['metadata']['name']}-{abs(hash(str(path)))}-{pod_claim['name']}",
-                                 "namespace": obj["metadata"].get("namespace") or "default"},
-                    "spec": template["spec"]["spec"],
-                }, ResourceClaim)
+                claim = msgspec.convert(
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceClaim",
+                        "metadata": {
+                            "name": f"{obj['metadata']['name']}-{abs(hash(str(path)))}-{pod_claim['name']}",
+                            "namespace": obj["metadata"].get("namespace") or "default",
+                        },
+                        "spec": template["spec"]["spec"],
+                    },
+                    ResourceClaim,
+                )
                 (outcome,) = e.allocate([claim])
                 assert outcome.status == "allocated", outcome.message
                 node = outcome.node

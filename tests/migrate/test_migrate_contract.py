@@ -86,7 +86,8 @@ def test_a_directory_is_read_sorted_and_the_output_is_stable(tmp_path):
     [
         (GPU_POD.replace("nvidia.com/gpu: 1", "nvidia.com/gpu: 1\n        nvidia.com/gpumem: 8000"), "nvidia.com/gpumem"),
         (GPU_POD.replace("  containers:", "  resourceClaims:\n  - {name: nic, resourceClaimName: rdma}\n  containers:"), "already mixes"),
-        ("""apiVersion: serving.kserve.io/v1beta1
+        (
+            """apiVersion: serving.kserve.io/v1beta1
 kind: InferenceService
 metadata: {name: llama}
 spec:
@@ -95,8 +96,11 @@ spec:
       modelFormat: {name: huggingface}
       resources:
         limits: {nvidia.com/gpu: 1}
-""", "outside a PodSpec"),
-        ("""apiVersion: argoproj.io/v1alpha1
+""",
+            "outside a PodSpec",
+        ),
+        (
+            """apiVersion: argoproj.io/v1alpha1
 kind: Workflow
 metadata: {generateName: train-}
 spec:
@@ -106,7 +110,9 @@ spec:
       image: train:1
       resources:
         limits: {nvidia.com/gpu: 2}
-""", "outside a PodSpec"),
+""",
+            "outside a PodSpec",
+        ),
     ],
     ids=["unknown-nvidia-resource", "mixes-claims", "kserve-model", "argo-container"],
 )
@@ -134,8 +140,10 @@ def test_other_vendors_gpus_are_left_with_a_warning():
         (GPU_POD + "---\n- just\n- a list\n", "(document 2): expected a Kubernetes object"),
         (GPU_POD.replace("nvidia.com/gpu: 1", "nvidia.com/gpu: two"), "field spec.containers[0].resources.limits.nvidia.com/gpu"),
         (GPU_POD.replace("nvidia.com/gpu: 1", "nvidia.com/gpu: -1"), "whole number of devices"),
-        (GPU_POD.replace("    resources:\n      limits:\n        nvidia.com/gpu: 1", "    resources:\n      limits: 3\n      requests: {nvidia.com/gpu: 1}"),
-         "field spec.containers[0].resources.limits: expected a mapping"),
+        (
+            GPU_POD.replace("    resources:\n      limits:\n        nvidia.com/gpu: 1", "    resources:\n      limits: 3\n      requests: {nvidia.com/gpu: 1}"),
+            "field spec.containers[0].resources.limits: expected a mapping",
+        ),
         ("metadata: {name: a}\nmetadata: {name: b}\n", "invalid YAML"),
     ],
     ids=["yaml", "not-an-object", "words", "negative", "limits-shape", "duplicate-key"],
@@ -214,8 +222,10 @@ spec: {spec: {devices: {requests: [{name: x, exactly: {deviceClassName: gpu.nvid
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(7)), "aliases expanded"),
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(7)),
+            "aliases expanded",
+        ),
         ("a: " + "[" * 300 + "]" * 300 + "\n", "nested deeper"),
     ],
     ids=["alias-bomb", "deep"],

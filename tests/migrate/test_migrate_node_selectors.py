@@ -28,7 +28,7 @@ spec:
 
 
 def node_selector(labels: dict[str, str]) -> str:
-    return "  nodeSelector:\n" + "".join(f"    {k}: \"{v}\"\n" for k, v in labels.items())
+    return "  nodeSelector:\n" + "".join(f'    {k}: "{v}"\n' for k, v in labels.items())
 
 
 def required(*terms: list[tuple[str, str, list[str]]]) -> str:
@@ -90,8 +90,10 @@ def test_gt_and_lt_are_strict_to_the_mib():
 
 
 def test_translated_labels_leave_the_pod_others_stay():
-    text = pod(node_selector({gfd.PRODUCT: "NVIDIA-L40S", "topology.kubernetes.io/zone": "a"})
-               + required([(gfd.FAMILY, "In", ["ada-lovelace"]), ("kubernetes.io/arch", "In", ["amd64"])]))
+    text = pod(
+        node_selector({gfd.PRODUCT: "NVIDIA-L40S", "topology.kubernetes.io/zone": "a"})
+        + required([(gfd.FAMILY, "In", ["ada-lovelace"]), ("kubernetes.io/arch", "In", ["amd64"])])
+    )
     out = documents(migrate(text).stdout)[1]["spec"]
     assert out["nodeSelector"] == {"topology.kubernetes.io/zone": "a"}
     terms = out["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]

@@ -45,8 +45,12 @@ def test_without_usage_data_whole_gpus_stay_whole():
 def test_replicas_of_every_kind_are_counted():
     result, _ = plan([str(EXAMPLES)], [{"profile": "h100-sxm-mig", "count": 4}, {"profile": "l40s-pcie", "count": 1}])
     pods = {d["workload"]: d["pods"] for d in result["drivers"]}
-    assert pods == {"Deployment/inference/vllm-llama3": 2, "PyTorchJob/training/llama-finetune": 3,
-                    "RayCluster/inference/ray-batch-inference": 4, "Pod/inference/triton-mig": 1}
+    assert pods == {
+        "Deployment/inference/vllm-llama3": 2,
+        "PyTorchJob/training/llama-finetune": 3,
+        "RayCluster/inference/ray-batch-inference": 4,
+        "Pod/inference/triton-mig": 1,
+    }
     assert result["device_plugin_gpus"] == 2 + 24 + 4 + 1
 
 
@@ -73,8 +77,9 @@ def test_cli_json_table_exit_codes_and_chart(tmp_path, usage):
     bad = runner.invoke(app, ["plan", "-f", str(EXAMPLES), "--fleet", str(tmp_path / "missing.yaml")])
     assert bad.exit_code == 2 and "missing.yaml" in bad.stderr and bad.stdout == ""
     svg = tmp_path / "plan.svg"
-    drawn = runner.invoke(app, ["plan", "-f", str(EXAMPLES / "vllm-deployment.yaml"), "--fleet", str(fleet), "--usage", usage,
-                                "-o", "svg", "--chart-file", str(svg)])
+    drawn = runner.invoke(
+        app, ["plan", "-f", str(EXAMPLES / "vllm-deployment.yaml"), "--fleet", str(fleet), "--usage", usage, "-o", "svg", "--chart-file", str(svg)]
+    )
     assert drawn.exit_code == 0 and svg.read_text().lstrip().startswith("<?xml") and "GPUs saved" in svg.read_text()
 
 

@@ -64,13 +64,24 @@ def _engine_first_fit(fleet, workloads) -> tuple[int, set[str], int, dict[str, f
     return len(gpus), nodes, not_fitted, per_workload
 
 
-@pytest.mark.parametrize("fleet, count, seed", [
-    # room for everything: nodes of four profiles, product and family labels choose among them
-    ([{"profile": "h100-sxm", "count": 6}, {"profile": "h100-sxm-mig", "count": 2}, {"profile": "l40s-pcie", "count": 5},
-      {"profile": "a100-pcie", "count": 2}], 30, 3),
-    # too small: pods that do not fit, partly filled nodes taken by later small pods
-    ([{"profile": "l40s-pcie", "count": 2}, {"profile": "h100-sxm", "count": 3}], 40, 11),
-])
+@pytest.mark.parametrize(
+    "fleet, count, seed",
+    [
+        # room for everything: nodes of four profiles, product and family labels choose among them
+        (
+            [
+                {"profile": "h100-sxm", "count": 6},
+                {"profile": "h100-sxm-mig", "count": 2},
+                {"profile": "l40s-pcie", "count": 5},
+                {"profile": "a100-pcie", "count": 2},
+            ],
+            30,
+            3,
+        ),
+        # too small: pods that do not fit, partly filled nodes taken by later small pods
+        ([{"profile": "l40s-pcie", "count": 2}, {"profile": "h100-sxm", "count": 3}], 40, 11),
+    ],
+)
 def test_counting_gives_what_the_engine_gives_without_scoring(tmp_path, fleet, count, seed):
     workloads_path, usage_path = _generated(tmp_path, count, seed)
     workloads = load_workloads([str(EXAMPLES), workloads_path], usage_path, Report())
@@ -83,8 +94,20 @@ def test_counting_gives_what_the_engine_gives_without_scoring(tmp_path, fleet, c
 
 def test_a_claim_no_profile_admits_fits_nowhere():
     first_fit = FirstFit(load_fleet([{"profile": "l40s-pcie", "count": 2}]), CLASSES)
-    hopper = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1, "selectors": [
-        {"cel": {"expression": "device.attributes['gpu.nvidia.com'].architecture == 'Hopper'"}}]}}]}}
+    hopper = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": "gpu.nvidia.com",
+                        "count": 1,
+                        "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].architecture == 'Hopper'"}}],
+                    },
+                }
+            ]
+        }
+    }
     assert first_fit.place(hopper) is None
     one = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 3}}]}}
     # 8 GPUs per L40S node: two pods of 3 on the first node, the third goes to the second

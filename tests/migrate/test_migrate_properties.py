@@ -41,8 +41,12 @@ def workloads(draw) -> dict:
     name = draw(names)
     if draw(st.booleans()):
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "ns"},
-            "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": spec}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": spec}},
+    }
 
 
 def _init_containers(docs: list[dict]) -> set[str]:

@@ -101,8 +101,14 @@ def test_comments_quotes_and_unchanged_documents_are_kept():
     out = migrate(text).stdout
     # the header and the ConfigMap come out as they went in, byte for byte
     assert out.startswith(text[: text.index("# the model server")])
-    for kept in ("# the model server", "# keep the name short", 'owner: "team-a"   # quoted on purpose',
-                 "# the only GPU container", "value: /cache   # shared cache", 'image: "vllm/vllm-openai:v0.6.3"'):
+    for kept in (
+        "# the model server",
+        "# keep the name short",
+        'owner: "team-a"   # quoted on purpose',
+        "# the only GPU container",
+        "value: /cache   # shared cache",
+        'image: "vllm/vllm-openai:v0.6.3"',
+    ):
         assert kept in out, kept
     # the document keeps its indentation style (sequences indented under their key)
     assert "      containers:\n        - name: server" in out
@@ -140,7 +146,7 @@ def test_time_slicing_keeps_the_gpu_shareable():
     assert devices["config"][0]["opaque"]["parameters"]["sharing"] == {"strategy": "TimeSlicing"}
     # GFD's -SHARED suffix names the same product: the claim still lands on that A100
     allocated = allocate([template, documents(migrate((HERE / "timeslicing.yaml").read_text()).stdout)[1]])
-    (_, node, _), = allocated.values()
+    ((_, node, _),) = allocated.values()
     assert node.startswith("a100-pcie")
 
 

@@ -40,8 +40,7 @@ def _engine(fleet) -> Engine:
 
 
 def _claims(template: dict, n: int) -> list[ResourceClaim]:
-    return [msgspec.convert({"metadata": {"name": f"pod-{i}", "namespace": "inference"}, "spec": template["spec"]["spec"]}, ResourceClaim)
-            for i in range(n)]
+    return [msgspec.convert({"metadata": {"name": f"pod-{i}", "namespace": "inference"}, "spec": template["spec"]["spec"]}, ResourceClaim) for i in range(n)]
 
 
 def test_a_share_holds_the_peak_plus_the_margin_in_whole_gib_for_light_containers():
@@ -50,15 +49,18 @@ def test_a_share_holds_the_peak_plus_the_margin_in_whole_gib_for_light_container
     assert isinstance(share(Peak(3000, 30)), str)  # 36% of the engines: time-slicing would starve it or its neighbours
 
 
-@pytest.mark.parametrize("text, memory, names", [
-    # H100 by label: a slice fits, so the slice first (isolation), the share second, the whole GPU last
-    ((EXAMPLES / "vllm-deployment.yaml").read_text(), 7600, ["mig", "share", "gpu"]),
-    ((EXAMPLES / "vllm-deployment.yaml").read_text(), 20000, ["mig", "share", "gpu"]),
-    # L40S by label: no MIG-capable model, the share first
-    (L40S_VLLM, 7600, ["share", "gpu"]),
-    # too much memory for any H100 slice (84000 MiB with the margin) yet light: the share, then the whole GPU
-    ((EXAMPLES / "vllm-deployment.yaml").read_text(), 70000, ["share", "gpu"]),
-])
+@pytest.mark.parametrize(
+    "text, memory, names",
+    [
+        # H100 by label: a slice fits, so the slice first (isolation), the share second, the whole GPU last
+        ((EXAMPLES / "vllm-deployment.yaml").read_text(), 7600, ["mig", "share", "gpu"]),
+        ((EXAMPLES / "vllm-deployment.yaml").read_text(), 20000, ["mig", "share", "gpu"]),
+        # L40S by label: no MIG-capable model, the share first
+        (L40S_VLLM, 7600, ["share", "gpu"]),
+        # too much memory for any H100 slice (84000 MiB with the margin) yet light: the share, then the whole GPU
+        ((EXAMPLES / "vllm-deployment.yaml").read_text(), 70000, ["share", "gpu"]),
+    ],
+)
 def test_a_share_comes_first_only_where_no_slice_fits(tmp_path, text, memory, names):
     changes, docs = _migrated(text, f"inference,vllm-llama3-1,vllm,{memory},10\n", tmp_path)
     options = docs[0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
@@ -92,8 +94,9 @@ def test_a_whole_gpu_claim_on_a_shareable_gpu_keeps_it_to_itself():
     whole = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 8}}]}}
     (taken,) = engine.allocate([msgspec.convert({"metadata": {"name": "train", "namespace": "t"}, "spec": whole}, ResourceClaim)])
     assert taken.status == "allocated"
-    small = {"devices": {"requests": [{"name": "s", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1,
-                                                                  "capacity": {"requests": {"memory": "1Gi"}}}}]}}
+    small = {
+        "devices": {"requests": [{"name": "s", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1, "capacity": {"requests": {"memory": "1Gi"}}}}]}
+    }
     (refused,) = engine.allocate([msgspec.convert({"metadata": {"name": "s", "namespace": "t"}, "spec": small}, ResourceClaim)])
     assert refused.status != "allocated"  # the whole-GPU claim consumed all the memory (the policy's default)
 

@@ -58,15 +58,20 @@ def test_multi_gpu_and_busy_containers_keep_whole_gpus_with_a_reason(tmp_path):
     text = (EXAMPLES / "vllm-deployment.yaml").read_text() + "---\n" + (EXAMPLES / "pytorchjob.yaml").read_text()
     usage = HEADER + "inference,vllm-llama3-abcde,vllm,30500,85\ntraining,llama-finetune-worker-0,pytorch,100,1\n"
     result, out = request_of(text, usage, tmp_path)
-    assert all(r["exactly"]["deviceClassName"] == "gpu.nvidia.com"
-               for d in out if d["kind"] == "ResourceClaimTemplate" for r in d["spec"]["spec"]["devices"]["requests"])
+    assert all(
+        r["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+        for d in out
+        if d["kind"] == "ResourceClaimTemplate"
+        for r in d["spec"]["spec"]["devices"]["requests"]
+    )
     assert any("needs a whole GPU" in c for c in result.report.changes)
     assert any("kept 8 whole GPUs" in c for c in result.report.changes)
 
 
 def test_dcgm_column_names_and_ratio_are_accepted():
-    usage = parse("exported_namespace,exported_pod,exported_container,DCGM_FI_DEV_FB_USED,DCGM_FI_PROF_GR_ENGINE_ACTIVE\n"
-                  "a,w-1,c,100,0.5\na,w-2,c,300,0.25\n", "u.csv")
+    usage = parse(
+        "exported_namespace,exported_pod,exported_container,DCGM_FI_DEV_FB_USED,DCGM_FI_PROF_GR_ENGINE_ACTIVE\na,w-1,c,100,0.5\na,w-2,c,300,0.25\n", "u.csv"
+    )
     assert usage.peak("a", "w", "c") == Peak(300, 50)
     assert usage.peak("a", "x", "c") is None
 

@@ -93,9 +93,7 @@ def test_free_devices_per_kind_stay_in_step_with_the_ledger():
         for node, free in nodes.items():
             bit = 1 << inv.node_rank[node]
             assert all(bool(kinds.ge[kind][k] & bit) == (k <= free) for k in range(1, len(kinds.ge[kind])))
-            total = sum(
-                1 for i in iter_bits(inv.local.get(node, 0)) if (r := inv.devices[i]) is not None and not r.multi and kind_of(r) == kind
-            )
+            total = sum(1 for i in iter_bits(inv.local.get(node, 0)) if (r := inv.devices[i]) is not None and not r.multi and kind_of(r) == kind)
             assert bool(kinds.whole.get(kind, 0) & bit) == (free == total > 0), (kind, node, free, total)
     # a pool rebuilt (its slice published again) is counted again from the ledger
     gpu_slices = [s for s in engine.inventory.slices.values() if s.spec.pool.name == "h100-sxm-0" and s.spec.devices]

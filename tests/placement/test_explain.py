@@ -13,7 +13,10 @@ def test_explain_compares_the_choice_with_the_next_best_node():
     assert notes[0] == "placement on node l40s-pcie-0: same PCIe switch (l40s-pcie-0/pcie-switch-1); node 12% full (1 of 8 matching devices in use before)"
     assert notes[1] == "locality: same PCIe switch (the tightest this node's hardware allows)"
     assert notes[2] == "next best: node l40s-pcie-1: same PCIe switch; node 0% full (0 of 8 matching devices in use before)"
-    assert notes[3] == "hole left: 5 of 8 matching devices free (awkward: not a power of two; best fit prefers nodes it leaves a power of two free, at equal fullness)"
+    assert (
+        notes[3]
+        == "hole left: 5 of 8 matching devices free (awkward: not a power of two; best fit prefers nodes it leaves a power of two free, at equal fullness)"
+    )
 
 
 def test_explain_says_what_hole_the_choice_leaves_and_that_a_reserved_node_was_taken_last():

@@ -39,10 +39,7 @@ metadata: {name: web}
 """
     manifests = load_text(text, "claims.yaml")
     (error,) = manifests.errors
-    assert str(error) == (
-        "claims.yaml (document 1): ResourceClaim/bad: field spec.devices.requests[0].exactly.count: "
-        "Expected `int | null`, got `str`"
-    )
+    assert str(error) == ("claims.yaml (document 1): ResourceClaim/bad: field spec.devices.requests[0].exactly.count: Expected `int | null`, got `str`")
     (good,) = manifests.of_type(ResourceClaim)
     assert good.key == "team/good"
     assert [s.kind for s in manifests.skipped] == ["Deployment"]

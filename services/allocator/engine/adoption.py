@@ -91,8 +91,7 @@ def _overuse(ledger: Ledger, key: str, devices: list[DevKey]) -> list[str]:
             if ledger.counter_used.get(counter, 0) > pool.counters.get(counter, 0):
                 others = _counter_holders(ledger, counter, key)
                 found.append(
-                    f"device {label}: counter {counter[2]}/{counter[3]} of pool {rec.driver}/{rec.pool} is used up"
-                    f" by claim {', '.join(others) or '(none)'}"
+                    f"device {label}: counter {counter[2]}/{counter[3]} of pool {rec.driver}/{rec.pool} is used up by claim {', '.join(others) or '(none)'}"
                 )
     return found
 

@@ -145,8 +145,8 @@ class DeviceEnv:
         # that compares one of these (domain, name) with == runs its checked variant
         if self._version_paths is None:
             self._version_paths = frozenset(
-                (domain, name) for domain, names in self.value["attributes"].items()
-                for name, v in names.items() if rt.is_semver_value(v))
+                (domain, name) for domain, names in self.value["attributes"].items() for name, v in names.items() if rt.is_semver_value(v)
+            )
         return self._version_paths
 
     def ctx(self, needs: Needs) -> Any:
@@ -269,8 +269,7 @@ class Selector:
 
     __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared", "_tests", "_needs")
 
-    def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None,
-                 compared: frozenset[tuple[str, str]] | None = frozenset()):
+    def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None, compared: frozenset[tuple[str, str]] | None = frozenset()):
         self.expression = expression
         self.ast = ast
         self.cost = cost  # estimated worst-case cost, <= MAX_COST
@@ -327,17 +326,17 @@ class Selector:
             raise CelRuntimeError(f"{shown(self.expression)}: evaluation nested too deeply") from None
         if result is True or result is False:
             return result
-        raise CelRuntimeError(
-            f"{shown(self.expression)}: must evaluate to bool, got {rt.type_name(result)} "
-            f"(device {device.driver}/{device.name})")
+        raise CelRuntimeError(f"{shown(self.expression)}: must evaluate to bool, got {rt.type_name(result)} (device {device.driver}/{device.name})")
 
     def __repr__(self) -> str:
         return f"Selector({self.expression!r})"
 
 
-_MISSING_KEY_HINT = ("; not every device has every attribute or capacity: test for it with has() "
-                     '(has(device.attributes["dra.example.com"].model) && ...) or use optional chaining '
-                     '(device.attributes["dra.example.com"].?model.orValue("") == ...)')
+_MISSING_KEY_HINT = (
+    "; not every device has every attribute or capacity: test for it with has() "
+    '(has(device.attributes["dra.example.com"].model) && ...) or use optional chaining '
+    '(device.attributes["dra.example.com"].?model.orValue("") == ...)'
+)
 
 
 def _hint(error: EvalError) -> str:
@@ -371,8 +370,13 @@ def _literal_tests(ast: Node) -> tuple[LiteralTest, ...] | None:
         name, domain_node = target.index.value, target.operand
     else:
         return None
-    if (isinstance(domain_node, Index) and not domain_node.optional and is_device_field(domain_node.operand, "attributes")
-            and isinstance(domain_node.index, Lit) and domain_node.index.kind == "string"):
+    if (
+        isinstance(domain_node, Index)
+        and not domain_node.optional
+        and is_device_field(domain_node.operand, "attributes")
+        and isinstance(domain_node.index, Lit)
+        and domain_node.index.kind == "string"
+    ):
         return ((domain_node.index.value, name, literal),)
     return None
 
@@ -422,8 +426,7 @@ def _compile(expression: str) -> Selector:
     if not isinstance(expression, str):
         raise CelCompileError(f"a CEL expression must be a string, not {type(expression).__name__}")
     if len(expression) > MAX_EXPRESSION_LENGTH:
-        raise CelCompileError(
-            f"expression is {len(expression)} characters long, over the limit of {MAX_EXPRESSION_LENGTH}")
+        raise CelCompileError(f"expression is {len(expression)} characters long, over the limit of {MAX_EXPRESSION_LENGTH}")
     if not expression.strip():
         raise CelCompileError("expression is empty")
     ast, checker, info = check_expression(expression)
@@ -432,7 +435,8 @@ def _compile(expression: str) -> Selector:
     if info.cost > MAX_COST:
         raise CelCompileError(
             f"{shown(expression)}: estimated cost {info.cost:,} is over the limit of {MAX_COST:,} "
-            "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)")
+            "(the expression is too complex: shrink the lists it iterates or nest fewer comprehensions)"
+        )
     checked = _Emitter(checker.types, True)
     try:
         sources = (_Emitter(checker.types, False).emit(ast), checked.emit(ast))
@@ -502,8 +506,7 @@ class _Emitter:
             return True
         if isinstance(node, Select) and isinstance(node.operand, Ident) and node.operand.name == "device":
             return "device" not in self.subst
-        return self._domain_lookup(node) and self._inlinable(node.operand) and (
-            isinstance(node, Select) or isinstance(node.index, Lit))
+        return self._domain_lookup(node) and self._inlinable(node.operand) and (isinstance(node, Select) or isinstance(node.index, Lit))
 
     def t(self, node: Node) -> Type | None:
         """The checker's static type of `node` (None for a node it did not type)."""
@@ -611,7 +614,8 @@ class _Emitter:
             case Unary(op, operand):
                 return f"{op}({e(operand)})"
             case Binary(op, Call("compareTo", (other,), target), Lit(0, "int")) if (
-                    op in ("==", "!=", "<", "<=", ">", ">=") and target is not None and self._quantities(target, other)):
+                op in ("==", "!=", "<", "<=", ">", ">=") and target is not None and self._quantities(target, other)
+            ):
                 return f"({self._key(target)} {op} {self._key(other)})"
             case Binary("==" | "!=" as op, left, right) if self._checked_equality(left, right):
                 call = f"{_EQ}({e(left)}, {e(right)})"
@@ -708,8 +712,7 @@ class _Emitter:
                 v = None
             if v is not None and (len(literals) == 1 or literals[1].kind == "bool"):
                 return f'{{"{rt.V_KEY}": "{v[rt.V_KEY]}"}}'
-        if name in ("isGreaterThan", "isLessThan") and target is not None and len(args) == 1 and (
-                self._quantities(target, args[0])):
+        if name in ("isGreaterThan", "isLessThan") and target is not None and len(args) == 1 and (self._quantities(target, args[0])):
             op = ">" if name == "isGreaterThan" else "<"
             return f"({self._key(target)} {op} {self._key(args[0])})"
         if name == "matches":  # RE2 (Kubernetes' engine) rather than the core's Rust regex
@@ -732,8 +735,7 @@ def _string(text: str) -> str:
 
 
 def _is_device_field(node: Node, *fields: str) -> TypeGuard[Select]:
-    return isinstance(node, Select) and not node.optional and isinstance(node.operand, Ident) and (
-        node.operand.name == "device") and node.field in fields
+    return isinstance(node, Select) and not node.optional and isinstance(node.operand, Ident) and (node.operand.name == "device") and node.field in fields
 
 
 class _NoFastPath(Exception):
@@ -744,8 +746,7 @@ _SIZE = "dralloc_size"  # code-point size; the Rust core's size() counts UTF-8 b
 
 
 def _size(x: Any) -> int:
-    if isinstance(x, (str, list, bytes)) or (isinstance(x, dict) and not rt.is_quantity_value(x)
-                                             and not rt.is_semver_value(x)):
+    if isinstance(x, (str, list, bytes)) or (isinstance(x, dict) and not rt.is_quantity_value(x) and not rt.is_semver_value(x)):
         return len(x)
     raise rt.LibraryError(f"no such overload: size({rt.type_name(x)})")
 

@@ -79,9 +79,16 @@ ORDERED = (*NUMERIC, "string", "bytes", "bool")
 # name -> [(receiver type or None for a global, parameter types, result)]; "A": any (type parameter)
 _STR, _INT, _BOOL = "string", "int", "bool"
 FUNCTIONS: dict[str, list[tuple[Type | None, tuple[Type, ...], Type]]] = {
-    "size": [(None, ("string",), _INT), (None, ("bytes",), _INT), (None, (("list", "A"),), _INT),
-             (None, (("map", "A", "A"),), _INT), ("string", (), _INT), ("bytes", (), _INT),
-             (("list", "A"), (), _INT), (("map", "A", "A"), (), _INT)],
+    "size": [
+        (None, ("string",), _INT),
+        (None, ("bytes",), _INT),
+        (None, (("list", "A"),), _INT),
+        (None, (("map", "A", "A"),), _INT),
+        ("string", (), _INT),
+        ("bytes", (), _INT),
+        (("list", "A"), (), _INT),
+        (("map", "A", "A"), (), _INT),
+    ],
     "contains": [(_STR, (_STR,), _BOOL)],
     "startsWith": [(_STR, (_STR,), _BOOL)],
     "endsWith": [(_STR, (_STR,), _BOOL)],
@@ -143,9 +150,35 @@ NAMESPACES = {"sets", "optional"}
 TYPE_NAMES = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type")
 
 # functions whose cost grows with the size of their receiver/first argument (cel-go: 0.1 per char)
-_LINEAR = {"contains", "startsWith", "endsWith", "indexOf", "lastIndexOf", "lowerAscii", "upperAscii",
-           "replace", "split", "substring", "trim", "join", "charAt", "isSorted", "sum", "min", "max",
-           "string", "bytes", "int", "uint", "double", "bool", "quantity", "isQuantity", "semver", "isSemver"}
+_LINEAR = {
+    "contains",
+    "startsWith",
+    "endsWith",
+    "indexOf",
+    "lastIndexOf",
+    "lowerAscii",
+    "upperAscii",
+    "replace",
+    "split",
+    "substring",
+    "trim",
+    "join",
+    "charAt",
+    "isSorted",
+    "sum",
+    "min",
+    "max",
+    "string",
+    "bytes",
+    "int",
+    "uint",
+    "double",
+    "bool",
+    "quantity",
+    "isQuantity",
+    "semver",
+    "isSemver",
+}
 
 
 def traversal(size: int) -> int:
@@ -195,8 +228,7 @@ def binary_cost(op: str, left: int, right: int, traverses: bool) -> int:
 # + 1; exists_one: `p ? __result__ + 1 : __result__` (2); map, filter, transformList:
 # `__result__ + [x]` (accumulator 1, list 10, add 1; filter also reads x: 13);
 # transformMap(Entry): cel.@mapInsert(__result__, k, v) (3; 2).
-STEP_COST = {"all": 3, "exists": 4, "exists_one": 2, "existsOne": 2, "map": 12, "filter": 13,
-             "transformList": 12, "transformMap": 3, "transformMapEntry": 2}
+STEP_COST = {"all": 3, "exists": 4, "exists_one": 2, "existsOne": 2, "map": 12, "filter": 13, "transformList": 12, "transformMap": 3, "transformMapEntry": 2}
 INIT_COST = {"map": 10, "filter": 10, "transformList": 10, "transformMap": 30, "transformMapEntry": 30}
 """The accumulator's first value: [] or {} (the others start from a literal: 0)."""
 RESULT_COST = {"exists_one": 2, "existsOne": 2}
@@ -222,8 +254,7 @@ def _bind(param: Type, arg: Type, binding: dict[str, Type]) -> bool:
     if arg == "dyn":
         return True
     if isinstance(param, tuple):
-        return isinstance(arg, tuple) and arg[0] == param[0] and all(
-            _bind(p, a, binding) for p, a in zip(param[1:], arg[1:]))
+        return isinstance(arg, tuple) and arg[0] == param[0] and all(_bind(p, a, binding) for p, a in zip(param[1:], arg[1:]))
     return param == arg
 
 
@@ -284,17 +315,14 @@ class Checker:
                 if ci.type not in ("bool", "dyn"):
                     raise CheckError(f"the condition of '_?_:_' must be bool, not {type_str(ci.type)}")
                 if not assignable(ti.type, oi.type):
-                    raise CheckError(
-                        f"found no matching overload for '_?_:_' applied to "
-                        f"'(bool, {type_str(ti.type)}, {type_str(oi.type)})'")
+                    raise CheckError(f"found no matching overload for '_?_:_' applied to '(bool, {type_str(ti.type)}, {type_str(oi.type)})'")
                 return Info(join(ti.type, oi.type), ci.cost + max(ti.cost, oi.cost), max(ti.size, oi.size))
             case ListLit(items):
                 infos = [self.check(i, scope) for i in items]
                 elem: Type | None = None
                 for i in infos:
                     elem = _homogeneous(elem, i.type)
-                return Info(("list", elem or "dyn"), 10 + sum(i.cost for i in infos), len(items),
-                            max((i.size for i in infos), default=0))
+                return Info(("list", elem or "dyn"), 10 + sum(i.cost for i in infos), len(items), max((i.size for i in infos), default=0))
             case MapLit(entries):
                 cost, key, val, key_size = 30, None, None, 0
                 for k, v in entries:
@@ -323,8 +351,7 @@ class Checker:
         t = x.type
         if t == "device":
             if field not in DEVICE_FIELDS:
-                raise CheckError(
-                    f"undefined field '{field}' (device has: {', '.join(sorted(DEVICE_FIELDS))})")
+                raise CheckError(f"undefined field '{field}' (device has: {', '.join(sorted(DEVICE_FIELDS))})")
             ft, size = DEVICE_FIELDS[field]
             return Info(ft, x.cost + 1, size)
         if isinstance(t, tuple) and t[0] == "map":
@@ -394,8 +421,7 @@ class Checker:
         cost = (recv.cost if recv else 0) + sum(a.cost for a in args)
         cost += call_cost(name, [v.size for v in values], first is not None and _is_list(first.type))
         size = 1
-        if name in ("split", "findAll", "replace", "lowerAscii", "upperAscii", "trim", "substring", "join") and (
-                first is not None):
+        if name in ("split", "findAll", "replace", "lowerAscii", "upperAscii", "trim", "substring", "join") and (first is not None):
             size = first.size
             if name == "replace" and len(args) >= 2:
                 size = first.size * max(1, args[1].size)
@@ -418,9 +444,12 @@ class Checker:
                 raise fail()
             return Info("bool", cost + binary_cost(op, left.size, right.size, False), 1)
         if op in ("<", "<=", ">", ">="):
-            ok = ((lt == "dyn" and rt in ("dyn", *ORDERED)) or (rt == "dyn" and lt in ORDERED)
-                  or (lt in NUMERIC and rt in NUMERIC)
-                  or (lt == rt and lt in ORDERED))
+            ok = (
+                (lt == "dyn" and rt in ("dyn", *ORDERED))
+                or (rt == "dyn" and lt in ORDERED)
+                or (lt in NUMERIC and rt in NUMERIC)
+                or (lt == rt and lt in ORDERED)
+            )
             if not ok:
                 raise fail()
             return Info("bool", cost + binary_cost(op, left.size, right.size, False), 1)
@@ -456,9 +485,7 @@ class Checker:
         elif t == "dyn":
             var_type = "dyn"
         else:
-            raise CheckError(
-                f"expression of type '{type_str(t)}' cannot be the range of a comprehension "
-                "(must be a list, a map, or dynamic)")
+            raise CheckError(f"expression of type '{type_str(t)}' cannot be the range of a comprehension (must be a list, a map, or dynamic)")
         size = r.elem if r.elem is not None else (_elem_size(var_type) if t != "dyn" else ATTRIBUTE_MAX_LENGTH)
         inner = {**scope, node.var: Info(var_type, 1, size)}
         p = self.check(node.pred, inner)
@@ -490,9 +517,7 @@ class Checker:
         elif t == "dyn":
             key_type = value_type = "dyn"
         else:
-            raise CheckError(
-                f"expression of type '{type_str(t)}' cannot be the range of a comprehension "
-                "(must be a list, a map, or dynamic)")
+            raise CheckError(f"expression of type '{type_str(t)}' cannot be the range of a comprehension (must be a list, a map, or dynamic)")
         list_range = isinstance(t, tuple) and t[0] == "list"
         key_size = r.elem if r.elem is not None and not list_range else _elem_size(key_type)
         value_size = r.elem if r.elem is not None and list_range else _elem_size(value_type)
@@ -548,8 +573,7 @@ def _homogeneous(previous: Type | None, current: Type) -> Type:
     if previous is None:
         return current
     if not assignable(previous, current):
-        raise CheckError(f"expected type '{type_str(previous)}' but found '{type_str(current)}' "
-                         "(list and map literals hold one type)")
+        raise CheckError(f"expected type '{type_str(previous)}' but found '{type_str(current)}' (list and map literals hold one type)")
     return "dyn" if "dyn" in (previous, current) else previous
 
 

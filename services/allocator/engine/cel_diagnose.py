@@ -45,16 +45,23 @@ from .cel_syntax import (
 
 _DNS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _RESOURCE_NAME = re.compile(r"([a-z0-9.-]+\.[a-z]+)/([a-z0-9.-]+)\Z")
-_VALUE_FIELDS = {"quantity": "capacity", "value": "capacity", "boolean": "attributes", "bool": "attributes",
-                 "int": "attributes", "integer": "attributes", "string": "attributes", "version": "attributes"}
+_VALUE_FIELDS = {
+    "quantity": "capacity",
+    "value": "capacity",
+    "boolean": "attributes",
+    "bool": "attributes",
+    "int": "attributes",
+    "integer": "attributes",
+    "string": "attributes",
+    "version": "attributes",
+}
 _DEVICE_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
 _RELATIONS = ("<", "<=", ">", ">=")
 PLACEHOLDER = "<driver>"
 
 
 def _is_device_field(node: Node, *fields: str) -> TypeGuard[Select]:
-    return isinstance(node, Select) and isinstance(node.operand, Ident) and node.operand.name == "device" and (
-        node.field in fields)
+    return isinstance(node, Select) and isinstance(node.operand, Ident) and node.operand.name == "device" and (node.field in fields)
 
 
 def _driver_literals(node: Node) -> list[Lit]:
@@ -75,7 +82,6 @@ def _driver_literals(node: Node) -> list[Lit]:
 
     visit(node)
     return found
-
 
 
 def _fix_driver(name: str) -> str | None:
@@ -133,22 +139,19 @@ class _Fixer:
                 return self._quantity_relation(Binary(op, f(left), f(right)))
             case Call("sign", (), target) if target is not None:
                 fixed = Call("sign", (f(target),))
-                self.note(f"sign is a function, not a method (despite the library's documentation): "
-                          f"use {self.show(fixed)}")
+                self.note(f"sign is a function, not a method (despite the library's documentation): use {self.show(fixed)}")
                 return fixed
             case Select(operand, field, False) if field in _VALUE_FIELDS and self._is_value(operand):
                 inner = f(operand)
                 if _VALUE_FIELDS[field] == "capacity":
                     inner = self._to_capacity(inner)
-                    self.note(f"attribute and capacity values have no '.{field}' field; a quantity is a device "
-                              f"capacity: use {self.show(inner)}")
+                    self.note(f"attribute and capacity values have no '.{field}' field; a quantity is a device capacity: use {self.show(inner)}")
                 else:
                     self.note(f"attribute values are typed values with no '.{field}' field: use {self.show(inner)}")
                 return inner
             case Index(outer, Lit(key, "string"), False) if self._outer(outer) and "." not in key:
                 fixed = Select(Index(outer, self.domain()), key)
-                self.note(f"device.{outer.field} is keyed by domain: use {self.show(fixed)} "
-                          "(an unqualified name belongs to the driver's domain)")
+                self.note(f"device.{outer.field} is keyed by domain: use {self.show(fixed)} (an unqualified name belongs to the driver's domain)")
                 return fixed
             case Select(outer, field, False) if self._outer(outer) and field not in _VALUE_FIELDS:
                 fixed = Select(Index(outer, self.domain()), field)
@@ -179,8 +182,9 @@ class _Fixer:
         if isinstance(n, Lit) and n.kind == "string":
             fixed = _fix_driver(n.value)
             if fixed is not None:
-                self.note(f"driver names are DNS names such as {fixed}, not resource names like "
-                          f"{n.value!r}: use device.driver == {self.show(Lit(fixed, 'string'))}")
+                self.note(
+                    f"driver names are DNS names such as {fixed}, not resource names like {n.value!r}: use device.driver == {self.show(Lit(fixed, 'string'))}"
+                )
                 return Lit(fixed, "string")
         if isinstance(n, ListLit):
             return ListLit(tuple(self._driver_side(i) for i in n.items))
@@ -197,15 +201,12 @@ class _Fixer:
 def _is_quantity(n: Node) -> bool:
     if isinstance(n, Call) and n.name in ("quantity", "add", "sub"):
         return True
-    return isinstance(n, (Select, Index)) and isinstance(n.operand, Index) and _is_device_field(
-        n.operand.operand, "capacity")
-
+    return isinstance(n, (Select, Index)) and isinstance(n.operand, Index) and _is_device_field(n.operand.operand, "capacity")
 
 
 # --- printing people can read (minimal parentheses) ---------------------------------------
 
-_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "in": 3,
-         "+": 4, "-": 4, "*": 5, "/": 5, "%": 5}
+_PREC = {"||": 1, "&&": 2, "==": 3, "!=": 3, "<": 3, "<=": 3, ">": 3, ">=": 3, "in": 3, "+": 4, "-": 4, "*": 5, "/": 5, "%": 5}
 
 
 def pretty(n: Node, quote: str = '"') -> str:
@@ -275,8 +276,7 @@ def diagnose(expression: str, compile_check: Callable[[str], object]) -> list[st
     if fixer.problems:
         suggestion = pretty(fixed, quote)
         if fixer.placeholder:
-            problems.append(f"replace {PLACEHOLDER} with the driver's name (a DNS name such as gpu.nvidia.com): "
-                            f"{suggestion}")
+            problems.append(f"replace {PLACEHOLDER} with the driver's name (a DNS name such as gpu.nvidia.com): {suggestion}")
         else:
             try:
                 compile_check(suggestion)

@@ -76,8 +76,7 @@ class Optional:
         self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Optional) and self.present == other.present and (
-            not self.present or cel_equal(self.value, other.value))
+        return isinstance(other, Optional) and self.present == other.present and (not self.present or cel_equal(self.value, other.value))
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -243,8 +242,20 @@ def _convert(name: str, x: Any) -> Any:
             if isinstance(x, bool):
                 return x
             if isinstance(x, str):
-                table = {"1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
-                         "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False}
+                table = {
+                    "1": True,
+                    "t": True,
+                    "T": True,
+                    "TRUE": True,
+                    "true": True,
+                    "True": True,
+                    "0": False,
+                    "f": False,
+                    "F": False,
+                    "FALSE": False,
+                    "false": False,
+                    "False": False,
+                }
                 if x in table:
                     return table[x]
                 raise EvalError(f"type conversion error from 'string' to 'bool': {x!r}")
@@ -254,8 +265,7 @@ def _convert(name: str, x: Any) -> Any:
 
 
 def _size(x: Any) -> int:
-    if isinstance(x, (str, bytes, list)) or (isinstance(x, dict) and not is_quantity_value(x)
-                                             and not is_semver_value(x)):
+    if isinstance(x, (str, bytes, list)) or (isinstance(x, dict) and not is_quantity_value(x) and not is_semver_value(x)):
         return len(x)
     raise _no_overload("size", x)
 
@@ -480,8 +490,7 @@ class Interpreter:
         try:
             return Optional(True, cls._index(m, k))
         except EvalError:
-            if isinstance(m, list) and _numeric_kind(k) in ("int", "uint") or (
-                    isinstance(m, dict) and not is_quantity_value(m) and not is_semver_value(m)):
+            if isinstance(m, list) and _numeric_kind(k) in ("int", "uint") or (isinstance(m, dict) and not is_quantity_value(m) and not is_semver_value(m)):
                 return NONE  # absent key or index: none; a wrong type stays an error
             raise
 

@@ -265,7 +265,7 @@ def char_at(s: Any, i: Any) -> str:
     text: str = s  # checked just above
     if i < 0 or i > len(text):
         raise LibraryError(f"index out of range: {i}")
-    return text[i:i + 1]
+    return text[i : i + 1]
 
 
 def index_of(x: Any, sub_: Any, offset: Any = 0) -> int:
@@ -318,7 +318,7 @@ def split(s: Any, sep: Any, n: Any = -1) -> list[str]:
         return []
     if sep == "":
         chars = list(s)
-        return chars if n < 0 or n >= len(chars) else chars[:n - 1] + ["".join(chars[n - 1:])]
+        return chars if n < 0 or n >= len(chars) else chars[: n - 1] + ["".join(chars[n - 1 :])]
     text: str = s  # checked just above
     return text.split(sep, n - 1 if n > 0 else -1)
 
@@ -333,9 +333,7 @@ def substring(s: Any, start: Any, end: Any = None) -> str:
     return text[start:end]
 
 
-_SPACE = "".join(chr(c) for c in (
-    0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
-    0x2028, 0x2029, 0x202F, 0x205F, 0x3000))
+_SPACE = "".join(chr(c) for c in (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000))
 
 
 def trim(s: Any) -> str:

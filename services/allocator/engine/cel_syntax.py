@@ -186,11 +186,25 @@ _TOKEN = re.compile(
     re.X | re.S,
 )
 _RESERVED = {
-    "as", "break", "const", "continue", "else", "for", "function", "if", "import", "let",
-    "loop", "package", "namespace", "return", "var", "void", "while",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "else",
+    "for",
+    "function",
+    "if",
+    "import",
+    "let",
+    "loop",
+    "package",
+    "namespace",
+    "return",
+    "var",
+    "void",
+    "while",
 }
-_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-            "\\": "\\", "'": "'", '"': '"', "`": "`", "?": "?"}
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "`": "`", "?": "?"}
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -212,14 +226,14 @@ def _unescape(body: str, raw: bool, is_bytes: bool, pos: int) -> str | bytes:
             out.append(_ESCAPES[nxt])
             raw_bytes += _ESCAPES[nxt].encode()
             i += 2
-        elif nxt in "xX" and re.match(r"[0-9a-fA-F]{2}", body[i + 2:i + 4]):
-            v = int(body[i + 2:i + 4], 16)
+        elif nxt in "xX" and re.match(r"[0-9a-fA-F]{2}", body[i + 2 : i + 4]):
+            v = int(body[i + 2 : i + 4], 16)
             out.append(chr(v))
             raw_bytes.append(v)
             i += 4
         elif nxt in "uU":
             n = 4 if nxt == "u" else 8
-            hexd = body[i + 2:i + 2 + n]
+            hexd = body[i + 2 : i + 2 + n]
             if is_bytes or not re.fullmatch(rf"[0-9a-fA-F]{{{n}}}", hexd):
                 raise CelSyntaxError("invalid unicode escape", pos)
             cp = int(hexd, 16)
@@ -228,8 +242,8 @@ def _unescape(body: str, raw: bool, is_bytes: bool, pos: int) -> str | bytes:
             out.append(chr(cp))
             raw_bytes += chr(cp).encode()
             i += 2 + n
-        elif nxt in "0123" and re.match(r"[0-7]{3}", body[i + 1:i + 4]):
-            v = int(body[i + 1:i + 4], 8)
+        elif nxt in "0123" and re.match(r"[0-7]{3}", body[i + 1 : i + 4]):
+            v = int(body[i + 1 : i + 4], 8)
             out.append(chr(v))
             raw_bytes.append(v)
             i += 4
@@ -260,9 +274,9 @@ def tokenize(text: str) -> list[tuple[str, Any, int]]:
                 raise CelSyntaxError(f"integer literal {lexeme} out of range", pos)
             tokens.append(("lit", Lit(number, "uint" if unsigned else "int"), pos))
         elif kind == "string":
-            prefix = lexeme[:len(lexeme) - len(lexeme.lstrip("rRbB"))]
+            prefix = lexeme[: len(lexeme) - len(lexeme.lstrip("rRbB"))]
             raw, is_bytes = "r" in prefix.lower(), "b" in prefix.lower()
-            body = lexeme[len(prefix):]
+            body = lexeme[len(prefix) :]
             q = 3 if body[:3] in ('"""', "'''") else 1
             value = _unescape(body[q:-q], raw, is_bytes, pos)
             tokens.append(("lit", Lit(value, "bytes" if is_bytes else "string"), pos))
@@ -288,8 +302,7 @@ def tokenize(text: str) -> list[tuple[str, Any, int]]:
 
 _RELATIONS = {"<", "<=", ">", ">=", "==", "!=", "in"}
 _MACROS = {"all": 2, "exists": 2, "exists_one": 2, "filter": 2}
-_TWO_VAR = {"all": (3,), "exists": (3,), "existsOne": (3,), "transformList": (3, 4), "transformMap": (3, 4),
-            "transformMapEntry": (3, 4)}
+_TWO_VAR = {"all": (3,), "exists": (3,), "existsOne": (3,), "transformList": (3, 4), "transformMap": (3, 4), "transformMapEntry": (3, 4)}
 
 
 class _Parser:

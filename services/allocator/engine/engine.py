@@ -136,7 +136,11 @@ class _Failure(Exception):
 
 class Engine:
     def __init__(
-        self, *, budget: int = DEFAULT_BUDGET, scoring: bool = True, cel_budget: int | None = DEFAULT_CEL_BUDGET,
+        self,
+        *,
+        budget: int = DEFAULT_BUDGET,
+        scoring: bool = True,
+        cel_budget: int | None = DEFAULT_CEL_BUDGET,
         cel_seconds: tuple[Callable[[], float], float] | None = None,
     ) -> None:
         self.inventory = Inventory()
@@ -438,7 +442,9 @@ class Engine:
                     if hit:
                         info[1] |= bit
 
-    def _candidates(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None, node: str | None = None) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
+    def _candidates(
+        self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None, node: str | None = None
+    ) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
         """Devices `alt` could take on the node, in candidate order, before the
         choices of other requests are known; plus the capacity each shared device
         would consume, and why the list is short (the emptying filter)."""
@@ -687,7 +693,9 @@ class Engine:
         explanation = Explanation()
         known = len(self.inventory.node_known)
         if node is None and len(nodes) != known:
-            explanation.notes.append(f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match{_grouped(plans)})")
+            explanation.notes.append(
+                f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match{_grouped(plans)})"
+            )
         for pool in list(self.inventory.unusable.values())[:5]:
             why = f"invalid: {pool.invalid}" if pool.invalid else f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
             explanation.notes.append(f"pool {pool.label} is not used: {why}")
@@ -775,7 +783,9 @@ def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfigu
 
 def _taint_text(inv: Inventory, rec: DeviceRec, alt: Alt) -> str:
     """The taints `alt` does not tolerate on `rec`, each with where it comes from."""
-    return ", ".join(f"{t.key}={t.value or ''}:{t.effect} from {src}" for t, src in zip(rec.taints, inv.taint_sources(rec)) if not tolerated(t, alt.tolerations))
+    return ", ".join(
+        f"{t.key}={t.value or ''}:{t.effect} from {src}" for t, src in zip(rec.taints, inv.taint_sources(rec)) if not tolerated(t, alt.tolerations)
+    )
 
 
 def _node_selector(chosen: list[DeviceRec], node: str | None) -> NodeSelector | None:

@@ -356,8 +356,11 @@ class Inventory:
     def taint_sources(self, rec: DeviceRec) -> list[str]:
         """Where each of the device's taints comes from ("slice" or "DeviceTaintRule/<name>"), in `rec.taints` order."""
         own = ["slice" for t in rec.spec.taints if t.effect in _TOLERATION_NEEDED]
-        return own + [f"DeviceTaintRule/{name}" for name, rule in sorted(self.taint_rules.items())
-                      if rule.spec.taint.effect in _TOLERATION_NEEDED and rule_selects(rule, rec.driver, rec.pool, rec.name)]
+        return own + [
+            f"DeviceTaintRule/{name}"
+            for name, rule in sorted(self.taint_rules.items())
+            if rule.spec.taint.effect in _TOLERATION_NEEDED and rule_selects(rule, rec.driver, rec.pool, rec.name)
+        ]
 
     def _retaint(self, *rules: DeviceTaintRule | None) -> None:
         self.version += 1
@@ -368,8 +371,11 @@ class Inventory:
     def _taints(self, driver: str, pool: str, device: Device) -> tuple[DeviceTaint, ...]:
         own = [t for t in device.taints if t.effect in _TOLERATION_NEEDED]
         if self.taint_rules:
-            own += [rule.spec.taint for _, rule in sorted(self.taint_rules.items())
-                    if rule.spec.taint.effect in _TOLERATION_NEEDED and rule_selects(rule, driver, pool, device.name)]
+            own += [
+                rule.spec.taint
+                for _, rule in sorted(self.taint_rules.items())
+                if rule.spec.taint.effect in _TOLERATION_NEEDED and rule_selects(rule, driver, pool, device.name)
+            ]
         return tuple(own)
 
     # --- slices and pools ------------------------------------------------------------
@@ -523,9 +529,11 @@ def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> 
     selector = rule.spec.device_selector
     if selector is None:
         return False
-    return ((selector.driver is None or selector.driver == driver)
-            and (selector.pool is None or selector.pool == pool)
-            and (selector.device is None or selector.device == device))
+    return (
+        (selector.driver is None or selector.driver == driver)
+        and (selector.pool is None or selector.pool == pool)
+        and (selector.device is None or selector.device == device)
+    )
 
 
 def _validate_pool(pool: Pool) -> str | None:

@@ -77,7 +77,7 @@ class Misfits:
             self._memo.clear()
             self._nodes.clear()
         self._nodes.add(key[1])
-        self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix):] if claimed else message, why=why, steps=steps)
+        self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix) :] if claimed else message, why=why, steps=steps)
 
 
 def shape_of(plan: ClaimPlan) -> tuple[Any, ...]:
@@ -91,7 +91,14 @@ def shape_of(plan: ClaimPlan) -> tuple[Any, ...]:
                 request.name,
                 tuple(
                     (
-                        alt.result_name, alt.base, alt.sub, alt.verdict_key, alt.class_key, alt.all_mode, alt.count, alt.admin,
+                        alt.result_name,
+                        alt.base,
+                        alt.sub,
+                        alt.verdict_key,
+                        alt.class_key,
+                        alt.all_mode,
+                        alt.count,
+                        alt.admin,
                         tuple(sorted(alt.capacity.items())) if alt.capacity else None,
                         tuple((t.key, t.operator, t.value, t.effect) for t in alt.tolerations),
                         alt.constraint_attributes,

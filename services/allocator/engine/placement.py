@@ -616,7 +616,11 @@ class Placement:
         if left <= 0:
             return f"hole left: none (all {total} matching devices of the node in use)"
         useful = left & (left - 1) == 0
-        return f"hole left: {left} of {total} matching devices free" + (" (a useful block: a power of two)" if useful else " (awkward: not a power of two; best fit prefers nodes it leaves a power of two free, at equal fullness)")
+        return f"hole left: {left} of {total} matching devices free" + (
+            " (a useful block: a power of two)"
+            if useful
+            else " (awkward: not a power of two; best fit prefers nodes it leaves a power of two free, at equal fullness)"
+        )
 
     def _closeness(self, topo: NodeTopology, ids: list[int]) -> str:
         if len(ids) == 1:

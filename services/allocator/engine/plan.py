@@ -79,7 +79,9 @@ class ClaimPlan:
     shape: tuple[Any, ...] | None = None  # misfits.shape_of's cache
 
 
-def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int], compile_selector: Any, compile_error: type[Exception]) -> ClaimPlan:
+def plan_claim(
+    claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int], compile_selector: Any, compile_error: type[Exception]
+) -> ClaimPlan:
     key = claim.key
     plan = ClaimPlan(claim=claim, key=key)
     problems = validate(claim)
@@ -89,8 +91,9 @@ def plan_claim(claim: ResourceClaim, classes: dict[str, DeviceClass], class_vers
     for request in claim.spec.devices.requests:
         alts: list[Alt] = []
         # (result name, subrequest, class, selectors, mode, count, admin access, tolerations, capacity)
-        bodies: list[tuple[str, str | None, str, list[DeviceSelector], AllocationMode | None, int | None, bool,
-                           list[DeviceToleration], CapacityRequirements | None]]
+        bodies: list[
+            tuple[str, str | None, str, list[DeviceSelector], AllocationMode | None, int | None, bool, list[DeviceToleration], CapacityRequirements | None]
+        ]
         if request.exactly is not None:
             e = request.exactly
             bodies = [(request.name, None, e.device_class_name, e.selectors, e.allocation_mode, e.count, bool(e.admin_access), e.tolerations, e.capacity)]

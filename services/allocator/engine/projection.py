@@ -92,12 +92,16 @@ def _walk(node: Node, bound: frozenset[str], found: set[Field]) -> None:
     if isinstance(node, (Select, Has)) and (dm := _domain_map(node.operand, bound)) is not None:
         found.add((*dm, node.field))
         return
-    if (isinstance(node, Index) and isinstance(node.index, Lit) and node.index.kind == "string"
-            and (dm := _domain_map(node.operand, bound)) is not None):
+    if isinstance(node, Index) and isinstance(node.index, Lit) and node.index.kind == "string" and (dm := _domain_map(node.operand, bound)) is not None:
         found.add((*dm, node.index.value))
         return
-    if (isinstance(node, Binary) and node.op == "in" and isinstance(node.left, Lit) and node.left.kind == "string"
-            and (dm := _domain_map(node.right, bound)) is not None):
+    if (
+        isinstance(node, Binary)
+        and node.op == "in"
+        and isinstance(node.left, Lit)
+        and node.left.kind == "string"
+        and (dm := _domain_map(node.right, bound)) is not None
+    ):
         found.add((*dm, node.left.value))
         return
     if isinstance(node, Comp):

@@ -130,7 +130,7 @@ class Search:
             total = sum(explicit[:take])
             rest = need - take - min(zeros, need - take)
             if rest > 0:
-                total += sum(explicit[negatives:negatives + rest])
+                total += sum(explicit[negatives : negatives + rest])
             pool = pools.get((key[0], key[1]))
             room = (pool.counters.get(key, 0) if pool is not None else 0) - counter_used.get(key, 0)
             if total > room:

@@ -17,9 +17,7 @@ from typing import NamedTuple
 
 _NUM = r"(?:0|[1-9][0-9]*)"
 _IDENT = r"[0-9A-Za-z-]+"
-_STRICT = re.compile(
-    rf"({_NUM})\.({_NUM})\.({_NUM})(?:-({_IDENT}(?:\.{_IDENT})*))?(?:\+({_IDENT}(?:\.{_IDENT})*))?\Z"
-)
+_STRICT = re.compile(rf"({_NUM})\.({_NUM})\.({_NUM})(?:-({_IDENT}(?:\.{_IDENT})*))?(?:\+({_IDENT}(?:\.{_IDENT})*))?\Z")
 _MAX = 2**64 - 1  # blang/semver keeps uint64 numbers
 
 
@@ -58,8 +56,8 @@ def parse_semver(text: str, normalize: bool = False) -> Version:
 def _normalize(text: str) -> str:
     """Tolerant form: "v1.2" -> "1.2.0", "1.02.3" -> "1.2.3"."""
     text = text.removeprefix("v")
-    core = text[:len(text) - len(text.lstrip("0123456789."))]  # the leading run of digits and dots
-    rest = text[len(core):]
+    core = text[: len(text) - len(text.lstrip("0123456789."))]  # the leading run of digits and dots
+    rest = text[len(core) :]
     parts = core.split(".") if core else []
     if not parts or len(parts) > 3 or any(not p for p in parts):
         return text  # leave it to the strict parser to reject

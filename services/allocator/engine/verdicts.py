@@ -75,6 +75,7 @@ class SelectorBudgetExceeded(Exception):
 class Interrupted(Exception):
     """`Verdicts.interrupt` was called (the process stops): the evaluation was abandoned part way."""
 
+
 _DRIVER_IS = re.compile(r'\s*device\.driver\s*==\s*"([A-Za-z0-9.\-]*)"\s*')
 
 
@@ -212,7 +213,9 @@ class Verdicts:
         self.get(alt, mask)
         entry = self._entry(alt.class_key)
         try:
-            self._evaluate(entry, mask & self.inv.live, tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors), f"class {alt.cls.metadata.name}: ")
+            self._evaluate(
+                entry, mask & self.inv.live, tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors), f"class {alt.cls.metadata.name}: "
+            )
         finally:
             self._envs.clear()
         return entry
@@ -294,7 +297,8 @@ class Verdicts:
                                 f"{owner}selector #{n + offset} ({_short(selector.expression)}) may cost up to "
                                 f"{selector.cost:,} per device; this claim's evaluation budget has {max(0, self.budget):,} "
                                 f"cost units left after {len(done)} devices here: simplify the selector "
-                                "(fewer or shorter loops) or narrow it with cheap tests first")
+                                "(fewer or shorter loops) or narrow it with cheap tests first"
+                            )
                         self.budget -= selector.cost
                     try:
                         result = selector.matches(env, deadline=deadline)
@@ -332,8 +336,8 @@ def _reason(message: str, rec: DeviceRec) -> Outcome | None:
     device sharing the reason has the same one, `projection.project` keys by it.)"""
     named = f" (device {rec.driver}/{rec.spec.name})"
     at = message.rfind(named)
-    if at >= 0 and message[at + len(named):] in ("", cel._MISSING_KEY_HINT):  # what Selector.evaluate appends
-        return (message[:at], message[at + len(named):])
+    if at >= 0 and message[at + len(named) :] in ("", cel._MISSING_KEY_HINT):  # what Selector.evaluate appends
+        return (message[:at], message[at + len(named) :])
     if rec.spec.name in message:
         return None
     return message
@@ -358,8 +362,10 @@ def _estimate(exprs: tuple[str, ...]) -> int:
 
 
 def _out_of_time(what: str, devices: int) -> str:
-    return (f"{what}this claim's selector evaluation ran out of its time budget after {devices} devices here: "
-            "simplify the selectors (fewer or shorter loops) or narrow them with cheap tests first")
+    return (
+        f"{what}this claim's selector evaluation ran out of its time budget after {devices} devices here: "
+        "simplify the selectors (fewer or shorter loops) or narrow them with cheap tests first"
+    )
 
 
 def _short(expression: str, limit: int = 80) -> str:

@@ -78,9 +78,9 @@ L40S = GpuModel("NVIDIA L40S", "Ada Lovelace", "8.9.0", 46068 * 2**20)
 GB200 = GpuModel("NVIDIA GB200", "Blackwell", "10.0.0", 189471 * 2**20)
 
 # DGX/HGX: 4 PCIe switches, 2 per CPU socket, each with 2 GPUs and 2 NICs.
-_HGX = (Switch(0x15, 0, 2, 2), Switch(0x37, 0, 2, 2), Switch(0x9a, 1, 2, 2), Switch(0xbc, 1, 2, 2))
+_HGX = (Switch(0x15, 0, 2, 2), Switch(0x37, 0, 2, 2), Switch(0x9A, 1, 2, 2), Switch(0xBC, 1, 2, 2))
 # Generic PCIe server: 2 switches per NUMA node, 2 GPUs and 1 NIC each.
-_PCIE = (Switch(0x16, 0, 2, 1), Switch(0x38, 0, 2, 1), Switch(0x98, 1, 2, 1), Switch(0xb8, 1, 2, 1))
+_PCIE = (Switch(0x16, 0, 2, 1), Switch(0x38, 0, 2, 1), Switch(0x98, 1, 2, 1), Switch(0xB8, 1, 2, 1))
 # GB200 compute tray: 2 Grace CPUs, each with 2 GPUs and 2 NICs on its own root.
 _GB200_TRAY = (Switch(0x00, 0, 1, 1), Switch(0x01, 0, 1, 1), Switch(0x08, 1, 1, 1), Switch(0x09, 1, 1, 1))
 
@@ -130,38 +130,42 @@ def simulate(profile: str, node: str, *, rack: str | None = None) -> NodeInvento
         switch_id = f"{node}/pcie-switch-{s}"
         for g in range(switch.gpus):
             bus = switch.root_bus + 1 + g
-            inventory.gpus.append(Gpu(
-                name=f"gpu-{minor}",
-                uuid=f"GPU-{_uuid.uuid5(_UUID_NAMESPACE, f'{node}/gpu/{minor}')}",
-                minor=minor,
-                product_name=hw.gpu.product_name,
-                brand="Nvidia",
-                architecture=hw.gpu.architecture,
-                cuda_compute_capability=hw.gpu.compute_capability,
-                memory_bytes=hw.gpu.memory_bytes,
-                pci_bus_id=f"0000:{bus:02x}:00.0",
-                pcie_root=root,
-                numa_node=switch.numa,
-                pcie_switch=switch_id,
-                nvlink=hw.nvlink != "none",
-                nvlink_domain=_nvlink_domain(hw.nvlink, node, minor, rack),
-                clique=clique,
-                mig_profiles=hw.gpu.mig_profiles if hw.mig else (),
-            ))
+            inventory.gpus.append(
+                Gpu(
+                    name=f"gpu-{minor}",
+                    uuid=f"GPU-{_uuid.uuid5(_UUID_NAMESPACE, f'{node}/gpu/{minor}')}",
+                    minor=minor,
+                    product_name=hw.gpu.product_name,
+                    brand="Nvidia",
+                    architecture=hw.gpu.architecture,
+                    cuda_compute_capability=hw.gpu.compute_capability,
+                    memory_bytes=hw.gpu.memory_bytes,
+                    pci_bus_id=f"0000:{bus:02x}:00.0",
+                    pcie_root=root,
+                    numa_node=switch.numa,
+                    pcie_switch=switch_id,
+                    nvlink=hw.nvlink != "none",
+                    nvlink_domain=_nvlink_domain(hw.nvlink, node, minor, rack),
+                    clique=clique,
+                    mig_profiles=hw.gpu.mig_profiles if hw.mig else (),
+                )
+            )
             minor += 1
         for n in range(switch.nics):
             bus = switch.root_bus + 1 + switch.gpus + n
-            inventory.nics.append(Nic(
-                name=f"nic-{nic_index}",
-                if_name=f"ibp{bus}s0",
-                product_name=hw.nic_product,
-                pci_bus_id=f"0000:{bus:02x}:00.0",
-                pcie_root=root,
-                numa_node=switch.numa,
-                pcie_switch=switch_id,
-                rdma=True,
-                link_speed_gbps=hw.nic_speed_gbps,
-            ))
+            inventory.nics.append(
+                Nic(
+                    name=f"nic-{nic_index}",
+                    if_name=f"ibp{bus}s0",
+                    product_name=hw.nic_product,
+                    pci_bus_id=f"0000:{bus:02x}:00.0",
+                    pcie_root=root,
+                    numa_node=switch.numa,
+                    pcie_switch=switch_id,
+                    rdma=True,
+                    link_speed_gbps=hw.nic_speed_gbps,
+                )
+            )
             nic_index += 1
     return inventory
 

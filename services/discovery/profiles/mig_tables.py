@@ -24,35 +24,41 @@ def _table(rows: list[tuple]) -> tuple[MigProfile, ...]:
 
 
 #        id  name          SM  CE DEC ENC JPEG OFA  MiB     placements
-H200 = _table([
-    (19, "1g.18gb",        16, 1, 1, 0, 1, 0, 16384, _ONES),
-    (20, "1g.18gb+me",     16, 1, 1, 0, 1, 1, 16384, _ONES),
-    (15, "1g.35gb",        26, 1, 1, 0, 1, 0, 33280, ((0, 2), (2, 2), (4, 2), (6, 2))),
-    (14, "2g.35gb",        32, 2, 2, 0, 2, 0, 33280, ((0, 2), (2, 2), (4, 2))),
-    (9, "3g.71gb",         60, 3, 3, 0, 3, 0, 71424, ((0, 4), (4, 4))),
-    (5, "4g.71gb",         64, 4, 4, 0, 4, 0, 71424, ((0, 4),)),
-    (0, "7g.141gb",       132, 8, 7, 0, 7, 1, 143360, ((0, 8),)),
-])
+H200 = _table(
+    [
+        (19, "1g.18gb", 16, 1, 1, 0, 1, 0, 16384, _ONES),
+        (20, "1g.18gb+me", 16, 1, 1, 0, 1, 1, 16384, _ONES),
+        (15, "1g.35gb", 26, 1, 1, 0, 1, 0, 33280, ((0, 2), (2, 2), (4, 2), (6, 2))),
+        (14, "2g.35gb", 32, 2, 2, 0, 2, 0, 33280, ((0, 2), (2, 2), (4, 2))),
+        (9, "3g.71gb", 60, 3, 3, 0, 3, 0, 71424, ((0, 4), (4, 4))),
+        (5, "4g.71gb", 64, 4, 4, 0, 4, 0, 71424, ((0, 4),)),
+        (0, "7g.141gb", 132, 8, 7, 0, 7, 1, 143360, ((0, 8),)),
+    ]
+)
 
-H100_80GB = _table([
-    (19, "1g.10gb",        16, 1, 1, 0, 1, 0, 9984, _ONES),
-    (20, "1g.10gb+me",     16, 1, 1, 0, 1, 1, 9984, _ONES),
-    (15, "1g.20gb",        26, 1, 1, 0, 1, 0, 20096, ((0, 2), (2, 2), (4, 2), (6, 2))),
-    (14, "2g.20gb",        32, 2, 2, 0, 2, 0, 20096, ((0, 2), (2, 2), (4, 2))),
-    (9, "3g.40gb",         60, 3, 3, 0, 3, 0, 40448, ((0, 4), (4, 4))),
-    (5, "4g.40gb",         64, 4, 4, 0, 4, 0, 40448, ((0, 4),)),
-    (0, "7g.80gb",        132, 8, 7, 0, 7, 1, 81152, ((0, 8),)),
-])
+H100_80GB = _table(
+    [
+        (19, "1g.10gb", 16, 1, 1, 0, 1, 0, 9984, _ONES),
+        (20, "1g.10gb+me", 16, 1, 1, 0, 1, 1, 9984, _ONES),
+        (15, "1g.20gb", 26, 1, 1, 0, 1, 0, 20096, ((0, 2), (2, 2), (4, 2), (6, 2))),
+        (14, "2g.20gb", 32, 2, 2, 0, 2, 0, 20096, ((0, 2), (2, 2), (4, 2))),
+        (9, "3g.40gb", 60, 3, 3, 0, 3, 0, 40448, ((0, 4), (4, 4))),
+        (5, "4g.40gb", 64, 4, 4, 0, 4, 0, 40448, ((0, 4),)),
+        (0, "7g.80gb", 132, 8, 7, 0, 7, 1, 81152, ((0, 8),)),
+    ]
+)
 
-A100_80GB = _table([
-    (19, "1g.10gb",        14, 1, 0, 0, 0, 0, 9728, _ONES),
-    (20, "1g.10gb+me",     14, 1, 1, 0, 1, 1, 9728, _ONES),
-    (15, "1g.20gb",        14, 1, 1, 0, 0, 0, 19968, ((0, 2), (2, 2), (4, 2), (6, 2))),
-    (14, "2g.20gb",        28, 2, 1, 0, 0, 0, 19968, ((0, 2), (2, 2), (4, 2))),
-    (9, "3g.40gb",         42, 3, 2, 0, 0, 0, 40192, ((0, 4), (4, 4))),
-    (5, "4g.40gb",         56, 4, 2, 0, 0, 0, 40192, ((0, 4),)),
-    (0, "7g.80gb",         98, 7, 5, 0, 1, 1, 80896, ((0, 8),)),
-])
+A100_80GB = _table(
+    [
+        (19, "1g.10gb", 14, 1, 0, 0, 0, 0, 9728, _ONES),
+        (20, "1g.10gb+me", 14, 1, 1, 0, 1, 1, 9728, _ONES),
+        (15, "1g.20gb", 14, 1, 1, 0, 0, 0, 19968, ((0, 2), (2, 2), (4, 2), (6, 2))),
+        (14, "2g.20gb", 28, 2, 1, 0, 0, 0, 19968, ((0, 2), (2, 2), (4, 2))),
+        (9, "3g.40gb", 42, 3, 2, 0, 0, 0, 40192, ((0, 4), (4, 4))),
+        (5, "4g.40gb", 56, 4, 2, 0, 0, 0, 40192, ((0, 4),)),
+        (0, "7g.80gb", 98, 7, 5, 0, 1, 1, 80896, ((0, 8),)),
+    ]
+)
 
 STANDARD_PLACEMENTS: dict[int, tuple[tuple[int, int], ...]] = {p.id: p.placements for p in H200}
 """GI profile id -> placements on an 8-memory-slice GPU (A100, H100, H200 share them).
@@ -70,10 +76,7 @@ _LGIPP = re.compile(r"Profile ID\s+(?P<id>\d+) Placements?\s*:\s*\{(?P<starts>[\
 
 def parse_nvidia_smi(text: str) -> tuple[MigProfile, ...]:
     """Profiles from `nvidia-smi mig -lgip` followed by `nvidia-smi mig -lgipp` (first GPU)."""
-    placements = {
-        int(m["id"]): tuple((int(s), int(m["size"])) for s in m["starts"].split(","))
-        for m in _LGIPP.finditer(text)
-    }
+    placements = {int(m["id"]): tuple((int(s), int(m["size"])) for s in m["starts"].split(",")) for m in _LGIPP.finditer(text)}
     profiles: list[MigProfile] = []
     row: re.Match[str] | None = None
     for line in text.splitlines():
@@ -84,11 +87,19 @@ def parse_nvidia_smi(text: str) -> tuple[MigProfile, ...]:
         second = _LGIP_ROW2.match(line)
         if second:
             pid = int(row["id"])
-            profiles.append(MigProfile(
-                id=pid, name=row["name"], multiprocessors=int(row["sm"]),
-                copy_engines=int(second["ce"]), decoders=int(row["dec"]), encoders=int(row["enc"]),
-                jpeg_engines=int(second["jpeg"]), ofa_engines=int(second["ofa"]),
-                memory_mib=round(float(row["gib"]) * 1024), placements=placements.get(pid, ()),
-            ))
+            profiles.append(
+                MigProfile(
+                    id=pid,
+                    name=row["name"],
+                    multiprocessors=int(row["sm"]),
+                    copy_engines=int(second["ce"]),
+                    decoders=int(row["dec"]),
+                    encoders=int(row["enc"]),
+                    jpeg_engines=int(second["jpeg"]),
+                    ofa_engines=int(second["ofa"]),
+                    memory_mib=round(float(row["gib"]) * 1024),
+                    placements=placements.get(pid, ()),
+                )
+            )
         row = None
     return tuple(profiles)
