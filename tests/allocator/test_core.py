@@ -252,9 +252,13 @@ def give_back_plan(members: list[ResourceClaim]) -> tuple[Decisions, GangPlan, e
     """A partly committed gang whose clique filled up since: it is given back and decided whole."""
     book, first = partly_committed(members)
     (tray,) = [n for n in book.engine.inventory.node_rank if n != first.node and clique(book, n) == clique(book, first.node)]
-    book.engine.placement.within = 1 << book.engine.inventory.node_rank[tray]
-    commit(book, claim("filler", 4))  # the other tray of the first member's clique
-    book.engine.placement.within = None
+    # the other tray of the first member's clique, filled by a claim the engine confines to it
+    filler = claim("filler", 4)
+    assert book.submitted(filler) == Allocate(filler)
+    (outcome,) = book.engine.allocate([filler], within=1 << book.engine.inventory.node_rank[tray])
+    assert outcome.status == "allocated" and outcome.node == tray
+    decided = msgspec.structs.replace(filler, status=ResourceClaimStatus(allocation=outcome.allocation))
+    book.commit_written(ev.AllocationCommitted(claim=decided, node=tray))
     complete = book.submitted(members[1])
     assert isinstance(complete, GangComplete)
     return book, book.decide_gang(complete), first

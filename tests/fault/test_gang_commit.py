@@ -201,11 +201,8 @@ async def test_rebuild_gives_back_a_partly_committed_gang_that_cannot_be_complet
     fillers = {node: claim(f"filler-{node}", 4) for node in others}
     filling = Allocator(bus)
     await filling.rebuild()
-    placement = filling.engine.placement
     for node, filler in fillers.items():
-        placement.within = 1 << filling.engine.inventory.node_rank[node]
-        (outcome,) = filling.engine.allocate([filler])
-        placement.within = None
+        (outcome,) = filling.engine.allocate([filler], within=1 << filling.engine.inventory.node_rank[node])
         assert outcome.status == "allocated" and outcome.node == node
         await bus.publish(ev.ClaimSubmitted(claim=filler))
         decided = msgspec.structs.replace(filler, status=ResourceClaimStatus(allocation=outcome.allocation))

@@ -253,17 +253,27 @@ class Engine:
 
     # --- allocation ----------------------------------------------------------------------
 
-    def allocate(self, claims: Sequence[ResourceClaim], *, node: str | None = None, together: bool = False, explain: bool = False) -> list[Outcome]:
+    def allocate(
+        self,
+        claims: Sequence[ResourceClaim],
+        *,
+        node: str | None = None,
+        together: bool = False,
+        explain: bool = False,
+        within: int | None = None,
+    ) -> list[Outcome]:
         """One Outcome per claim, in order; allocated ones are committed.
 
         A claim that already holds an allocation gets it back unchanged.
         `explain` attaches an Explanation to every outcome (unsatisfiable ones
-        always get one)."""
+        always get one). `within`: the node ranks (a bitset of `Inventory.node_rank`)
+        the engine may pick from when it picks the node (None: every node; a gang's
+        domain, see gang.py); ignored when `node` is given."""
         outcomes: dict[int, Outcome] = {}
         if not together:
             for i, claim in enumerate(claims):
                 # checked claim by claim: a key listed twice gets its first allocation back
-                outcomes[i] = self._existing(claim) or self._allocate_unit([self._plan(claim)], node, explain)[0]
+                outcomes[i] = self._existing(claim) or self._allocate_unit([self._plan(claim)], node, explain, within)[0]
             return [outcomes[i] for i in range(len(claims))]
         pending: list[tuple[int, ClaimPlan]] = []
         seen: set[str] = set()
@@ -277,7 +287,7 @@ class Engine:
                 seen.add(claim.key)
                 pending.append((i, self._plan(claim)))
         if pending:
-            for (i, _), outcome in zip(pending, self._allocate_unit([p for _, p in pending], node, explain)):
+            for (i, _), outcome in zip(pending, self._allocate_unit([p for _, p in pending], node, explain, within)):
                 outcomes[i] = outcome
         return [outcomes[i] for i in range(len(claims))]
 
@@ -304,25 +314,25 @@ class Engine:
         `verdicts.Interrupted`, and so does every later one: the engine is done with."""
         self.verdicts.interrupt()
 
-    def _allocate_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool) -> list[Outcome]:
+    def _allocate_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool, within: int | None) -> list[Outcome]:
         for plan in plans:
             if plan.error:
                 return [Outcome(claim=p.key, status="error", message=plan.error) for p in plans]
         self.verdicts.begin(self.cel_budget, self.cel_seconds)
         try:
-            return self._place_unit(plans, node, explain)
+            return self._place_unit(plans, node, explain, within)
         except SelectorBudgetExceeded as exc:
             return [Outcome(claim=p.key, status="error", message=f"claim {p.key}: {exc}") for p in plans]
         finally:
             self.verdicts.begin(None)
 
-    def _place_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool) -> list[Outcome]:
+    def _place_unit(self, plans: list[ClaimPlan], node: str | None, explain: bool, within: int | None) -> list[Outcome]:
         steps = [0]
         reasons: list[tuple[str | None, str]] = []
         cel_failure = ""
         tried: list[str | None] = []
         try:
-            nodes = [node] if node is not None else self._candidate_nodes(plans)
+            nodes = [node] if node is not None else self._candidate_nodes(plans, within)
             for candidate in nodes:
                 tried.append(candidate)
                 try:
@@ -361,8 +371,9 @@ class Engine:
             return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
         return self.inventory.node_mask(node)
 
-    def _candidate_nodes(self, plans: list[ClaimPlan]) -> Iterator[str | None]:
-        """Known nodes in order, lazily, minus those that cannot host the unit.
+    def _candidate_nodes(self, plans: list[ClaimPlan], within: int | None) -> Iterator[str | None]:
+        """Known nodes in order, lazily, minus those that cannot host the unit and those
+        outside the `within` ranks (None: no such limit).
 
         Without network-attached devices a node is skipped when, for some
         request, it is known (from earlier evaluations) to have no device any
@@ -372,10 +383,11 @@ class Engine:
         if not inv.node_known:
             yield None
             return
+        confined = -1 if within is None else within  # every rank, or a gang's domain
         if inv.nonlocal_bits:
-            yield from self.placement.order_nodes(plans, -1)
+            yield from self.placement.order_nodes(plans, confined)
             return
-        viable = -1  # every rank
+        viable = confined
         need = 0
         for plan in plans:
             for request in plan.requests:

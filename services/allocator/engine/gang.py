@@ -13,8 +13,8 @@ the allocator service collects on:
                                       # "" for any nodes (all-or-nothing only)
 
 The engine's unit allocation does the work: per domain, each claim is
-allocated with the candidate nodes confined to the domain (placement's
-`within`), largest first; if one does not fit, the ones placed so far are
+allocated with the candidate nodes confined to the domain
+(`Engine.allocate(..., within=...)`), largest first; if one does not fit, the ones placed so far are
 released and the next domain is tried. The engine is single-threaded, so
 nobody ever sees a partial gang: it is published whole or not at all.
 
@@ -112,18 +112,15 @@ def allocate_gang(
         )
     first_failure: str = ""
     for domain in candidates:
-        placement.within = sum(1 << rank[n] for n in domains[domain])
+        within = sum(1 << rank[n] for n in domains[domain])
         placed: list[Outcome] = []
         failure: Outcome | None = None
-        try:
-            for claim in pending:
-                (outcome,) = engine.allocate([claim], explain=explain)
-                if outcome.status != "allocated":
-                    failure = outcome
-                    break
-                placed.append(outcome)
-        finally:
-            placement.within = None
+        for claim in pending:
+            (outcome,) = engine.allocate([claim], explain=explain, within=within)
+            if outcome.status != "allocated":
+                failure = outcome
+                break
+            placed.append(outcome)
         if failure is None:
             by_key = {o.claim: o for o in placed}
             message = f"gang {gang}: all {len(claims)} claims in {kind} {domain}"

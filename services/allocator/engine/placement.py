@@ -97,8 +97,6 @@ class Placement:
         self.topology = Topology(inventory)
         self.topology.eager = scoring
         self.kinds = KindIndex(inventory, ledger)
-        self.within: int | None = None
-        """Node ranks a gang is confined to (None: all); set by gang.py for the duration of one member."""
         self._static: dict[tuple[str, tuple[int] | None, DemandKey], int | None] = {}
         self._slot_orders: dict[tuple[object, ...], list[tuple[int, ...]]] = {}  # (node shape, per slot its count, groups, multi)
         self.reserved = 0
@@ -188,8 +186,6 @@ class Placement:
         inv = self.inv
         names = inv.node_names
         viable &= (1 << len(names)) - 1
-        if self.within is not None:
-            viable &= self.within
         if self.reserved_nodes & viable:
             # nodes holding devices reserved for a waiting claim last: a claim takes them only
             # when nothing else fits (each part in the usual order)
