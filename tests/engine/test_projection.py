@@ -268,3 +268,18 @@ def test_a_reused_verdict_costs_no_budget() -> None:
     (outcome,) = engine.allocate([_claim("costly", costly)])
     assert outcome.status == "error" and "evaluation budget" not in outcome.message
     assert "no such key: missing" in outcome.message
+
+
+def test_projections_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A selector that reads a field unique to each device shares nothing: its memory stops at MAX_SHARED,
+    and the devices past it are still evaluated (the verdict is the same)."""
+    from dralloc.allocator.engine import verdicts
+
+    monkeypatch.setattr(verdicts, "MAX_SHARED", 4)
+    engine = _engine(16)
+    (outcome,) = engine.allocate([_claim("c", f"{D}.index >= 10")])
+    assert outcome.status == "allocated"
+    memos = [m for v in engine.verdicts._cache.values() for m in v.shared.values()]
+    assert memos and max(len(m) for m in memos) == 4
+    verdict = next(v for v in engine.verdicts._cache.values() if v.shared)
+    assert verdict.matched.bit_count() == 6  # gpu-10 .. gpu-15

@@ -55,9 +55,9 @@ from dralloc.allocator.engine.plan import Alt, VerdictKey
 
 MAX_KEYS = 4096
 
-MAX_SHARED = 4096
+MAX_SHARED = 1024
 """Projections remembered per (key, selector): a selector that reads a field unique to each device
-(a uuid) shares nothing, and its memory stays bounded."""
+(a uuid) shares nothing, and its memory stays bounded (fleets have a few dozen device shapes)."""
 
 Outcome = bool | str | tuple[str, str]
 """A shared verdict: matched or not, or a runtime error's reason: as is (it names no device), or
