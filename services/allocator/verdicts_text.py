@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dralloc.allocator.engine import Explanation
-from dralloc.allocator.engine.engine import NodeReport, RequestReport
+from dralloc.allocator.engine.explanations import NodeReport, RequestReport
 
 MAX_NAMED = 5
 """Nodes and holders named in a sentence; the rest are counted."""

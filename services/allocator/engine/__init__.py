@@ -5,7 +5,8 @@ allocations and answers allocation requests with `Outcome`s; observers read `Eng
 (an immutable `EngineSnapshot`), never the engine's live state.
 """
 
-from dralloc.allocator.engine.engine import Engine, Explanation, Outcome
+from dralloc.allocator.engine.engine import Engine, Outcome
+from dralloc.allocator.engine.explanations import Explanation
 from dralloc.allocator.engine.snapshot import EngineSnapshot, NodeClassUsage
 
 __all__ = ["Engine", "EngineSnapshot", "Explanation", "NodeClassUsage", "Outcome"]

@@ -24,11 +24,18 @@ from typing import Any, Literal
 import msgspec
 
 from dralloc.allocator.engine import adoption, cel
-from dralloc.allocator.engine.gang import reservation_for
+from dralloc.allocator.engine.explanations import (
+    Explanation,
+    FilterCount,
+    RequestReport,
+    explain_failure,
+    explain_success,
+    grouped,
+)
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.misfits import Misfits
-from dralloc.allocator.engine.placement import Placement, demand_of
+from dralloc.allocator.engine.placement import Placement
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
@@ -60,37 +67,8 @@ DEFAULT_CEL_BUDGET = 5_000_000
 evaluating selectors before it ends as an error: five evaluations of the costliest selector Kubernetes
 accepts (CELSelectorExpressionMaxCost), ~1,000 times what the benchmark fleets' claims spend."""
 
-EXPLAIN_GLOBAL_MAX = 4096
-"""Up to this many usable devices, `explain` counts class and selector matches over all of them."""
-
 FILTERS = ("pool", "class", "selectors", "node", "in use", "counters", "capacity", "taints", "constraints")
 """The candidate filters, in the order they are applied (what `explain` counts)."""
-
-
-class FilterCount(msgspec.Struct, kw_only=True):
-    filter: str
-    left: int
-
-
-class RequestReport(msgspec.Struct, kw_only=True, omit_defaults=True):
-    claim: str
-    request: str  # "req" or "req/sub"
-    wanted: str  # "2" or "all"
-    filters: list[FilterCount] = []
-    emptied_by: str | None = None  # the first filter that left fewer devices than wanted
-    devices: list[str] = []  # the chosen devices (allocated) as driver/pool/device
-    note: str = ""
-
-
-class NodeReport(msgspec.Struct, kw_only=True, omit_defaults=True):
-    node: str | None
-    requests: list[RequestReport] = []
-    verdict: str = ""
-
-
-class Explanation(msgspec.Struct, kw_only=True, omit_defaults=True):
-    nodes: list[NodeReport] = []
-    notes: list[str] = []
 
 
 class Outcome(msgspec.Struct, kw_only=True):
@@ -354,7 +332,7 @@ class Engine:
         message = _unsatisfiable_message(plans, node, reasons)
         # the explanation (every node's verdict, what a waiting claim would hold) is work for
         # `dralloc explain`; a refusal the allocator makes needs only the message
-        explanation = self._explain_failure(plans, node, tried, reasons) if explain else None
+        explanation = explain_failure(self, plans, node, tried, reasons) if explain else None
         return [Outcome(claim=p.key, status="unsatisfiable", message=message, explanation=explanation) for p in plans]
 
     # --- nodes ---------------------------------------------------------------------------
@@ -628,7 +606,7 @@ class Engine:
 
     def _commit(self, plans: list[ClaimPlan], node: str | None, slots_by_claim: list[list[Slot]], explain: bool) -> list[Outcome]:
         # explanations first: their filter counts describe the state the search saw
-        explanations = [self._explain_success(plan, node, slots) if explain else None for plan, slots in zip(plans, slots_by_claim)]
+        explanations = [explain_success(self, plan, node, slots) if explain else None for plan, slots in zip(plans, slots_by_claim)]
         outcomes = []
         for plan, slots, explanation in zip(plans, slots_by_claim, explanations):
             allocation, entries = self._result(plan, node, slots)
@@ -672,73 +650,6 @@ class Engine:
             node_selector=_node_selector(chosen, node),
         )
         return allocation, entries
-
-    # --- explanations --------------------------------------------------------------------
-
-    def _report(self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node: str | None = None) -> tuple[RequestReport, list[DeviceRec]]:
-        """Devices left after each filter for one request on one node. The first counts
-        (pool, class, selectors) cover every usable device, or in an inventory over
-        EXPLAIN_GLOBAL_MAX devices only the node's (selectors are evaluated lazily)."""
-        report = RequestReport(claim=plan.key, request=alt.result_name, wanted="all" if alt.all_mode else str(alt.count))
-        live = self.inventory.live
-        universe = live if live.bit_count() <= EXPLAIN_GLOBAL_MAX else mask & live
-        cls = self.verdicts.class_only(alt, universe)
-        full = self.verdicts.get(alt, universe)
-        counts = [
-            ("pool", universe.bit_count()),
-            ("class", (cls.matched & universe).bit_count()),
-            ("selectors", (full.matched & universe).bit_count()),
-            ("node", (full.matched & universe & mask).bit_count()),
-        ]
-        report.filters = [FilterCount(filter=f, left=n) for f, n in counts]
-        need = 1 if alt.all_mode else alt.count
-        for f, n in counts:
-            if n < need:
-                report.emptied_by = f
-                break
-        cands, _, problem = self._candidates(plan, alt, mask, order, report, node=node)
-        if alt.all_mode and problem:
-            report.emptied_by = report.emptied_by or "all"
-        return report, cands
-
-    def _explain_failure(self, plans: list[ClaimPlan], node: str | None, nodes: list[str | None], reasons: list[tuple[str | None, str]]) -> Explanation:
-        explanation = Explanation()
-        known = len(self.inventory.node_known)
-        if node is None and len(nodes) != known:
-            explanation.notes.append(
-                f"{len(nodes)} of {known} known nodes were tried; the others cannot hold the claims (too few free devices, or none that match{_grouped(plans)})"
-            )
-        for pool in list(self.inventory.unusable.values())[:5]:
-            why = f"invalid: {pool.invalid}" if pool.invalid else f"incomplete: {len(pool.slices)} of {pool.expected} slices of generation {pool.generation}"
-            explanation.notes.append(f"pool {pool.label} is not used: {why}")
-        if node is None and len(plans) == 1 and not plans[0].error:
-            # a large claim that may wait holds the node closest to fitting it (reservations)
-            explanation.notes += self.placement.describe_wait(reservation_for(self, [plans[0].claim]))
-        k = self.explain_nodes
-        if node is None and self.explain_untried:
-            tried = set(nodes)
-            nodes = [*nodes, *(n for n in self.inventory.nodes() if n not in tried)]
-        shown = [node] if node is not None else (nodes[:k] or self.inventory.nodes()[:k] or [None])
-        reason_of = dict(reasons)
-        for candidate in shown:
-            mask, order = self._mask(candidate)
-            report = NodeReport(node=candidate, verdict=reason_of.get(candidate, ""))
-            for plan in plans:
-                for request in plan.requests:
-                    for alt in request.alts:
-                        report.requests.append(self._report(plan, alt, mask, order, node=candidate)[0])
-            explanation.nodes.append(report)
-        return explanation
-
-    def _explain_success(self, plan: ClaimPlan, node: str | None, slots: list[Slot]) -> Explanation:
-        mask, order = self._mask(node)
-        report = NodeReport(node=node, verdict="allocated: the first devices in candidate order (driver/pool/slice/device) that satisfy every constraint")
-        for slot in slots:
-            request, _ = self._report(plan, slot.alt, mask, order, node=node)
-            request.devices = [rec.label for rec in slot.chosen]
-            report.requests.append(request)
-        chosen = [rec for slot in slots for rec in slot.chosen]
-        return Explanation(nodes=[report], notes=self.placement.describe(node, chosen, demand_of([plan])))
 
 
 def _has_group(inv: Inventory, matched: int, alt: Alt) -> bool:
@@ -835,20 +746,13 @@ def _node_of(allocation: AllocationResult) -> str | None:
     return None
 
 
-def _grouped(plans: list[ClaimPlan]) -> str:
-    """Words for the matchAttribute groups a node must have (`Alt.group`), for messages about
-    nodes skipped without a try; empty when no request asks for one."""
-    groups = sorted({(alt.group, a) for plan in plans for request in plan.requests for alt in request.alts if alt.group for a in alt.match_attributes})
-    return "".join(f", or no {n} of them with one value of {a} (matchAttribute)" for n, a in groups)
-
-
 def _unsatisfiable_message(plans: list[ClaimPlan], node: str | None, reasons: list[tuple[str | None, str]]) -> str:
     who = "the claim" if len(plans) == 1 else f"all {len(plans)} claims together"
     if node is not None:
         why = reasons[0][1] if reasons else "no candidate devices"
         return f"cannot allocate {who} on node {node}: {why}"
     if not reasons:
-        return f"cannot allocate {who}: no node has enough free devices that match the requests{_grouped(plans)}"
+        return f"cannot allocate {who}: no node has enough free devices that match the requests{grouped(plans)}"
     first_node, why = reasons[0]
     if first_node is None:
         return f"cannot allocate {who}: no node is known (no Node objects, no node-local slices), and {why}"
