@@ -174,7 +174,7 @@ def representable(driver: str, device: Device) -> bool:
                     _attribute_value(attr)
     except (ValueError, TypeError, OverflowError):
         return False
-    return all(_quantity_ok(type(cap.value), cap.value) for cap in device.capacity.values())
+    return all(_quantity_ok(type(cap.value).__name__, cap.value) for cap in device.capacity.values())
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -191,7 +191,7 @@ def _version_ok(text: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _quantity_ok(kind: type, value: str | int | float) -> bool:
+def _quantity_ok(kind: str, value: str | int | float) -> bool:
     """A capacity value CEL can hold (a fleet repeats a few; `kind` keeps 1 and 1.0 and True apart)."""
     try:
         rt.quantity_value(parse_quantity(value))
