@@ -14,13 +14,17 @@ invalidated for the devices of a changed slice, and only for those.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
     Device,
+    DeviceCapacity,
     DeviceClass,
     DeviceTaint,
     DeviceTaintRule,
@@ -212,10 +216,23 @@ def _requirement(key: str, op: str, values: list[str], labels: dict[str, str]) -
 
 def _capacities(driver: str, device: Device) -> dict[str, Capacity]:
     """Capacities by fully-qualified name; an entry qualified with the driver's own
-    domain wins over a bare one of the same name (as Kubernetes resolves them)."""
+    domain wins over a bare one of the same name (as Kubernetes resolves them).
+
+    The result is shared by every device publishing the same capacities (a fleet's GPUs
+    and MIG partitions repeat a few maps over hundreds of thousands of devices) and must
+    not be changed by its users."""
+    if not device.capacity:
+        return {}
+    return _parsed_capacities(driver, msgspec.json.encode(device.capacity))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_capacities(driver: str, encoded: bytes) -> dict[str, Capacity]:
+    """`_capacities` of one encoded capacity map (errors are raised, not cached)."""
+    capacity = msgspec.json.decode(encoded, type=dict[str, DeviceCapacity])
     out: dict[str, Capacity] = {}
     prefix = driver + "/"
-    items = sorted(device.capacity.items(), key=lambda kv: not kv[0].startswith(prefix))
+    items = sorted(capacity.items(), key=lambda kv: not kv[0].startswith(prefix))
     for name, cap in items:
         fq = name if "/" in name else prefix + name
         if fq in out:
