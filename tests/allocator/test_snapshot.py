@@ -318,3 +318,15 @@ def test_a_head_out_of_bounds_is_refused():
         fmt.decode_head(b'{"format": 1, "extra": true}')
     with pytest.raises(ValueError, match="bytes"):
         fmt.decode_head(b" " * (fmt.MAX_HEAD_BYTES + 1))
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "ten", "1e3", "", "9" * 40, "٣"])
+def test_a_malformed_snapshot_interval_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", value)
+    with pytest.raises(ValueError, match="DRALLOC_ALLOCATOR_SNAPSHOT_EVERY must be a positive whole number"):
+        Config.from_env()
+
+
+def test_the_snapshot_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", "250")
+    assert Config.from_env().snapshot.every == 250
