@@ -356,6 +356,9 @@ class Result:
     """GPUs (a MIG slice its share) x minutes of every claim placed."""
     utilization_at_first_large_rejection: float | None = None
     utilization_samples: list[float] = field(default_factory=list)
+    fragmented: list[dict] = field(default_factory=list)
+    """Per large refusal with enough free GPUs of the family in total, what the fleet looked like
+    (`_why_fragmented`): why placement failed it."""
     seconds: float = 0.0
     engine_seconds: float = 0.0
 
@@ -416,6 +419,12 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
     order = itertools.count()
     waiting: dict[int, tuple[Job, list[ResourceClaim]]] = {}  # in arrival order
     held: dict[int, int] = {}  # waiting job -> the devices reserved for it
+    # for `_why_fragmented`: when each claim was placed, and per waiting job the nodes it holds now,
+    # every node it held, and the claims placed on a node while that node was held for it
+    placed_at: dict[str, float] = {}
+    holding: dict[int, set[str]] = {}
+    ever_held: dict[int, set[str]] = {}
+    intruders: dict[int, list[str]] = {}
 
     def attempt(job: Job, claims: list[ResourceClaim], now: float) -> bool:
         nonlocal used
@@ -437,6 +446,11 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
         result.engine_seconds += time.perf_counter() - t0
         if not outcomes or any(o.status != "allocated" for o in outcomes):
             return False
+        for o in outcomes:
+            placed_at[o.claim] = now
+            for index, nodes in holding.items():
+                if index != job.index and o.node in nodes:
+                    intruders.setdefault(index, []).append(f"{o.claim} ({job.gpus} {job.family} GPUs{', gang' if job.members else ''}) on {o.node}")
         weight = sum(_weight(engine.inventory.by_key[(r.driver, r.pool, r.device)]) for o in outcomes for r in o.allocation.devices.results)
         used += weight
         result.gpu_minutes += weight * job.duration
@@ -458,7 +472,12 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
         # gang): the refusal is fragmentation, not a lack of capacity
         gpu = _wants(job)[0][1]
         free = sum(1 for recs in by_node.values() for r in recs if gpu(r) and _free(engine, r))
-        result.large_rejected_with_enough_free_gpus += free >= job.gpus * max(1, job.members)
+        enough = free >= job.gpus * max(1, job.members)
+        result.large_rejected_with_enough_free_gpus += enough
+        if enough:
+            result.fragmented.append(
+                _why_fragmented(engine, job, by_node, gpu, holding.get(job.index, set()), ever_held.get(job.index, set()), intruders.get(job.index, []), placed_at)
+            )
         if result.utilization_at_first_large_rejection is None:
             result.utilization_at_first_large_rejection = used / total_gpus
 
@@ -466,12 +485,17 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
         """Each waiting claim, oldest first, holds what is closest to fitting it, apart from the
         nodes held for older ones."""
         held.clear()
+        holding.clear()
         avoid = 0
+        names = engine.inventory.node_names
         for index, (job, claims) in waiting.items():
             bits = reservation_for(engine, claims, domain_label=_domain_label(job), avoid=avoid)
             held[index] = bits
             engine.reserve(bits)
-            avoid |= engine.placement.reserved_nodes
+            ranks = engine.placement.reserved_nodes
+            holding[index] = {names[r] for r in range(len(names)) if (ranks >> r) & 1}
+            ever_held.setdefault(index, set()).update(holding[index])
+            avoid |= ranks
 
     def advance(until: float) -> None:
         nonlocal used
@@ -490,6 +514,7 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
                 del waiting[job.index]  # type: ignore[union-attr]
                 held.pop(job.index, None)  # type: ignore[union-attr]
                 refuse(job)  # type: ignore[arg-type]
+                holding.pop(job.index, None)  # type: ignore[union-attr]
             if reserving and waiting:
                 reserve_for_waiting()
 
@@ -513,6 +538,37 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
     advance(float("inf"))  # what still waits is placed or refused
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _why_fragmented(
+    engine: Engine, job: Job, by_node: dict[str, list], gpu, holding: set[str], ever_held: set[str], intruders: list[str], placed_at: dict[str, float]
+) -> dict:
+    """A large refusal with enough free GPUs of the family in total, described: the free GPUs of
+    the family per node (most first), the nodes held for the claim when its wait ended and, on
+    each, the claims still there and when they came (before or after the wait began), the
+    nodes it held at any time of its wait, and the claims placed on held nodes while it waited."""
+    at = job.at
+    free = {node: sum(1 for r in recs if gpu(r) and _free(engine, r)) for node, recs in by_node.items() if any(gpu(r) for r in recs)}
+    on = engine.placement.kinds.claims
+    held_now = {}
+    for node in sorted(holding):
+        claims = sorted(on.get(node, {}))
+        held_now[node] = {
+            "free": free.get(node, 0),
+            "claims_there_before_the_wait": sum(1 for c in claims if placed_at.get(c, 0.0) <= at),
+            "claims_placed_during_the_wait": sum(1 for c in claims if placed_at.get(c, 0.0) > at),
+        }
+    return {
+        "job": job.index,
+        "family": job.family,
+        "gpus": job.gpus,
+        "members": job.members,
+        "free_total": sum(free.values()),
+        "free_per_node": sorted((n for n in free.values() if n), reverse=True),
+        "held_at_the_end": held_now,
+        "nodes_held_during_the_wait": len(ever_held),
+        "placed_on_held_nodes_during_the_wait": intruders,
+    }
 
 
 # --- numbers -------------------------------------------------------------------------------
@@ -542,6 +598,7 @@ def summary(r: Result) -> dict:
         "utilization_at_first_large_rejection": None if first is None else round(first, 4),
         "engine_seconds": round(r.engine_seconds, 3),
         "units_per_second": round(r.units / r.engine_seconds, 1) if r.engine_seconds else 0.0,
+        "large_rejected_with_enough_free_gpus_why": r.fragmented,
     }
 
 
