@@ -76,7 +76,6 @@ import asyncio
 import gc
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -89,24 +88,20 @@ from dralloc.allocator.config import Config
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.memory import freeze_long_lived
+from dralloc.allocator.fence import Fence, Fenced
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
-from dralloc.bus import MAX_BATCH, ApiError, Bus, Permanent, PubAck, report_lag
+from dralloc.bus import MAX_BATCH, Bus, Permanent, report_lag
 from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 
+__all__ = ["Allocator", "Config", "Fenced", "serve"]
+"""The service's public face: `dralloc run allocator` uses `Config` and `serve`; tests drive `Allocator`."""
+
 log = logging.getLogger("dralloc.allocator")
 
-class Fenced(Exception):
-    """A decision was not written: this allocator is no longer the leader, or its view of ALLOCATIONS is stale."""
-
-
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code when ``Nats-Expected-Last-Sequence`` does not match the stream."""
 T = TypeVar("T")
-WRONG_LAST_MSG_ID = 10070
-"""JetStream's error code when ``Nats-Expected-Last-Msg-Id`` does not match the stream."""
 
 
 class Allocator:
@@ -131,19 +126,23 @@ class Allocator:
         self.lease = lease
         self.term = term or asyncio.Event()
         """Set when a write was fenced off: this term's state can no longer be trusted."""
-        self.last_seq = 0
-        """The last ALLOCATIONS sequence this allocator has seen (rebuilt), or that its last write sent will have."""
-        self.token = uuid.uuid4().hex[:12]
-        """This term's mark on its writes' message ids (see the module docstring)."""
-        self.last_id: str | None = None
-        """The message id of this term's last write sent (None before the first)."""
-        self.tail: asyncio.Task[None] | None = None
-        """The last write sent: done once it (and so every write before it) is stored."""
+        self.fence = Fence(bus, self.term, lease, self._stored)
+        """This term's writes to ALLOCATIONS (fence.py)."""
         self.lock = asyncio.Lock()
         self.engine_busy = False
         """Engine work is running in its thread (`_engine_work`)."""
         self.room_changed = asyncio.Event()
         self.inventory_changed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The last ALLOCATIONS sequence this term has seen, or that its last write sent will have."""
+        return self.fence.last_seq
+
+    @property
+    def tail(self) -> asyncio.Task[None] | None:
+        """The last write sent: done once it (and every write before it) is stored."""
+        return self.fence.tail
 
     @property
     def committed(self) -> dict[str, ev.AllocationCommitted]:
@@ -168,7 +167,7 @@ class Allocator:
         for event in inventory:
             if (refused := self.book.apply_inventory(event)) is not None:
                 log.error("allocator: rebuild: %s", refused)
-        decisions, self.last_seq = decisions_read.result()
+        decisions, self.fence.last_seq = decisions_read.result()
         allocator_metrics().rebuilding()
         allocator_metrics().watch(self.observe_once, asyncio.get_running_loop())
         for event in decisions:
@@ -324,7 +323,7 @@ class Allocator:
                 await self._send_failure(step)
             case Adopt(commit=event):
                 try:
-                    await self._write(event)
+                    await self.fence.write(event)
                 except BaseException:
                     self.book.commit_not_written(event.key)
                     raise
@@ -347,7 +346,7 @@ class Allocator:
         if not plan.batch:
             return
         try:
-            await (await self._send_batch(list(plan.batch), began))
+            await (await self.fence.send_batch(list(plan.batch), began))
         except BaseException:
             self.book.pod_refused(plan)
             raise
@@ -365,7 +364,7 @@ class Allocator:
             await self._send_failure(self.book.failure(claim, outcome.status, outcome.message), began)
             return
         try:
-            stored = await self._send(event, began)
+            stored = await self.fence.send(event, began)
         except BaseException:
             self.book.commit_not_written(event.key)  # not sent: the redelivery decides again
             raise
@@ -406,7 +405,7 @@ class Allocator:
     async def _send_failure(self, failure: ev.AllocationFailed | None, began: float | None = None) -> None:
         """Send a failure the book asks for (None: this term already wrote the same one)."""
         if failure is not None:
-            await self._send(failure, began)
+            await self.fence.send(failure, began)
             self.book.failure_sent(failure)
 
     async def _allocate_gang(self, complete: GangComplete) -> None:
@@ -423,7 +422,7 @@ class Allocator:
             return
         traces = [self.book.contexts.get(event.key) for event in plan.batch]
         try:
-            await (await self._send_batch(plan.batch, began, traces))
+            await (await self.fence.send_batch(plan.batch, began, traces))
         except BaseException:
             self.book.batch_refused(plan)
             raise
@@ -435,69 +434,13 @@ class Allocator:
             await self._send_failure(failure)
 
     async def _release(self, release: ev.AllocationReleased) -> None:
-        await self._write(release)
+        await self.fence.write(release)
         self.book.release_stored(release.key)
         self.room_changed.set()  # freed devices may fit a waiting claim
 
-    async def _write(self, event: ev.AllocationEvent) -> None:
-        """Publish a decision behind the fence and wait until it is stored; raises `Fenced` when refused."""
-        await (await self._send(event))
-
-    def _fence(self, what: str) -> dict[str, str]:
-        """The headers every write of this term carries; raises `Fenced` once the term is over."""
-        if self.term.is_set():
-            raise Fenced(f"term over: {what} not written")
-        if self.lease is None:
-            return {}
-        if not self.lease.held:
-            self.term.set()
-            raise Fenced(f"lease lost (epoch {self.lease.epoch}): {what} not written")
-        return {"Dralloc-Epoch": str(self.lease.epoch)}
-
-    async def _send(self, event: ev.AllocationEvent, began: float | None = None) -> asyncio.Task[None]:
-        """Send a decision behind the fence (see the module docstring); returns the task that completes
-        once it is stored and raises `Fenced` when it was refused. `began`: when the claim was taken up."""
-        headers = {**self._fence(event.subject), "Nats-Expected-Last-Sequence": str(self.last_seq)}
-        if self.last_id is not None:
-            headers["Nats-Expected-Last-Msg-Id"] = self.last_id
-        msg_id = f"{event.msg_id}@{self.token}"
-        ack = await self.bus.send(event, headers=headers, msg_id=msg_id)
-        expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + 1, msg_id
-        self.tail = asyncio.ensure_future(self._stored((event,), ack, expected, began))
-        return self.tail
-
-    async def _send_batch(self, events: list[ev.AllocationEvent], began: float | None = None, traces: list[Context | None] | None = None) -> asyncio.Task[None]:
-        """`_send` for decisions stored all or none (one atomic batch; `traces`: the one each continues).
-        Only once every write before it is stored: its one fence, ``Nats-Expected-Last-Sequence``,
-        then names this term's own write."""
-        if self.tail is not None:
-            await self.tail
-        headers = self._fence(f"{len(events)} decisions of a gang")
-        first = {"Nats-Expected-Last-Sequence": str(self.last_seq)}
-        # The sequence each will take in the ids too: a member given back and committed again in one
-        # term is a new message, not a duplicate (which would refuse the whole batch).
-        msg_ids = [f"{event.msg_id}@{self.token}:{self.last_seq + i}" for i, event in enumerate(events, start=1)]
-        ack = await self.bus.send_batch(events, headers=headers, first=first, msg_ids=msg_ids, traces=traces)
-        expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + len(events), msg_ids[-1]
-        self.tail = asyncio.ensure_future(self._stored(events, ack, expected, began))
-        return self.tail
-
-    async def _stored(self, events: Sequence[ev.AllocationEvent], ack: Awaitable[PubAck], expected: int, began: float | None) -> None:
-        what = events[0].subject if len(events) == 1 else f"{len(events)} decisions of a gang"
-        try:
-            stored = await ack
-        except ApiError as exc:
-            self.term.set()
-            if exc.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
-                raise Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {what} not written") from None
-            raise
-        except BaseException:
-            self.term.set()  # stored or not, nobody can tell now: the next term reads the stream
-            raise
-        if stored.duplicate or stored.seq != expected + len(events):
-            self.term.set()  # a write of this term already stored it: this term's view is not the stream's
-            raise Fenced(f"{what} was already stored (sequence {stored.seq}): the term's view is stale")
-        self.snapshots.stored(expected + 1, events)
+    def _stored(self, first: int, events: Sequence[ev.AllocationEvent], began: float | None) -> None:
+        """A write is stored (`Fence`): the snapshot and the metrics take it into account."""
+        self.snapshots.stored(first, events)
         for event in events:
             decision = isinstance(event, ev.AllocationCommitted | ev.AllocationFailed)
             allocator_metrics().decided(event, time.perf_counter() - began if decision and began else None)
