@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dralloc.bus import AckPolicy, Bus, ConsumerConfig, DeliverPolicy, NatsTimeout, die_with_parent
+from dralloc.bus import AckPolicy, Bus, ConsumerConfig, NatsTimeout, die_with_parent
+from dralloc.bus.raw import jetstream
 
 IN, OUT, BUCKET = "CEIL_IN", "CEIL_OUT", "ceil"
 FETCH = 64
@@ -40,10 +41,10 @@ WINDOW = 512
 
 async def _copy_stream(bus: Bus, source: str, name: str, subjects: list[str]) -> None:
     """A stream configured as `source` is, under another name and subjects (replaced if it exists)."""
-    config = (await bus.js.stream_info(source)).config
+    config = await bus.stream_config(source)
     with contextlib.suppress(Exception):
-        await bus.js.delete_stream(name)
-    await bus.js.add_stream(dataclasses.replace(config, name=name, subjects=subjects, mirror=None, sources=None))
+        await jetstream(bus).delete_stream(name)
+    await jetstream(bus).add_stream(dataclasses.replace(config, name=name, subjects=subjects, mirror=None, sources=None))
 
 
 async def prepare(bus: Bus, status_bucket: str) -> None:
@@ -57,7 +58,7 @@ async def remove(bus: Bus) -> None:
     """Delete what `prepare` made."""
     for name in (IN, OUT, f"KV_{BUCKET}"):
         with contextlib.suppress(Exception):
-            await bus.js.delete_stream(name)
+            await jetstream(bus).delete_stream(name)
 
 
 async def relay(url: str, source: str, target: str, count: int) -> None:
@@ -66,7 +67,7 @@ async def relay(url: str, source: str, target: str, count: int) -> None:
     bus = await Bus.connect(url, name=f"ceiling-{source}")
     try:
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5)
-        sub = await bus.js.pull_subscribe("", durable=f"ceil-{source.lower()}", stream=source, config=config)
+        sub = await jetstream(bus).pull_subscribe("", durable=f"ceil-{source.lower()}", stream=source, config=config)
         done = 0
         while done < count:
             try:
@@ -137,20 +138,10 @@ def middle_rate(times: list[float]) -> float | None:
 async def stored_times(bus: Bus, stream: str, count: int, timeout: float) -> list[float]:
     """The server's timestamps of the first `count` messages of `stream`, once that many are stored."""
     deadline = time.monotonic() + timeout
-    while (await bus.js.stream_info(stream)).state.messages < count and time.monotonic() < deadline:
+    while (await bus.stream_state(stream)).messages < count and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True)
-    sub = await bus.js.pull_subscribe("", durable=None, stream=stream, config=config)
     times: list[float] = []
-    try:
-        pending = (await sub.consumer_info()).num_pending
-        while pending > 0:
-            for msg in await sub.fetch(min(pending, 2000), timeout=5.0):
-                pending = msg.metadata.num_pending
-                times.append(msg.metadata.timestamp.timestamp())
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+    await bus.scan(stream, lambda msg: times.append(msg.time.timestamp()) if msg.time is not None else None)
     return times
 
 
@@ -161,7 +152,7 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, serv
     The source is this process, publishing as fast as the window allows (JetStream's ack awaited
     for each, as the submit path does), each with its own ``Nats-Msg-Id``."""
     await prepare(bus, status_bucket)
-    url = bus.nc.connected_url.geturl() if bus.nc.connected_url is not None else ""
+    url = bus.connected_url or ""
     stages = [Stage(url, IN, "ceil.out", count), Stage(url, OUT, f"$KV.{BUCKET}", count)]
     try:
         for stage in stages:

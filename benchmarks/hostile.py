@@ -224,7 +224,7 @@ async def send_raw(bus: Bus, subject: str, data: bytes, outcome: Outcome, *, hea
     """Publish bytes to JetStream as `bus`'s user; True if stored, False if refused (no ack, or an error)."""
     outcome.sent += 1
     try:
-        await bus.js.publish(subject, data, headers=headers, timeout=2)
+        await (await bus.send_bytes(subject, data, headers=headers, timeout=2))
     except (NatsError, TimeoutError) as exc:
         outcome.refused.append(f"{subject}: {type(exc).__name__}")
         return False
@@ -236,11 +236,11 @@ async def api(bus: Bus, subject: str, body: dict[str, Any] | None, outcome: Outc
     """A JetStream API request as `bus`'s user; True if the server did it (a success answer)."""
     outcome.sent += 1
     try:
-        reply = await bus.nc.request(subject, json.dumps(body or {}).encode(), timeout=1.5)
+        reply = await bus.request(subject, json.dumps(body or {}).encode(), timeout=1.5)
     except (NatsError, TimeoutError) as exc:
         outcome.refused.append(f"{subject}: {type(exc).__name__}")
         return False
-    answer = json.loads(reply.data or b"{}")
+    answer = json.loads(reply or b"{}")
     if "error" in answer:
         outcome.refused.append(f"{subject}: {answer['error'].get('description', answer['error'])}")
         return False
@@ -288,7 +288,7 @@ async def oversized(h: Harness) -> Outcome:
     """Item 1: messages just under max payload on consumed subjects (their dead letters must fit)."""
     out = Outcome()
     async with await h.connect_as("ingestor") as ingestor:
-        limit = ingestor.nc.max_payload
+        limit = ingestor.max_payload
         await send_raw(ingestor, claim_subject(HOSTILE, "big"), b"x" * (limit - 64), out)
         padded = submitted(hostile_claim("big-valid", config={"pad": "y" * (limit - 2000)}))
         await send_raw(ingestor, claim_subject(HOSTILE, "big-valid"), padded, out)
@@ -397,14 +397,13 @@ async def node_credential(h: Harness) -> Outcome:
     """Item 12: a node's discovery credential may publish its own node's slices only, and no claims."""
     out = Outcome()
     async with await h.connect_as(f"discovery-{NODE_USER}") as node:
-        others = await node.js.stream_info("INVENTORY", subjects_filter="dra.inventory.>")
-        mine = [s for s in others.state.subjects or {} if s.split(".")[3] == NODE_USER]
-        theirs = [s for s in others.state.subjects or {} if s.split(".")[3] != NODE_USER]
+        others = await node.subject_counts("INVENTORY", "dra.inventory.>")
+        mine = [s for s in others if s.split(".")[3] == NODE_USER]
+        theirs = [s for s in others if s.split(".")[3] != NODE_USER]
         if theirs:  # a removal of another node's slice: refused
             await send_raw(node, theirs[0], ev.encode(ev.ResourceSliceRemoved(name=theirs[0].split(".")[4], driver="x", pool=theirs[0].split(".")[3])), out)
-        if mine:  # its own slice, republished unchanged: stored (a duplicate)
-            current = await h.admin.js.get_last_msg("INVENTORY", mine[0])
-            await send_raw(node, mine[0], current.data, out, headers={"Nats-Msg-Id": (current.headers or {}).get("Nats-Msg-Id", "")})
+        if mine and (current := await h.admin.last_message("INVENTORY", mine[0])) is not None:  # its own slice, republished unchanged: stored (a duplicate)
+            await send_raw(node, mine[0], current.data, out, headers={"Nats-Msg-Id": current.headers.get("Nats-Msg-Id", "")})
         await send_raw(node, claim_subject(HOSTILE, "from-a-node"), submitted(hostile_claim("from-a-node")), out)
     return out
 
@@ -502,7 +501,7 @@ async def mutated_everywhere(h: Harness) -> Outcome:
     for user in (*SERVICES, f"discovery-{NODE_USER}"):
         async with await h.connect_as(user) as bus:
             for subject in targets.values():
-                batch = mutations(valid, bus.nc.max_payload)
+                batch = mutations(valid, bus.max_payload)
                 if not await send_raw(bus, subject, batch[0], out):  # the server refuses by subject: one try tells
                     out.sent += len(batch) - 1
                     out.refused += [subject] * (len(batch) - 1)

@@ -87,13 +87,11 @@ import yaml
 
 from dralloc.allocator import leader
 from dralloc.bus import (
-    AckPolicy,
     Bus,
-    ConsumerConfig,
-    DeliverPolicy,
     LocalCluster,
     LocalServer,
     NatsError,
+    StoredMessage,
     die_with_parent,
     until_jetstream_answers,
     wait_for_jetstream,
@@ -275,14 +273,14 @@ class Stack:
         async with asyncio.timeout(timeout):
             classes = sum(1 for doc in yaml.safe_load_all(CLASSES.read_text()) if doc)
             while True:
-                nodes = await bus.js.stream_info("INVENTORY", subjects_filter="dra.nodes.>")
-                known = await bus.js.stream_info("INVENTORY", subjects_filter="dra.deviceclasses.>")
+                nodes = await bus.subject_counts("INVENTORY", "dra.nodes.>")
+                known = await bus.subject_counts("INVENTORY", "dra.deviceclasses.>")
                 # the classes too: a probe that comes before its class fails first (two outcomes)
-                if len(nodes.state.subjects or {}) >= self.nodes + self.mig_nodes and len(known.state.subjects or {}) >= classes:
+                if len(nodes) >= self.nodes + self.mig_nodes and len(known) >= classes:
                     break
                 await asyncio.sleep(0.2)
             before = -1
-            while (count := (await bus.js.stream_info("INVENTORY")).state.messages) != before:
+            while (count := (await bus.stream_state("INVENTORY")).messages) != before:
                 before = count
                 await asyncio.sleep(0.5)  # the slices follow their nodes: wait for the stream to settle
             probe = claim_event("probe", gpus=1)
@@ -293,6 +291,11 @@ class Stack:
 
 
 # --- reading streams with their timestamps -------------------------------------------------
+
+
+def _epoch(msg: StoredMessage) -> float:
+    """The server's timestamp of a stored message, in seconds since the epoch (0.0 if it gave none)."""
+    return msg.time.timestamp() if msg.time is not None else 0.0
 
 
 @dataclass
@@ -314,27 +317,17 @@ class StreamReader:
         self.seen: list[Stored] = []
 
     async def read_new(self) -> list[Stored]:
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.next_seq,
-            ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True,
-        )  # fmt: skip
         new: list[Stored] = []
-        sub = await self.bus.js.pull_subscribe("", durable=None, stream=self.stream, config=config)
-        try:
-            pending = (await sub.consumer_info()).num_pending
-            while pending > 0:
-                for msg in await sub.fetch(min(pending, 2000), timeout=5.0):
-                    pending = msg.metadata.num_pending
-                    try:
-                        event: ev.Event | None = ev.decode(msg.data)
-                    except ev.EventDecodeError:
-                        event = None
-                    meta = msg.metadata
-                    new.append(Stored(meta.sequence.stream, meta.timestamp.timestamp(), msg.subject, event, dict(msg.headers or {})))
-                    self.next_seq = meta.sequence.stream + 1
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+
+        def take(msg: StoredMessage) -> None:
+            try:
+                event: ev.Event | None = ev.decode(msg.data)
+            except ev.EventDecodeError:
+                event = None
+            new.append(Stored(msg.sequence, _epoch(msg), msg.subject, event, msg.headers))
+            self.next_seq = msg.sequence + 1
+
+        await self.bus.scan(self.stream, take, start_seq=self.next_seq)
         self.seen += new
         return new
 
@@ -521,7 +514,7 @@ async def settle(bus: Bus, names: set[str], timeout: float) -> Verdict:
         try:
             # Reading and decoding the streams costs the CPU the system is being measured on: only
             # once there can be an outcome for every claim (a count from the server) are they read.
-            if (await bus.js.stream_info("ALLOCATIONS")).state.messages < len(names) and time.monotonic() < deadline:
+            if (await bus.stream_state("ALLOCATIONS")).messages < len(names) and time.monotonic() < deadline:
                 await asyncio.sleep(0.5)
                 continue
             await claims.read_new()
@@ -693,26 +686,20 @@ class Record:
 async def read_records(bus: Bus, bucket: str, namespace: str = NAMESPACE) -> dict[str, Record]:
     """Every record of the status bucket about a claim in `namespace`, by claim name, stamped with the
     time the server stored it (each record's first store: the bucket keeps one per claim)."""
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True)
-    sub = await bus.js.pull_subscribe("", durable=None, stream=f"KV_{bucket}", config=config)
     prefix = f"$KV.{bucket}.{kv_key(namespace + '/')}"
     records: dict[str, Record] = {}
-    try:
-        pending = (await sub.consumer_info()).num_pending
-        while pending > 0:
-            for msg in await sub.fetch(min(pending, 2000), timeout=5.0):
-                pending = msg.metadata.num_pending
-                if not msg.subject.startswith(prefix) or not msg.data:
-                    continue
-                try:
-                    status = decode_status(msg.subject[len(f"$KV.{bucket}.") :], msg.data)
-                except UnreadableStatus:
-                    continue
-                name = msg.subject[len(prefix) :]
-                records.setdefault(name, Record(name, status.state, msg.metadata.timestamp.timestamp(), status.message))
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+
+    def take(msg: StoredMessage) -> None:
+        if not msg.subject.startswith(prefix) or not msg.data:
+            return
+        try:
+            status = decode_status(msg.subject[len(f"$KV.{bucket}.") :], msg.data)
+        except UnreadableStatus:
+            return
+        name = msg.subject[len(prefix) :]
+        records.setdefault(name, Record(name, status.state, _epoch(msg), status.message))
+
+    await bus.scan(f"KV_{bucket}", take)
     return records
 
 
@@ -721,7 +708,7 @@ async def wait_for_records(bus: Bus, bucket: str, count: int, timeout: float) ->
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(NatsError, TimeoutError):
-            if (await bus.js.stream_info(f"KV_{bucket}")).state.messages >= count:
+            if (await bus.stream_state(f"KV_{bucket}")).messages >= count:
                 return
         await asyncio.sleep(0.25)
 

@@ -119,7 +119,7 @@ async def run(decisions: int, *, live: int = 1000, nodes: int = 125, tail: int |
             await leader.snapshots.write()
             snapshot_s = time.perf_counter() - began
         write_s = time.perf_counter() - written_started
-        info = (await bus.js.stream_info("ALLOCATIONS")).state
+        info = await bus.stream_state("ALLOCATIONS")
 
         standby = Allocator(bus)
         started, cpu = time.perf_counter(), time.process_time()

@@ -24,12 +24,25 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
 log = logging.getLogger("dralloc.probes")
 
 STALL_S = 60.0
 """A consumer whose loop has not gone round for this long is stuck (its fetch waits at most
 `dralloc.bus.FETCH_WAIT_S`; a handler is bounded far below this)."""
+
+
+class Observed(Protocol):
+    """What the probes read of a `dralloc.bus.Bus` (a protocol, not the class: the bus imports this
+    module to serve them, and importing the bus back would close a cycle)."""
+
+    @property
+    def is_closed(self) -> bool: ...
+    @property
+    def is_connected(self) -> bool: ...
+    @property
+    def pulses(self) -> Mapping[str, float]: ...
 
 
 def verdict(*, closed: bool, connected: bool, pulses: Mapping[str, float], now: float, stall: float) -> tuple[bool, str]:
@@ -55,7 +68,7 @@ def _stall_from_env(env: Mapping[str, str]) -> float:
 
 
 @contextlib.asynccontextmanager
-async def serve_probes(bus: object, ready: asyncio.Event, env: Mapping[str, str] = os.environ) -> AsyncIterator[int | None]:
+async def serve_probes(bus: Observed, ready: asyncio.Event, env: Mapping[str, str] = os.environ) -> AsyncIterator[int | None]:
     """Serve /livez and /readyz for `bus` (a `dralloc.bus.Bus`) on ``DRALLOC_HEALTH_PORT`` while the
     block runs; yields the port (None: not configured). `ready` is set once the service serves."""
     raw = env.get("DRALLOC_HEALTH_PORT", "")
@@ -72,18 +85,17 @@ async def serve_probes(bus: object, ready: asyncio.Event, env: Mapping[str, str]
         try:
             line = await asyncio.wait_for(reader.readline(), 5)
             path = line.split(b" ")[1].decode("ascii", "replace") if line.count(b" ") >= 2 else ""
-            nc = bus.nc  # type: ignore[attr-defined]
             alive, reason = verdict(
-                closed=bus.closed.is_set() or nc.is_closed,  # type: ignore[attr-defined]
-                connected=nc.is_connected,
-                pulses=dict(bus.pulses),  # type: ignore[attr-defined]
+                closed=bus.is_closed,
+                connected=bus.is_connected,
+                pulses=dict(bus.pulses),
                 now=time.monotonic(),
                 stall=stall,
             )
             if path == "/livez":
                 ok = alive
             elif path == "/readyz":
-                ok = alive and ready.is_set() and nc.is_connected
+                ok = alive and ready.is_set() and bus.is_connected
                 reason = reason if not ok and not alive else ("ready" if ok else "not serving yet, or not connected")
             else:
                 ok, reason = False, "unknown path (use /livez or /readyz)"

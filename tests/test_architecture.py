@@ -16,7 +16,11 @@ added) and checks five contracts:
   to the services through the bus and `schemas/`, never their modules; it may drive the
   engine, a library (ARCHITECTURE.md: the CLI, benchmarks and tests all drive it).
 - nats-through-bus: nats-py (`nats`) is imported only by the bus (the `dralloc.bus`
-  package).
+  package), and a bus's own nats-py handles (``.js``, ``.nc``, ``._js``, ``._nc``) are
+  touched only inside it: everything else uses `Bus`'s methods. `dralloc.bus.raw` hands
+  the handles to tests and benchmarks that meddle with the server on purpose; no other
+  `dralloc` module imports it. The tests keep this contract too (nats-py only through
+  the bus: `test_tests_reach_nats_only_through_the_bus`).
 - no-cycles: no import cycle among dralloc's top-level modules and packages (`dralloc.bus`,
   `dralloc.metrics`, `dralloc.allocator`, ...; the engine counts on its own, a library inside
   the allocator package): a cycle means neither side can be understood, tested or changed
@@ -48,6 +52,9 @@ SCHEMAS = "dralloc.schemas"
 BUS = "dralloc.bus"
 CLIENT = "dralloc.client"
 SERVICES = ("allocator", "discovery", "ingestor", "statuswriter")
+BUS_RAW = "dralloc.bus.raw"
+# The attributes a Bus keeps nats-py's connection and JetStream context in (and their public names of old).
+BUS_HANDLES = frozenset({"js", "nc", "_js", "_nc"})
 # Top-level modules the engine may not reach: I/O, concurrency, transport, clients.
 ENGINE_FORBIDDEN = ("asyncio", "nats", "opentelemetry", "kubernetes", "kubernetes_asyncio")
 
@@ -190,6 +197,16 @@ def private_attribute_reads(module: str, path: Path, root: Path, project: Iterab
             yield Import(module, relative, node.lineno, aliases[node.value.id], node.attr)
 
 
+def handle_reads(module: str, path: Path, root: Path) -> Iterator[Import]:
+    """Every `x.js` / `x.nc` / `x._js` / `x._nc` in a file (a bus's nats-py handles; `nats.js`, the
+    package, is an import's business), as an Import of the name from `dralloc.bus.Bus`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    relative = str(path.relative_to(root))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in BUS_HANDLES and not (isinstance(node.value, ast.Name) and node.value.id == "nats"):
+            yield Import(module, relative, node.lineno, f"{BUS}.Bus", node.attr)
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -258,8 +275,10 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
             # client-via-contracts
             if _within(imp.importer, CLIENT) and theirs and not _within(target, ENGINE):
                 add("client-via-contracts", imp, target)
-            # nats-through-bus
+            # nats-through-bus (the raw handles' module is the bus's escape hatch for tests and benchmarks)
             if top == "nats" and not _within(imp.importer, BUS):
+                add("nats-through-bus", imp, target)
+            if _within(target, BUS_RAW) and _within(imp.importer, "dralloc") and not _within(imp.importer, BUS):
                 add("nats-through-bus", imp, target)
             # engine-pure (direct part; the transitive part follows)
             inside = _within(target, ENGINE) or _within(target, SCHEMAS)
@@ -271,6 +290,9 @@ def check(root: Path, roots: Mapping[str, str] = ROOTS) -> list[Violation]:
             add("no-private-imports", imp, private)
 
     for module, path in files.items():
+        if not _within(module, BUS):
+            for read in handle_reads(module, path, root):
+                add("nats-through-bus", read, f"{read.module}.{read.name}")
         for read in private_attribute_reads(module, path, root, files):
             private = _foreign_private(module, [*read.module.split("."), read.name or ""], files)
             if private:
@@ -325,6 +347,14 @@ def test_architecture_contracts_hold() -> None:
     assert not stale, f"ALLOWED entries no longer needed, remove them: {stale}"
 
 
+def test_tests_reach_nats_only_through_the_bus() -> None:
+    """The tests import no nats-py and touch no bus's handles: they use `Bus`'s methods, and
+    `dralloc.bus.raw` where they meddle with the server on purpose (a fault test's weakened stream)."""
+    found = [str(v) for v in check(REPO, {"tests": "tests"}) if v.rule == "nats-through-bus"]
+    assert not found, "tests reaching nats-py past the bus:\n" + "\n".join(found)
+    assert "tests.fault.test_gang_commit" in module_files(REPO, {"tests": "tests"})  # (it read the tests)
+
+
 def test_the_checker_sees_the_real_tree() -> None:
     """A guard against a checker that passes because it read nothing: the engine and the bus are found."""
     files = module_files(REPO)
@@ -352,7 +382,7 @@ def _tree(root: Path, sources: Mapping[str, str]) -> Path:
 
 CLEAN = {
     "services/__init__.py": "",
-    "services/bus.py": "import nats\nfrom nats.js.api import StreamConfig\n",
+    "services/bus.py": "import nats\nfrom nats.js.api import StreamConfig\nclass Bus:\n    def info(self):\n        return self._js.stream_info('X')\n",
     "services/allocator/__init__.py": "",
     "services/allocator/service.py": "from dralloc import bus\nfrom dralloc.allocator.engine import Engine\nfrom dralloc.schemas import events\nfrom . import _helpers\n",
     "services/allocator/_helpers.py": "x = 1\n",
@@ -396,6 +426,10 @@ def test_a_clean_synthetic_tree_passes(tmp_path: Path) -> None:
             "dralloc.allocator.engine.engine._x",
         ),
         ("services/allocator/service.py", "import dralloc.bus as b\nb._port\n", "no-private-imports", "dralloc.bus._port"),
+        # a bus's nats-py handles, under any name they had, outside the bus; the raw handles' module
+        ("services/ingestor/service.py", "async def f(bus):\n    await bus.js.stream_info('X')\n", "nats-through-bus", "dralloc.bus.Bus.js"),
+        ("services/ingestor/service.py", "def f(self):\n    return self.bus._nc.max_payload\n", "nats-through-bus", "dralloc.bus.Bus._nc"),
+        ("services/ingestor/service.py", "from dralloc.bus.raw import jetstream\n", "nats-through-bus", "dralloc.bus.raw"),
     ],
 )
 def test_each_new_violation_is_caught(tmp_path: Path, path: str, source: str, rule: str, targets: str | tuple[str, ...]) -> None:

@@ -19,28 +19,13 @@ not held for the size of the live set.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from dralloc.allocator.snapshot import Compacted, Policy, SnapshotUnusable, chunks_of, decode_body, encode_body, make_head, merge
-from dralloc.bus import (
-    AckPolicy,
-    Bus,
-    ConsumerConfig,
-    DeliverPolicy,
-    KeyNotFound,
-    KeyValue,
-    NatsError,
-    NatsTimeout,
-    NotFound,
-    StreamConfig,
-    replicas_from_env,
-    streamcheck,
-)
+from dralloc.bus import Bus, KeyNotFound, KeyValue, NatsError, StoredMessage, StreamConfig, StreamState, replicas_from_env, streamcheck
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
 
@@ -51,7 +36,6 @@ SAMPLE = 32
 """Decisions of a snapshot checked against the stream at a load."""
 CHUNK_HEADROOM = 4096
 """Bytes of the server's max payload left for the KV message's subject and headers."""
-FETCH = 512
 
 
 def bucket_problems(actual: StreamConfig, replicas: int) -> list[str]:
@@ -101,10 +85,10 @@ class Snapshots:
     async def replay(self) -> tuple[list[ev.AllocationEvent], int]:
         """The last decision per claim in ALLOCATIONS, in stream order, and the stream's last sequence:
         from the snapshot and the tail after it, or from the whole stream when the snapshot is unusable."""
-        info = await self.bus.js.stream_info(STREAM)
-        self.stream_created = info.created.isoformat() if info.created is not None else ""
+        held = await self.bus.stream_state(STREAM)
+        self.stream_created = held.created.isoformat() if held.created is not None else ""
         try:
-            decisions, last_seq = await self._through_snapshot(info)
+            decisions, last_seq = await self._through_snapshot(held)
             self.loaded_from = "snapshot"
         except (SnapshotUnusable, NatsError, TimeoutError) as exc:  # (e.g. a credential without the bucket: an older auth.conf)
             none_yet = isinstance(exc, NoSnapshot)  # (a first start, or a bucket lost: nothing wrong with anything)
@@ -117,7 +101,7 @@ class Snapshots:
         self.compacted.load(decisions, last_seq)
         return decisions, last_seq
 
-    async def _through_snapshot(self, info: Any) -> tuple[list[ev.AllocationEvent], int]:
+    async def _through_snapshot(self, state: StreamState) -> tuple[list[ev.AllocationEvent], int]:
         kv = await self._bucket()
         try:
             entry = await kv.get(fmt.HEAD)
@@ -127,30 +111,29 @@ class Snapshots:
             head = fmt.decode_head(entry.value or b"")
         except ValueError as exc:
             raise SnapshotUnusable(f"head: {exc}") from None
-        state = info.state
         if head.stream_created != self.stream_created:
             raise SnapshotUnusable(f"it was made of a stream created {head.stream_created[:40]}, {STREAM} was created {self.stream_created}")
-        if head.seq > state.last_seq:
-            raise SnapshotUnusable(f"it covers sequence {head.seq}, past the stream's last ({state.last_seq})")
-        if state.first_seq > head.seq + 1:  # (an empty stream's first is one past its last)
-            raise SnapshotUnusable(f"the stream no longer holds the messages after {head.seq} (its first is {state.first_seq})")
+        if head.seq > state.last_sequence:
+            raise SnapshotUnusable(f"it covers sequence {head.seq}, past the stream's last ({state.last_sequence})")
+        if state.first_sequence > head.seq + 1:  # (an empty stream's first is one past its last)
+            raise SnapshotUnusable(f"the stream no longer holds the messages after {head.seq} (its first is {state.first_sequence})")
         if head.size > state.bytes:  # its decisions are messages of the stream: never more bytes than it holds
             raise SnapshotUnusable(f"its body of {head.size} bytes is larger than {STREAM} ({state.bytes} bytes)")
         body = await self._body(kv, head)
         decisions = await asyncio.to_thread(decode_body, head, body)
         await self._check_sample(decisions, head.seq)
-        tail = await self._tail(head.seq, state.last_seq)
-        self.head, self.tail_messages = head, state.last_seq - head.seq
+        tail = await self._tail(head.seq, state.last_sequence)
+        self.head, self.tail_messages = head, state.last_sequence - head.seq
         self.since = self.tail_messages
         log.info(
             "allocator: loaded the snapshot of %s at sequence %d (%d decisions), %d messages after it", STREAM, head.seq, len(decisions), self.tail_messages
         )
-        return merge(decisions, tail), state.last_seq
+        return merge(decisions, tail), state.last_sequence
 
     async def _bucket(self) -> KeyValue:
         try:
             kv = await self.bus.key_value(fmt.BUCKET)
-            config = (await self.bus.js.stream_info(f"KV_{fmt.BUCKET}")).config
+            config = await self.bus.stream_config(f"KV_{fmt.BUCKET}")
         except (NatsError, TimeoutError) as exc:
             raise SnapshotUnusable(f"bucket {fmt.BUCKET}: {exc or type(exc).__name__}") from None
         if problems := bucket_problems(config, replicas_from_env()):
@@ -180,18 +163,17 @@ class Snapshots:
         """Each sampled decision is the stream's last for its claim, unless that last came after `seq`."""
 
         async def check(event: ev.AllocationEvent) -> None:
-            try:
-                msg = await self.bus.js.get_last_msg(STREAM, event.subject)
-            except NotFound:
-                raise SnapshotUnusable(f"it holds a decision for {event.subject}, of which {STREAM} holds none") from None
-            if msg.seq is None or msg.seq > seq:
+            msg = await self.bus.last_message(STREAM, event.subject)
+            if msg is None:
+                raise SnapshotUnusable(f"it holds a decision for {event.subject}, of which {STREAM} holds none")
+            if msg.sequence > seq:
                 return  # decided again after the snapshot: the tail has it
             try:
-                held = ev.decode(msg.data or b"")
+                held = ev.decode(msg.data)
             except ev.EventDecodeError:
                 return  # an unusable message there: the replay's rule (the last usable counts) decides, not this check
             if held != event:
-                raise SnapshotUnusable(f"its decision for {event.subject} is not the one {STREAM} holds (sequence {msg.seq})")
+                raise SnapshotUnusable(f"its decision for {event.subject} is not the one {STREAM} holds (sequence {msg.sequence})")
 
         sample = random.sample(decisions, min(SAMPLE, len(decisions)))  # (a writer cannot tell which)
         await asyncio.gather(*(check(event) for event in sample))
@@ -200,43 +182,22 @@ class Snapshots:
         """The last usable decision per subject among ALLOCATIONS' messages `after` < seq <= `upto`, in stream order."""
         if upto <= after:
             return []
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=after + 1,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            filter_subjects=["dra.allocations.>"],
-        )
         latest: dict[str, ev.AllocationEvent] = {}
-        sub = await self.bus.js.pull_subscribe("", durable=None, stream=STREAM, config=config)
-        try:
-            seen = after
-            while seen < upto:
-                try:
-                    messages = await sub.fetch(min(FETCH, upto - seen), timeout=1.0)  # (no more than are there: a short batch waits out its timeout)
-                except (NatsTimeout, TimeoutError):
-                    if (await sub.consumer_info()).num_pending == 0:
-                        break  # (messages deleted meanwhile)
-                    continue
-                for msg in messages:
-                    seen = msg.metadata.sequence.stream
-                    if seen > upto:
-                        break
-                    try:
-                        event = ev.decode(msg.data)
-                    except ev.EventDecodeError as exc:
-                        log.error("replay of %s: skipped %s (seq %d): %s", STREAM, msg.subject[:200], seen, " ".join(str(exc).split())[:500])
-                        continue
-                    if (problem := streamcheck.misplaced(STREAM, msg.subject, event)) is not None:
-                        log.error("replay of %s: skipped %s (seq %d): %s", STREAM, msg.subject[:200], seen, problem)
-                        continue
-                    assert isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased)
-                    latest.pop(msg.subject, None)  # (the event's own subject, `misplaced` says)
-                    latest[msg.subject] = event
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+
+        def take(msg: StoredMessage) -> None:
+            try:
+                event = ev.decode(msg.data)
+            except ev.EventDecodeError as exc:
+                log.error("replay of %s: skipped %s (seq %d): %s", STREAM, msg.subject[:200], msg.sequence, " ".join(str(exc).split())[:500])
+                return
+            if (problem := streamcheck.misplaced(STREAM, msg.subject, event)) is not None:
+                log.error("replay of %s: skipped %s (seq %d): %s", STREAM, msg.subject[:200], msg.sequence, problem)
+                return
+            assert isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased)
+            latest.pop(msg.subject, None)  # (the event's own subject, `misplaced` says)
+            latest[msg.subject] = event
+
+        await self.bus.scan(STREAM, take, subjects=["dra.allocations.>"], start_seq=after + 1, upto=upto)
         return list(latest.values())
 
     # -- the leader's writes --------------------------------------------------------------
@@ -283,7 +244,7 @@ class Snapshots:
             return None
         started = time.perf_counter()
         kv = await self._bucket()
-        chunk_size = self.bus.nc.max_payload - CHUNK_HEADROOM
+        chunk_size = self.bus.max_payload - CHUNK_HEADROOM
         body = await asyncio.to_thread(encode_body, decisions)
         chunk_set = fmt.CHUNK_SETS[1] if self.head is not None and self.head.chunk_set == fmt.CHUNK_SETS[0] else fmt.CHUNK_SETS[0]
         head = make_head(body, len(decisions), seq=seq, stream_created=self.stream_created, chunk_set=chunk_set, chunk_size=chunk_size, epoch=self.epoch())

@@ -23,7 +23,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from dralloc import natsauth, telemetry
-from dralloc.bus import consume, deadletter, kv, lookup, replay, streams
+from dralloc.bus import consume, deadletter, kv, lookup, read, replay, streams
 from dralloc.bus.errors import BusError, PublishRefused
 from dralloc.bus.streams import MAX_BATCH, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
 from dralloc.schemas import events
@@ -41,8 +41,8 @@ class Bus:
     """A connection to NATS with JetStream, speaking dralloc events."""
 
     def __init__(self, nc: nats.NATS, name: str, *, tombstone_ttl: float | None = None) -> None:
-        self.nc = nc
-        self.js = nc.jetstream()
+        self._nc = nc
+        self._js = nc.jetstream()
         self.name = name
         self._reply_prefix = ""
         self._reply_tokens = itertools.count()
@@ -116,11 +116,11 @@ class Bus:
         return bus
 
     async def close(self) -> None:
-        if not self.nc.is_closed:
+        if not self._nc.is_closed:
             with contextlib.suppress(Exception):
-                await self.nc.drain()
+                await self._nc.drain()
             with contextlib.suppress(Exception):
-                await self.nc.close()
+                await self._nc.close()
 
     async def __aenter__(self) -> Bus:
         return self
@@ -139,6 +139,40 @@ class Bus:
     key_value = kv.key_value
     last_message = lookup.last_message
     stream_state = lookup.stream_state
+    subject_counts = lookup.subject_counts
+    stream_config = lookup.stream_config
+    scan = read.scan
+    follow = read.follow
+
+    # The connection's state, read from nats-py's client (which stays private to the bus: no
+    # caller reaches NATS except through these methods; tests/test_architecture.py).
+    @property
+    def max_payload(self) -> int:
+        """The largest message, body and headers together, the server accepts (bytes)."""
+        return self._nc.max_payload
+
+    @property
+    def is_connected(self) -> bool:
+        """Connected now (False while reconnecting)."""
+        return self._nc.is_connected
+
+    @property
+    def is_closed(self) -> bool:
+        """Closed for good (by `close`, or the client gave up): nothing more will be delivered."""
+        return self.closed.is_set() or self._nc.is_closed
+
+    @property
+    def connected_url(self) -> str | None:
+        """The server URL connected to now (None while not connected). It may carry credentials
+        (``user:password@``): pass it on to a process, but log only `natsauth.redact`'s form."""
+        url = self._nc.connected_url
+        return url.geturl() if url is not None else None
+
+    async def request(self, subject: str, data: bytes, *, timeout: float = 2.0) -> bytes:
+        """A core NATS request (e.g. to the JetStream API, ``$JS.API.*``): the reply's body. Raises
+        `NatsError` (no responders, no permission) or `TimeoutError`."""
+        reply = await self._nc.request(subject, data, timeout=timeout)
+        return reply.data or b""
 
     async def publish(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None) -> PubAck:
         """Publish and wait for JetStream to store it (``ack.duplicate``: an earlier publish stored it).
@@ -147,7 +181,7 @@ class Bus:
         server refuse the write when the stream has moved on: the allocator's fence); `msg_id`
         replaces the event's own ``Nats-Msg-Id``."""
         subject, data, marks = self._outgoing(event, headers, msg_id)
-        ack = await self.js.publish(subject, data, headers=marks)
+        ack = await self._js.publish(subject, data, headers=marks)
         if ack.duplicate and msg_id is None and isinstance(event, RESUBMITTABLE):
             ack = await self._resubmit(ack, subject, data, marks)
         return ack
@@ -159,14 +193,14 @@ class Bus:
         that names what it follows (so a retry of it is deduplicated in turn)."""
         base = headers["Nats-Msg-Id"]
         try:
-            last = await self.js.get_last_msg(ack.stream, subject)
+            last = await self._js.get_last_msg(ack.stream, subject)
         except nats.js.errors.NotFoundError:
             last = None  # the subject is empty (its delete expired): nothing to be a retry of
         held = (last.headers or {}).get("Nats-Msg-Id", "") if last is not None else ""
         if held == base or held.startswith(f"{base}:after:"):
             return ack  # a retry of the event the subject holds: a duplicate indeed
         after = f"{last.seq}" if last is not None else f"empty-{uuid.uuid4().hex}"
-        return await self.js.publish(subject, data, headers={**headers, "Nats-Msg-Id": f"{base}:after:{after}"})
+        return await self._js.publish(subject, data, headers={**headers, "Nats-Msg-Id": f"{base}:after:{after}"})
 
     async def send(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
         """Publish without waiting for the store: returns once the message is on its way (messages
@@ -206,7 +240,7 @@ class Bus:
             outgoing.append(self._outgoing(event, marks, msg_ids[i] if msg_ids else None, traces[i] if traces else None))
         # Only the commit is answered; the messages before it are staged by the server.
         for subject, data, marks in outgoing[:-1]:
-            await self.nc.publish(subject, data, headers=marks)
+            await self._nc.publish(subject, data, headers=marks)
         subject, data, marks = outgoing[-1]
         return await self.send_bytes(subject, data, headers=marks, timeout=timeout)
 
@@ -215,13 +249,13 @@ class Bus:
         # Our own replies, not nats-py's publish_async: that one loses a refusal (its reply handler
         # raises the server's error instead of handing it to the waiting future).
         if not self._reply_prefix:
-            self._reply_prefix = self.nc.new_inbox()
-            await self.nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
+            self._reply_prefix = self._nc.new_inbox()
+            await self._nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
         token = str(next(self._reply_tokens))
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._replies[token] = future
         try:
-            await self.nc.publish(subject, data, reply=f"{self._reply_prefix}.{token}", headers=headers)
+            await self._nc.publish(subject, data, reply=f"{self._reply_prefix}.{token}", headers=headers)
         except BaseException:
             del self._replies[token]
             raise
@@ -274,8 +308,8 @@ class Bus:
             marks = telemetry.inject(marks)
             # The server's limit is on body and headers together, and a message over it makes the
             # server close the connection: refuse it here instead.
-            if (size := len(data) + header_bytes(marks)) > self.nc.max_payload:
+            if (size := len(data) + header_bytes(marks)) > self._nc.max_payload:
                 raise PublishRefused(
-                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self.nc.max_payload} bytes"
+                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self._nc.max_payload} bytes"
                 )
             return subject, data, marks

@@ -67,7 +67,7 @@ async def consume(
             config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = start_seq
     # An empty filter is the whole stream (INVENTORY has two subject trees).
-    sub = await bus.js.pull_subscribe(filter_subject or "", durable=durable, stream=stream, config=config)
+    sub = await bus._js.pull_subscribe(filter_subject or "", durable=durable, stream=stream, config=config)
     advisories = None
     if durable is not None:
         # A message whose every delivery ended without an ack (the process died, or hung past
@@ -75,7 +75,7 @@ async def consume(
         async def on_exhausted(advisory: Msg) -> None:
             await exhausted(bus, advisory, stream, consumer_name)
 
-        advisories = await bus.nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}", cb=on_exhausted)
+        advisories = await bus._nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}", cb=on_exhausted)
     in_flight: set[asyncio.Task[None]] = set()
     try:
         while not stop.is_set():

@@ -77,7 +77,7 @@ async def exhausted(bus: Bus, advisory: Msg, stream: str, consumer: str) -> None
     try:
         info = json.loads(advisory.data)
         seq, deliveries = int(info["stream_seq"]), int(info["deliveries"])
-        original = await bus.js.get_msg(stream, seq)
+        original = await bus._js.get_msg(stream, seq)
         reason = f"delivered {deliveries} times without an ack (the consumer died or timed out on each)"
         await publish_dead_letter(bus, stream, consumer, seq, original.subject or "", original.data or b"", reason)
     except Exception as exc:  # a callback must not raise; the message stays in its stream
@@ -86,20 +86,20 @@ async def exhausted(bus: Bus, advisory: Msg, stream: str, consumer: str) -> None
 
 async def publish_dead_letter(bus: Bus, stream: str, consumer: str, seq: int, subject: str, data: bytes, reason: str) -> None:
     """Store the dead letter of message `seq` of `stream` (`dead_letter_message`) and log it."""
-    subject_shown, headers, data = dead_letter_message(stream, consumer, seq, subject, data, reason, bus.nc.max_payload)
+    subject_shown, headers, data = dead_letter_message(stream, consumer, seq, subject, data, reason, bus._nc.max_payload)
     log.error("%s: dead-lettered %s (stream %s seq %d): %s", consumer, subject_shown, stream, seq, headers["Dralloc-Reason"])
-    await bus.js.publish(f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}", data, headers=headers)
+    await bus._js.publish(f"dra.deadletter.{events.encode_token(stream)}.{events.encode_token(consumer)}", data, headers=headers)
 
 
 async def dead_letters(bus: Bus, limit: int = 100) -> list[DeadLetter]:
     """`Bus.dead_letters`: the most recent dead letters (at most `limit`), oldest first."""
-    state = (await bus.js.stream_info("DEADLETTER")).state
+    state = (await bus._js.stream_info("DEADLETTER")).state
     found: list[DeadLetter] = []
     if not state.messages or limit < 1:
         return found  # an empty stream reports first_seq 0, which no message has
     for seq in range(max(state.first_seq, state.last_seq - limit + 1, 1), state.last_seq + 1):
         try:
-            msg = await bus.js.get_msg("DEADLETTER", seq)
+            msg = await bus._js.get_msg("DEADLETTER", seq)
         except nats.js.errors.NotFoundError:
             continue  # expired or deleted
         headers = msg.headers or {}

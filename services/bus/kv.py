@@ -18,6 +18,6 @@ async def key_value(bus: Bus, bucket: str, *, history: int = 1) -> KeyValue:
     """`Bus.key_value`: the bucket, created (keeping `history` values per key, with the deployment's
     replicas) when it does not exist yet."""
     try:
-        return await bus.js.key_value(bucket)
+        return await bus._js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
-        return await bus.js.create_key_value(KeyValueConfig(bucket=bucket, history=history, replicas=replicas_from_env()))
+        return await bus._js.create_key_value(KeyValueConfig(bucket=bucket, history=history, replicas=replicas_from_env()))

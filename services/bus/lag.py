@@ -25,7 +25,7 @@ async def report_lag(bus: Bus, stream: str, consumer: str, stop: asyncio.Event, 
     try:
         while not stop.is_set():
             try:
-                info = await bus.js.consumer_info(stream, consumer)
+                info = await bus._js.consumer_info(stream, consumer)
                 backlog[(stream, consumer)] = info.num_pending + info.num_ack_pending
             except (NatsError, TimeoutError):  # not created yet, or NATS away: the next round tells
                 pass

@@ -61,7 +61,7 @@ async def run_service(name: str, serve: Callable[..., Coroutine[Any, Any, None]]
             if port is not None:
                 log.info("%s: probes on port %d (/livez, /readyz)", name, port)
             await until_jetstream_answers(bus, name, stop, bus.ensure_streams if name == STREAM_OWNER else lambda: bus.check_streams(stop))
-            where = bus.nc.connected_url.geturl() if bus.nc.connected_url else (url or "")
+            where = bus.connected_url or url or ""
             log.info("%s: serving (NATS %s)", name, natsauth.redact(where))
             ready.set()
             serving = asyncio.create_task(serve(bus, config, stop))
@@ -72,7 +72,7 @@ async def run_service(name: str, serve: Callable[..., Coroutine[Any, Any, None]]
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(serving, 10)
                 raise BusError(
-                    f"{name}: the NATS connection was closed for good ({natsauth.redact(str(bus.nc.last_error or 'closed'))}); exiting so that a fresh process reconnects"
+                    f"{name}: the NATS connection was closed for good ({natsauth.redact(str(bus._nc.last_error or 'closed'))}); exiting so that a fresh process reconnects"
                 )
             closed.cancel()
             await serving

@@ -145,17 +145,17 @@ async def ensure_streams(bus: Bus) -> None:
     updated, so this needs no update right then."""
     for name, config in stream_configs().items():
         try:
-            info = await bus.js.stream_info(name)
+            info = await bus._js.stream_info(name)
         except nats.js.errors.NotFoundError:
             with contextlib.suppress(nats.js.errors.BadRequestError):  # created concurrently by another service
-                await bus.js.add_stream(config)
+                await bus._js.add_stream(config)
                 continue
-            info = await bus.js.stream_info(name)
+            info = await bus._js.stream_info(name)
         refuse_weakened(name, info.config, config)
         # never fewer replicas than the stream has (an operator may run more than dralloc asks)
         config = dataclasses.replace(config, num_replicas=max(config.num_replicas or 1, info.config.num_replicas or 1))
         if streamcheck.differs(info.config, config):
-            await bus.js.update_stream(config)
+            await bus._js.update_stream(config)
     await check_atomic(bus)
 
 
@@ -167,7 +167,7 @@ async def check_streams(bus: Bus, stop: asyncio.Event | None = None, *, wait: fl
         told = False
         while True:
             try:
-                info = await bus.js.stream_info(name)
+                info = await bus._js.stream_info(name)
                 break
             except nats.js.errors.NotFoundError:
                 if not told:
@@ -189,7 +189,7 @@ async def check_atomic(bus: Bus) -> None:
     """Raise `BusError` when the server has no JetStream atomic batches (before 2.12)."""
     # A server before 2.12 ignores allow_atomic, and then the headers of a batch too: each message
     # would be stored on its own, so a gang's commit could be cut part way. Say so now instead.
-    if not (await bus.js.stream_info("ALLOCATIONS")).config.allow_atomic:
+    if not (await bus._js.stream_info("ALLOCATIONS")).config.allow_atomic:
         raise BusError(
-            f"nats-server {bus.nc.connected_server_version} has no JetStream atomic batches (2.12 or later needed): a gang's decisions could be stored in part"
+            f"nats-server {bus._nc.connected_server_version} has no JetStream atomic batches (2.12 or later needed): a gang's decisions could be stored in part"
         )

@@ -9,87 +9,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
-from dralloc.bus import STREAMS, AckPolicy, Bus, ConsumerConfig, DeliverPolicy, NatsTimeout
+from dralloc.bus import Bus, StoredMessage
 from dralloc.client.fleetview import FleetState
 from dralloc.schemas import events as ev
 
 VIEW_STREAMS = ("INVENTORY", "ALLOCATIONS")
-FETCH_S = 1.0
 
 
-def _apply(state: FleetState, msg: object) -> None:
+def _apply(state: FleetState, msg: StoredMessage) -> None:
     try:
-        event = ev.decode(msg.data)  # type: ignore[attr-defined]
+        event = ev.decode(msg.data)
     except ev.EventDecodeError:
         return  # a message the services dead-letter; a view skips it
-    state.apply(event, msg.metadata.timestamp.timestamp())  # type: ignore[attr-defined]
+    state.apply(event, msg.time.timestamp() if msg.time is not None else 0.0)
 
 
 async def snapshot(bus: Bus, state: FleetState | None = None) -> tuple[FleetState, dict[str, int]]:
     """The latest event per subject of each view stream folded into `state`; the last sequence read per stream."""
-    state = state or FleetState()
+    view = state or FleetState()
     last: dict[str, int] = {}
     for stream in VIEW_STREAMS:
-        info = await bus.js.stream_info(stream)
-        last[stream] = info.state.last_seq
-        if not info.state.messages:
-            continue
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            filter_subjects=list(STREAMS[stream].subjects or [">"]),
-        )
-        sub = await bus.js.pull_subscribe("", durable=None, stream=stream, config=config)
-        try:
-            pending = (await sub.consumer_info()).num_pending or 0
-            while pending > 0:
-                try:
-                    messages = await sub.fetch(min(pending, 512), timeout=FETCH_S)
-                except (NatsTimeout, TimeoutError):
-                    pending = (await sub.consumer_info()).num_pending or 0
-                    continue
-                for msg in messages:
-                    pending = msg.metadata.num_pending
-                    if msg.metadata.sequence.stream <= last[stream]:
-                        _apply(state, msg)
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-    return state, last
+        held = await bus.stream_state(stream)
+        last[stream] = held.last_sequence
+        if held.messages:
+            await bus.scan(stream, lambda msg: _apply(view, msg), last_per_subject=True, upto=held.last_sequence)
+    return view, last
 
 
 @contextlib.asynccontextmanager
-async def following(bus: Bus, state: FleetState, after: dict[str, int], on_change: Callable[[object], None] | None = None) -> AsyncIterator[asyncio.Event]:
+async def following(bus: Bus, state: FleetState, after: dict[str, int]) -> AsyncIterator[asyncio.Event]:
     """Fold every message published after `after` (per stream) into `state` while inside; the
     event yielded is set whenever something changed (the caller clears it)."""
     changed = asyncio.Event()
-    subs = []
 
-    async def handler(msg: object) -> None:
+    def handler(msg: StoredMessage) -> None:
         _apply(state, msg)
-        if on_change is not None:
-            with contextlib.suppress(ev.EventDecodeError):
-                on_change(ev.decode(msg.data))  # type: ignore[attr-defined]
         changed.set()
 
-    try:
+    async with contextlib.AsyncExitStack() as stack:
         for stream in VIEW_STREAMS:
-            for subject in STREAMS[stream].subjects or [">"]:
-                subs.append(
-                    await bus.js.subscribe(
-                        subject,
-                        stream=stream,
-                        ordered_consumer=True,
-                        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after[stream] + 1),
-                        cb=handler,
-                    )
-                )
+            await stack.enter_async_context(bus.follow(stream, handler, after=after[stream]))
         yield changed
-    finally:
-        for sub in subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()

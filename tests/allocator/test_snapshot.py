@@ -17,6 +17,7 @@ import pytest
 from dralloc.allocator.service import Allocator, Config, serve
 from dralloc.allocator.snapshot import Compacted, Policy, SnapshotUnusable, decode_body, encode_body, make_head, merge
 from dralloc.bus import KeyNotFound
+from dralloc.bus.raw import jetstream
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -145,8 +146,8 @@ async def spoil(bus, case: str, head: fmt.SnapshotHead, leader: Allocator) -> No
     elif case == "larger than the stream":
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, size=10**9, chunks=1000)))
     elif case == "weakened bucket":  # a value size limit: snapshots would stop fitting
-        info = await bus.js.stream_info(f"KV_{fmt.BUCKET}")
-        await bus.js.update_stream(dataclasses.replace(info.config, max_msg_size=100))
+        info = await jetstream(bus).stream_info(f"KV_{fmt.BUCKET}")
+        await jetstream(bus).update_stream(dataclasses.replace(info.config, max_msg_size=100))
     elif case == "another stream":
         await kv.put(fmt.HEAD, fmt.encode_head(msgspec.structs.replace(head, stream_created="2020-01-01T00:00:00+00:00")))
     elif case in ("forged decision", "not a decision", "claim twice"):
@@ -162,7 +163,7 @@ async def spoil(bus, case: str, head: fmt.SnapshotHead, leader: Allocator) -> No
         await kv.put(chunk, forged_bytes)
         await kv.put(fmt.HEAD, fmt.encode_head(forged))
     elif case == "stale":  # a whole, true snapshot of a stream since purged and refilled
-        await bus.js.purge_stream("ALLOCATIONS")
+        await jetstream(bus).purge_stream("ALLOCATIONS")
     else:
         raise AssertionError(case)
 
@@ -236,7 +237,7 @@ async def test_a_leader_stopped_cleanly_leaves_a_snapshot_that_its_successor_loa
     for i in range(6):
         await bus.publish(claim_event(f"s{i}"))
     async with asyncio.timeout(60):  # the leader decides them from CLAIMS
-        while (await bus.js.stream_info("ALLOCATIONS")).state.messages < 6:
+        while (await jetstream(bus).stream_info("ALLOCATIONS")).state.messages < 6:
             await asyncio.sleep(0.05)
     stop.set()  # SIGTERM: the term ends, the snapshot covers every decision (the count trigger was far)
     await leading

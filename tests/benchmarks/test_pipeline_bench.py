@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.cli import app
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -117,7 +118,7 @@ async def test_the_ceiling_relays_every_message_through_two_consumer_processes(b
 
 
 async def _streams(bus: Bus):
-    for info in await bus.js.streams_info():
+    for info in await jetstream(bus).streams_info():
         yield info
 
 

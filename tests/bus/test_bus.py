@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dralloc.bus import Bus, Permanent, embedded_nats
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ObjectMeta, ResourceClaim, ResourcePool, ResourceSlice, ResourceSliceSpec
 
@@ -40,7 +41,7 @@ async def run_until(bus: Bus, condition, stream: str = "CLAIMS", timeout: float 
 
 
 async def dead_letters(bus: Bus) -> list:
-    sub = await bus.js.subscribe("dra.deadletter.>", stream="DEADLETTER", ordered_consumer=True)
+    sub = await jetstream(bus).subscribe("dra.deadletter.>", stream="DEADLETTER", ordered_consumer=True)
     found = []
     try:
         while True:
@@ -58,7 +59,7 @@ async def test_publish_is_deduplicated_by_content_identity(bus: Bus):
     assert (first.seq, first.duplicate) == (1, None)
     assert (again.seq, again.duplicate) == (1, True)
     assert (other.seq, other.duplicate) == (2, None)
-    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1  # CLAIMS keeps the latest per claim
+    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1  # CLAIMS keeps the latest per claim
 
 
 async def test_publish_carries_msg_id_and_trace_context(bus: Bus):
@@ -67,7 +68,7 @@ async def test_publish_carries_msg_id_and_trace_context(bus: Bus):
     telemetry.setup("test")
     event = claim("gpu.claim")  # a dot in the name: encoded in the subject
     await bus.publish(event)
-    msg = await bus.js.get_msg("CLAIMS", seq=1)
+    msg = await jetstream(bus).get_msg("CLAIMS", seq=1)
     assert msg.subject == "dra.claims.team-a.gpu%2Eclaim"
     assert msg.headers["Nats-Msg-Id"] == event.msg_id
     version, trace_id, span_id, flags = msg.headers["traceparent"].split("-")
@@ -87,7 +88,7 @@ async def test_failed_handler_is_retried_then_acked(bus: Bus):
 
     seen = await run_until(bus, lambda seen: len(seen) == 1, handler=flaky, durable="flaky")
     assert calls == 2 and seen[0].claim.metadata.name == "a"
-    info = await bus.js.consumer_info("CLAIMS", "flaky")
+    info = await jetstream(bus).consumer_info("CLAIMS", "flaky")
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
@@ -112,8 +113,8 @@ async def test_consumer_dying_before_ack_gets_the_message_again(bus: Bus):
 
 async def test_undecodable_message_is_dead_lettered_and_processing_continues(bus: Bus):
     await bus.publish(claim("before"))
-    await bus.js.publish("dra.claims.team-a.junk", b"\x00not json")
-    await bus.js.publish("dra.claims.team-a.future", b'{"type":"ClaimSubmitted","schemaVersion":99,"claim":{"metadata":{"name":"x"}}}')
+    await jetstream(bus).publish("dra.claims.team-a.junk", b"\x00not json")
+    await jetstream(bus).publish("dra.claims.team-a.future", b'{"type":"ClaimSubmitted","schemaVersion":99,"claim":{"metadata":{"name":"x"}}}')
     await bus.publish(claim("after"))
 
     seen = await run_until(bus, lambda seen: len(seen) == 2, durable="allocator")
@@ -125,7 +126,7 @@ async def test_undecodable_message_is_dead_lettered_and_processing_continues(bus
     assert "not a dralloc event" in letters[0].headers["Dralloc-Reason"]
     assert "schemaVersion 99" in letters[1].headers["Dralloc-Reason"]
     assert letters[0].data == b"\x00not json"
-    info = await bus.js.consumer_info("CLAIMS", "allocator")
+    info = await jetstream(bus).consumer_info("CLAIMS", "allocator")
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
@@ -150,7 +151,7 @@ async def test_permanent_failure_and_exhausted_retries_are_dead_lettered(bus: Bu
 
     task = asyncio.create_task(bus.consume("CLAIMS", record, stop, durable="w", max_deliver=3))
     async with asyncio.timeout(10):
-        while (await bus.js.stream_info("DEADLETTER")).state.messages < 2:
+        while (await jetstream(bus).stream_info("DEADLETTER")).state.messages < 2:
             await asyncio.sleep(0.05)
     stop.set()
     await task
@@ -186,7 +187,7 @@ async def test_replay_returns_the_current_value_per_subject(bus: Bus):
 async def test_ensure_streams_is_idempotent(bus: Bus):
     await bus.publish(claim("a"))
     await bus.ensure_streams()
-    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1
+    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
 
 
 async def test_embedded_server_leaves_nothing_behind():
@@ -238,7 +239,7 @@ async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered(bus
     stop = asyncio.Event()
     task = asyncio.create_task(bus.consume("CLAIMS", record, stop, durable="worker", ack_wait=0.5, max_deliver=2))
     async with asyncio.timeout(10):
-        while not handled or not (await bus.js.stream_info("DEADLETTER")).state.messages:
+        while not handled or not (await jetstream(bus).stream_info("DEADLETTER")).state.messages:
             await asyncio.sleep(0.05)
     stop.set()
     await task
@@ -250,7 +251,7 @@ async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered(bus
 
 
 async def test_dead_letters_are_listed_for_operators(bus: Bus, nats_url: str):
-    await bus.js.publish("dra.claims.team-a.junk", b"\x00not json")
+    await jetstream(bus).publish("dra.claims.team-a.junk", b"\x00not json")
     await bus.publish(claim("fine"))
     await run_until(bus, lambda seen: len(seen) == 1, durable="allocator")  # the junk came first
     (letter,) = await bus.dead_letters()

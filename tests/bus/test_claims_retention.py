@@ -8,6 +8,7 @@ import dataclasses
 import msgspec
 
 from dralloc.bus import STREAMS, Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 
@@ -30,7 +31,7 @@ async def send_all(bus: Bus, events: list[ev.Event]) -> None:
 
 
 async def claims_stored(bus: Bus) -> int:
-    return (await bus.js.stream_info("CLAIMS")).state.messages
+    return (await jetstream(bus).stream_info("CLAIMS")).state.messages
 
 
 async def until_stored(bus: Bus, count: int, within: float = 15.0) -> None:
@@ -63,7 +64,7 @@ async def test_a_rebuild_reads_the_live_claims_and_the_unexpired_deletes_only(bu
 async def test_a_replay_ends_when_the_deletes_it_counted_expire_before_it_reads_them(bus: Bus, monkeypatch):
     bus.tombstone_ttl = 1.0
     await send_all(bus, [submitted("live"), *(deleted(f"d{i}") for i in range(600))])
-    subscribe = bus.js.pull_subscribe
+    subscribe = jetstream(bus).pull_subscribe
 
     async def subscribe_slowly(*args, **kwargs):
         sub = await subscribe(*args, **kwargs)
@@ -79,7 +80,7 @@ async def test_a_replay_ends_when_the_deletes_it_counted_expire_before_it_reads_
         sub.fetch = fetch_slowly
         return sub
 
-    monkeypatch.setattr(bus.js, "pull_subscribe", subscribe_slowly)
+    monkeypatch.setattr(jetstream(bus), "pull_subscribe", subscribe_slowly)
     events, _ = await bus.replay("CLAIMS")
     assert len(events) == 512 and isinstance(events[0], ev.ClaimSubmitted)
 
@@ -87,8 +88,8 @@ async def test_a_replay_ends_when_the_deletes_it_counted_expire_before_it_reads_
 async def test_only_a_delete_carries_a_ttl(bus: Bus):
     await bus.publish(submitted("a"))
     await bus.publish(deleted("b"))
-    live = await bus.js.get_last_msg("CLAIMS", submitted("a").subject)
-    gone = await bus.js.get_last_msg("CLAIMS", deleted("b").subject)
+    live = await jetstream(bus).get_last_msg("CLAIMS", submitted("a").subject)
+    gone = await jetstream(bus).get_last_msg("CLAIMS", deleted("b").subject)
     assert "Nats-TTL" not in (live.headers or {})
     assert gone.headers and gone.headers["Nats-TTL"] == "86400s"  # the default: a day
 
@@ -97,14 +98,14 @@ async def test_an_existing_claims_stream_with_history_is_upgraded_in_place(nats_
     async with await Bus.connect(nats_url, name="old") as bus:
         bus.tombstone_ttl = 1.0
         older = dataclasses.replace(STREAMS["CLAIMS"], max_msgs_per_subject=-1, allow_msg_ttl=None)  # as an older version made it
-        await bus.js.add_stream(older)
+        await jetstream(bus).add_stream(older)
         for event in [submitted("a"), submitted("a", 2), submitted("b"), deleted("b"), submitted("c")]:
-            await bus.js.publish(event.subject, ev.encode(event))  # as an older version wrote them: no TTL
+            await jetstream(bus).publish(event.subject, ev.encode(event))  # as an older version wrote them: no TTL
         before, _ = await bus.replay("CLAIMS")
         assert await claims_stored(bus) == 5
 
         await bus.ensure_streams()
-        info = await bus.js.stream_info("CLAIMS")
+        info = await jetstream(bus).stream_info("CLAIMS")
         assert info.config.max_msgs_per_subject == 1 and info.config.allow_msg_ttl
         assert info.state.messages == 3  # the history is trimmed at once to the latest per claim
         after, _ = await bus.replay("CLAIMS")

@@ -12,6 +12,7 @@ import msgspec
 from pipeline import Service, claim_event
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimStatus
 
@@ -22,7 +23,8 @@ def _allocated_as(claim: ResourceClaim, allocation: AllocationResult | None, nam
 
 
 async def test_a_real_allocator_commits_no_device_twice_for_an_allocation_written_by_hand(bus: Bus, tmp_path: Path):
-    url = bus.nc.connected_url.geturl()  # type: ignore[union-attr]
+    url = bus.connected_url
+    assert url is not None, "the test's bus is connected"
     allocator = Service("allocator", ["allocator", "--nats-url", url], {"DRALLOC_ALLOCATOR_LEASE_TTL": "2"}, tmp_path)
     await allocator.start()
     try:
@@ -31,7 +33,7 @@ async def test_a_real_allocator_commits_no_device_twice_for_an_allocation_writte
             async with asyncio.timeout(30):
                 while True:
                     try:
-                        return ev.decode((await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", namespace, name))).data)
+                        return ev.decode((await jetstream(bus).get_last_msg("ALLOCATIONS", ev.subject("allocations", namespace, name))).data)
                     except Exception:  # noqa: BLE001 - not decided yet
                         await asyncio.sleep(0.1)
 

@@ -8,6 +8,7 @@ import asyncio
 from pipeline import Options, Stack, StreamReader, chaos, check, offer, settle
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 
 CLAIMS = [f"c-{i}" for i in range(60)]
 
@@ -18,7 +19,7 @@ async def test_streams_are_replicated_and_nothing_is_lost_while_servers_restart_
         try:
             await stack.ready(bus)
             for stream in ("INVENTORY", "CLAIMS", "ALLOCATIONS", "DEADLETTER", "KV_dralloc-leader"):
-                info = await bus.js.stream_info(stream)
+                info = await jetstream(bus).stream_info(stream)
                 assert info.config.num_replicas == 3 and len(info.cluster.replicas or []) == 2, stream
 
             stop, events = asyncio.Event(), []

@@ -11,14 +11,15 @@ from pipeline import claim_event
 
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.service import apply
 from dralloc.statuswriter.sinks import KVSink, read_all
 
 
 async def decisions(bus: Bus) -> list[ev.Event]:
-    last = (await bus.js.stream_info("ALLOCATIONS")).state.last_seq
-    return [ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
+    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 
 def deleted(claim: ev.ClaimSubmitted) -> ev.ClaimDeleted:
@@ -29,7 +30,7 @@ def deleted(claim: ev.ClaimSubmitted) -> ev.ClaimDeleted:
 async def until_gone(bus: Bus, event: ev.Event, within: float = 15.0) -> None:
     """Wait until CLAIMS holds nothing on the event's subject (its delete expired)."""
     async with asyncio.timeout(within):
-        while (await bus.js.stream_info("CLAIMS", subjects_filter=event.subject)).state.subjects:
+        while (await jetstream(bus).stream_info("CLAIMS", subjects_filter=event.subject)).state.subjects:
             await asyncio.sleep(0.2)
 
 
@@ -93,11 +94,11 @@ async def test_the_rebuild_keeps_a_decision_it_cannot_prove_deleted(bus: Bus):
     assert await successor._release_gone(successor.book.gone(dict(successor.committed), present={"bench/y"})) == 0
 
     # CLAIMS purged, or recreated since the decisions (its storage lost): nothing is proven deleted.
-    await bus.js.purge_stream("CLAIMS")
+    await jetstream(bus).purge_stream("CLAIMS")
     purged = Allocator(bus)
     await purged.rebuild()
     assert await decisions(bus) == before and set(purged.committed) == {"bench/x", "bench/y"}
-    await bus.js.delete_stream("CLAIMS")
+    await jetstream(bus).delete_stream("CLAIMS")
     await bus.ensure_streams()
     await bus.publish(claim_event("new"))  # (not empty: the creation time is what keeps x and y)
     again = Allocator(bus)

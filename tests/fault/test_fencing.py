@@ -11,12 +11,13 @@ from pipeline import claim_event
 from dralloc.allocator import leader
 from dralloc.allocator.service import Allocator, Fenced
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 
 
 async def stored(bus: Bus) -> list[ev.Event]:
-    last = (await bus.js.stream_info("ALLOCATIONS")).state.last_seq
-    return [ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
+    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 
 def devices(event: ev.Event) -> set[str]:

@@ -16,16 +16,15 @@ import dataclasses
 import uuid
 
 import msgspec
-import nats.js.errors
 import pytest
-from nats.js.api import DiscardPolicy
 from opentelemetry import trace
 from pipeline import Stack
 
 from dralloc import telemetry
 from dralloc.allocator.engine.gang import allocate_gang
 from dralloc.allocator.service import Allocator, Fenced
-from dralloc.bus import STREAMS, Bus, embedded_nats
+from dralloc.bus import STREAMS, ApiError, Bus, embedded_nats
+from dralloc.bus.raw import DiscardPolicy, connection, jetstream
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimStatus
 
@@ -58,10 +57,10 @@ def gang(name: str, size: int, gpus: int = 4, domain: str | None = None) -> list
 
 
 async def stored(bus: Bus) -> list[tuple[ev.Event, dict[str, str]]]:
-    last = (await bus.js.stream_info("ALLOCATIONS")).state.last_seq
+    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
     found = []
     for seq in range(1, last + 1):
-        msg = await bus.js.get_msg("ALLOCATIONS", seq=seq)
+        msg = await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)
         found.append((ev.decode(msg.data), dict(msg.headers or {})))
     return found
 
@@ -100,7 +99,7 @@ def cliques(allocator: Allocator) -> dict[str, str]:
 def intrude_after_first(bus: Bus, subject: str, intruder: ev.Event) -> None:
     """Right after the first message to `subject` leaves, a foreign decision is stored (on the same
     connection, so exactly between it and the messages after it): a deposed leader's late write."""
-    original = bus.nc.publish
+    original = connection(bus).publish
     done = False
 
     async def publish(subj: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None) -> None:
@@ -110,7 +109,7 @@ def intrude_after_first(bus: Bus, subject: str, intruder: ev.Event) -> None:
             done = True
             await original(intruder.subject, ev.encode(intruder), headers={"Nats-Msg-Id": "intruder"})
 
-    bus.nc.publish = publish  # type: ignore[method-assign]
+    connection(bus).publish = publish  # type: ignore[method-assign]
 
 
 async def test_a_gang_commit_cut_by_a_foreign_write_stores_no_member_and_the_next_term_commits_it_whole(bus: Bus):
@@ -256,22 +255,22 @@ async def test_a_batch_cut_off_before_its_commit_stores_nothing(bus: Bus):
     got its commit, and the stream goes on as if it had never been sent."""
     members = gang("train", 2)
     events = [ev.AllocationCommitted(claim=m) for m in members]
-    sender = await Bus.connect(bus.nc.connected_url.geturl(), name="doomed")
-    original = sender.nc.publish
+    sender = await Bus.connect(bus.connected_url, name="doomed")
+    original = connection(sender).publish
     sent = 0
 
     async def publish(subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None) -> None:
         nonlocal sent
         if sent == 1:  # the connection breaks after the first message: the commit never leaves
-            await sender.nc.close()
+            await connection(sender).close()
             raise ConnectionError("connection lost")
         sent += 1
         await original(subject, payload, reply=reply, headers=headers)
 
-    sender.nc.publish = publish  # type: ignore[method-assign]
+    connection(sender).publish = publish  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
         await sender.send_batch(events, first={"Nats-Expected-Last-Sequence": "0"})
-    assert (await bus.js.stream_info("ALLOCATIONS")).state.messages == 0
+    assert (await jetstream(bus).stream_info("ALLOCATIONS")).state.messages == 0
     ack = await (await bus.send_batch(events, first={"Nats-Expected-Last-Sequence": "0"}))
     assert (ack.seq, ack.batch_size) == (2, 2)
 
@@ -279,14 +278,14 @@ async def test_a_batch_cut_off_before_its_commit_stores_nothing(bus: Bus):
 async def test_ensure_streams_turns_atomic_batches_on_for_an_allocations_stream_made_before_them():
     async with embedded_nats() as url, await Bus.connect(url, name="test") as bus:
         older = dataclasses.replace(STREAMS["ALLOCATIONS"], allow_atomic=None)  # as an older version made it
-        await bus.js.add_stream(older)
+        await jetstream(bus).add_stream(older)
         decision = ev.AllocationFailed(namespace=NAMESPACE, name="x", uid="u", generation=1, reason="unsatisfiable", message="no room")
         await bus.publish(decision)
-        with pytest.raises(nats.js.errors.APIError, match="atomic publish is disabled"):
+        with pytest.raises(ApiError, match="atomic publish is disabled"):
             await (await bus.send_batch([ev.AllocationCommitted(claim=m) for m in gang("train", 2)]))
 
         await bus.ensure_streams()
-        assert (await bus.js.stream_info("ALLOCATIONS")).config.allow_atomic
+        assert (await jetstream(bus).stream_info("ALLOCATIONS")).config.allow_atomic
         commits = [ev.AllocationCommitted(claim=m) for m in gang("train", 2)]
         ack = await (await bus.send_batch(commits, first={"Nats-Expected-Last-Sequence": "1"}))
         assert (ack.seq, ack.batch_size) == (3, 2)
@@ -299,16 +298,16 @@ async def test_a_gang_whose_commit_the_bus_cuts_before_a_sigkill_is_stored_whole
     async with Stack(nodes=2) as stack, await Bus.connect(stack.nats.url, name="test") as bus:
         await stack.ready(bus)
         # The bus fails part way: ALLOCATIONS takes one more message, then refuses every write.
-        info = await bus.js.stream_info("ALLOCATIONS")
+        info = await jetstream(bus).stream_info("ALLOCATIONS")
         capped = info.config
         capped.max_msgs, capped.discard = info.state.messages + 1, DiscardPolicy.NEW
-        await bus.js.update_stream(capped)
+        await jetstream(bus).update_stream(capped)
         tried = asyncio.Event()  # a member's decision went out (stored or not)
 
         async def on_decision(_: object) -> None:
             tried.set()
 
-        watch = await bus.nc.subscribe(f"dra.allocations.{NAMESPACE}.>", cb=on_decision)
+        watch = await connection(bus).subscribe(f"dra.allocations.{NAMESPACE}.>", cb=on_decision)
         for member in members:
             await bus.publish(ev.ClaimSubmitted(claim=member))
         await asyncio.wait_for(tried.wait(), 30)
@@ -322,7 +321,7 @@ async def test_a_gang_whose_commit_the_bus_cuts_before_a_sigkill_is_stored_whole
         assert not set(holders(found).values()) & keys  # here: none at all (the bus refused the gang)
 
         capped.max_msgs, capped.discard = -1, DiscardPolicy.OLD
-        await bus.js.update_stream(capped)
+        await jetstream(bus).update_stream(capped)
         await allocator.start()
         async with asyncio.timeout(60):
             while not keys <= set(holders(found := await stored(bus)).values()):

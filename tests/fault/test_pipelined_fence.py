@@ -10,12 +10,13 @@ from pipeline import claim_event
 
 from dralloc.allocator.service import Allocator, Fenced
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 
 
 async def stored_keys(bus: Bus) -> list[str]:
-    last = (await bus.js.stream_info("ALLOCATIONS")).state.last_seq
-    return [ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data).key for seq in range(1, last + 1)]
+    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data).key for seq in range(1, last + 1)]
 
 
 async def test_several_decisions_in_flight_are_stored_in_order_and_acked_together(bus: Bus):

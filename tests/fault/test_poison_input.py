@@ -13,6 +13,7 @@ import pytest
 from pipeline import Service, claim_event
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.sinks import read_all_checked
 
@@ -27,17 +28,19 @@ def deep_claim(name: str) -> bytes:
 
 
 def url_of(bus: Bus) -> str:
-    return bus.nc.connected_url.geturl()  # type: ignore[union-attr]
+    url = bus.connected_url
+    assert url is not None, "the test's bus is connected"
+    return url
 
 
 async def letters(bus: Bus) -> dict[str, str]:
     """Dead letters so far: original subject -> reason."""
-    info = await bus.js.stream_info("DEADLETTER")
+    info = await jetstream(bus).stream_info("DEADLETTER")
     found: dict[str, str] = {}
     if not info.state.messages:
         return found
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.js.get_msg("DEADLETTER", seq=seq)
+        msg = await jetstream(bus).get_msg("DEADLETTER", seq=seq)
         found[msg.headers["Dralloc-Subject"]] = msg.headers["Dralloc-Reason"]
     return found
 
@@ -46,7 +49,7 @@ async def decision(bus: Bus, name: str, within: float = 30.0) -> ev.Event:
     async with asyncio.timeout(within):
         while True:
             try:
-                return ev.decode((await bus.js.get_last_msg("ALLOCATIONS", ev.subject("allocations", "bench", name))).data)
+                return ev.decode((await jetstream(bus).get_last_msg("ALLOCATIONS", ev.subject("allocations", "bench", name))).data)
             except Exception:  # noqa: BLE001 - not there yet
                 await asyncio.sleep(0.1)
 
@@ -57,10 +60,10 @@ def logged(root: Path, name: str) -> str:
 
 async def test_a_rebuild_replays_past_deep_nesting_and_bad_names_in_claims(bus: Bus, tmp_path: Path):
     # Poison in CLAIMS before any allocator runs: its rebuild replays it, and its consumer reads it.
-    await bus.js.publish("dra.claims.bench.deep", deep_claim("deep"))
+    await jetstream(bus).publish("dra.claims.bench.deep", deep_claim("deep"))
     spaced = json.loads(ev.encode(claim_event("x")))
     spaced["claim"]["metadata"]["name"] = "bad name"
-    await bus.js.publish("dra.claims.bench.bad%20name", json.dumps(spaced).encode())
+    await jetstream(bus).publish("dra.claims.bench.bad%20name", json.dumps(spaced).encode())
     allocator = Service("allocator", ["allocator", "--nats-url", url_of(bus)], {"DRALLOC_ALLOCATOR_LEASE_TTL": "2"}, tmp_path)
     await allocator.start()
     try:
@@ -90,9 +93,9 @@ async def test_the_status_writer_dead_letters_deep_nesting_and_keeps_writing(bus
     try:
         committed = json.loads(ev.encode(ev.AllocationCommitted(claim=claim_event("poison").claim, node="n-0")))
         committed["claim"]["metadata"]["annotations"] = {"x": "X"}  # inside a map of strings, even
-        await bus.js.publish("dra.allocations.bench.poison", json.dumps(committed).replace('"X"', DEEP).encode())
+        await jetstream(bus).publish("dra.allocations.bench.poison", json.dumps(committed).replace('"X"', DEEP).encode())
         big = ev.encode(ev.AllocationFailed(namespace="bench", name="big", uid="u", generation=1, reason="error", message="m"))
-        await bus.js.publish("dra.allocations.bench.big", big.replace(b'"generation":1', b'"generation":' + b"9" * 400))
+        await jetstream(bus).publish("dra.allocations.bench.big", big.replace(b'"generation":1', b'"generation":' + b"9" * 400))
         good = ev.AllocationFailed(namespace="bench", name="good", uid="u", generation=1, reason="unsatisfiable", message="no room")
         await bus.publish(good)
         kv = await bus.key_value("dralloc-claims")
@@ -134,7 +137,7 @@ async def test_a_watching_ingestor_reports_a_poisoned_file_and_keeps_publishing_
     try:
 
         async def published() -> set[str]:
-            info = await bus.js.stream_info("CLAIMS", subjects_filter="dra.claims.>")
+            info = await jetstream(bus).stream_info("CLAIMS", subjects_filter="dra.claims.>")
             return set(info.state.subjects or {})
 
         async with asyncio.timeout(20):
@@ -180,7 +183,7 @@ async def test_the_allocator_refuses_a_slice_past_the_limits_or_in_another_nodes
         # 6,000 GPUs on a node that does not exist; 8 on a real node, in a pool that is not that node's.
         ghost, foreign = ghost_slice(6_000, node="ghost", pool="ghost"), ghost_slice(8, node="n-0", pool="elsewhere")
         for subject, data in (ghost, foreign):
-            await bus.js.publish(subject, data)
+            await jetstream(bus).publish(subject, data)
         async with asyncio.timeout(15):
             while len(found := await letters(bus)) < 2:
                 await asyncio.sleep(0.1)

@@ -27,6 +27,7 @@ from pipeline import CLASSES, claim_event
 
 from dralloc import demo
 from dralloc.bus import Bus, embedded_nats
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.sinks import read_all
 
@@ -122,21 +123,21 @@ def mutated_claims(rng: random.Random, count: int) -> list[tuple[str, bytes, str
 
 async def dead_letters(bus: Bus) -> dict[tuple[str, int], str]:
     """(stream, sequence) -> reason, for every dead letter so far."""
-    info = await bus.js.stream_info("DEADLETTER")
+    info = await jetstream(bus).stream_info("DEADLETTER")
     found = {}
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        msg = await bus.js.get_msg("DEADLETTER", seq=seq)
+        msg = await jetstream(bus).get_msg("DEADLETTER", seq=seq)
         stream = msg.subject.split(".")[2]
         found[(stream, int(msg.headers["Dralloc-Sequence"]))] = msg.headers["Dralloc-Reason"]
     return found
 
 
 async def outcomes(bus: Bus) -> dict[str, ev.Event]:
-    info = await bus.js.stream_info("ALLOCATIONS")
+    info = await jetstream(bus).stream_info("ALLOCATIONS")
     found: dict[str, ev.Event] = {}
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         try:
-            event = ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data)
+            event = ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data)
         except ev.EventDecodeError:
             continue
         if isinstance(event, ev.AllocationCommitted | ev.AllocationFailed):
@@ -154,7 +155,7 @@ async def test_hostile_messages_are_dead_lettered_or_refused_with_a_reason_and_n
             claims = mutated_claims(rng, 60)
             sequences: dict[str, int] = {}
             for name, payload, _ in claims:
-                ack = await bus.js.publish(f"dra.claims.{NAMESPACE}.{name}", payload)
+                ack = await jetstream(bus).publish(f"dra.claims.{NAMESPACE}.{name}", payload)
                 sequences[name] = ack.seq
             garbage = {}
             # INVENTORY first: a foreign write into ALLOCATIONS (next) fences the allocator off and
@@ -162,7 +163,7 @@ async def test_hostile_messages_are_dead_lettered_or_refused_with_a_reason_and_n
             for stream, subject in (("INVENTORY", "dra.inventory.fuzz.pool.g{}"), ("ALLOCATIONS", "dra.allocations.fuzz.g{}")):
                 for i in range(10):
                     payload = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
-                    garbage[(stream, (await bus.js.publish(subject.format(i), payload)).seq)] = payload
+                    garbage[(stream, (await jetstream(bus).publish(subject.format(i), payload)).seq)] = payload
                 deadline = time.monotonic() + 30
                 while True:
                     letters, decided = await dead_letters(bus), await outcomes(bus)

@@ -18,6 +18,7 @@ import pytest
 from hostile import HOSTILE, Harness, attack, committed_to
 from pipeline import NAMESPACE
 
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -34,7 +35,7 @@ async def test_a_message_just_under_max_payload_is_dead_lettered_cut_and_the_con
     async with asyncio.timeout(10):
         while not (letters := await letters_for(h, big)):
             await asyncio.sleep(0.2)
-    assert 0 < len(letters[0].data) < h.admin.nc.max_payload - 256  # cut, so that it fits with its headers
+    assert 0 < len(letters[0].data) < h.admin.max_payload - 256  # cut, so that it fits with its headers
     assert letters[0].original_sequence > 0  # the original is found by stream and sequence
 
 
@@ -63,13 +64,13 @@ async def test_an_event_filed_under_another_claims_subject_is_never_acted_on(h: 
 
 
 async def test_no_service_user_may_weaken_streams_or_touch_another_services_consumer(h: Harness):
-    before = {s: (await h.admin.js.stream_info(s)).config for s in ("INVENTORY", "CLAIMS", "ALLOCATIONS", "DEADLETTER")}
+    before = {s: (await jetstream(h.admin).stream_info(s)).config for s in ("INVENTORY", "CLAIMS", "ALLOCATIONS", "DEADLETTER")}
     outcome = await attack(h, "jetstream-api")
     assert outcome.stored == [], outcome.stored
     assert outcome.sent == len(outcome.refused)
     for name, config in before.items():
-        assert (await h.admin.js.stream_info(name)).config == config
-    consumer = await h.admin.js.consumer_info("CLAIMS", "allocator")
+        assert (await jetstream(h.admin).stream_info(name)).config == config
+    consumer = await jetstream(h.admin).consumer_info("CLAIMS", "allocator")
     assert consumer.config.filter_subject in (None, "")  # not redirected
 
 

@@ -15,6 +15,7 @@ from pipeline import NatsServer, claim_event
 
 from dralloc import natsauth, probes
 from dralloc.bus import Bus, BusError, dead_letter_message, header_bytes, run_service, streamcheck
+from dralloc.bus.raw import connection, jetstream
 from dralloc.schemas import events as ev
 
 
@@ -56,7 +57,7 @@ async def test_max_deliveries_advisory_dead_letters_under_auth(secured):
         task = asyncio.create_task(allocator.consume("CLAIMS", dies, stop, durable="allocator", ack_wait=0.5, max_deliver=2))
         try:
             async with asyncio.timeout(10):
-                while not (await allocator.js.stream_info("DEADLETTER")).state.messages:
+                while not (await jetstream(allocator).stream_info("DEADLETTER")).state.messages:
                     await asyncio.sleep(0.1)
         finally:
             stop.set()
@@ -71,8 +72,8 @@ async def test_a_service_refuses_to_run_on_a_weakened_stream(secured):
     the allocator included, exits non-zero naming the stream and the limit."""
     server, credentials = secured
     async with await Bus.connect(credentials.url(server.url, "admin"), name="admin") as admin:
-        config = (await admin.js.stream_info("ALLOCATIONS")).config
-        await admin.js.update_stream(dataclasses.replace(config, max_msgs=1))
+        config = (await jetstream(admin).stream_info("ALLOCATIONS")).config
+        await jetstream(admin).update_stream(dataclasses.replace(config, max_msgs=1))
     for service in ("statuswriter", "allocator"):
         done = subprocess.run(
             [sys.executable, "-m", "dralloc.cli", "run", service, "--nats-url", credentials.url(server.url, service)],
@@ -92,7 +93,7 @@ async def test_a_service_waits_for_the_streams_and_may_not_create_them(tmp_path)
     try:
         async with await Bus.connect(credentials.url(server.url, "ingestor"), name="ingestor") as ingestor:
             with pytest.raises((TimeoutError, BusError)):  # a permissions violation: no answer
-                await asyncio.wait_for(ingestor.js.add_stream(streamcheck_config("CLAIMS")), 2)
+                await asyncio.wait_for(jetstream(ingestor).add_stream(streamcheck_config("CLAIMS")), 2)
             waiting = asyncio.create_task(ingestor.check_streams(wait=0.1))
             await asyncio.sleep(0.5)
             assert not waiting.done()
@@ -115,7 +116,7 @@ async def test_a_connection_closed_for_good_ends_the_service_non_zero(nats_url):
 
     async def serve(bus: Bus, config: object, stop: asyncio.Event) -> None:
         serving.set()
-        await bus.nc.close()  # as when the server closes it on a protocol error
+        await connection(bus).close()  # as when the server closes it on a protocol error
         await stop.wait()
 
     with pytest.raises(BusError, match="closed for good"):
@@ -143,7 +144,7 @@ async def test_probes_answer_ready_and_live_and_fail_when_the_connection_is_gone
             bus.pulses["allocator"] = 0.0  # a consumer that has not moved since the start of time
             assert await asyncio.to_thread(get, "/livez") == 503
             del bus.pulses["allocator"]
-            await bus.nc.close()
+            await connection(bus).close()
             assert await asyncio.to_thread(get, "/livez") == 503
 
 

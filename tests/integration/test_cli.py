@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 
 DRALLOC = str(Path(sys.executable).parent / "dralloc")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -49,12 +50,12 @@ async def test_submit_publishes_the_good_objects_and_names_each_bad_one(bus: Bus
     assert "over the server's message limit" in problems[2]
     published = json.loads(out.stdout)["published"]
     assert [(p["object"], p["duplicate"]) for p in published] == [("ResourceClaim/ml/good", False)]
-    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1
+    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
 
     again = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "a.yaml"), url=nats_url)
     assert again.returncode == 2  # the YAML error is still there
     assert "ResourceClaim/ml/good" in again.stdout and "unchanged" in again.stdout
-    assert (await bus.js.stream_info("CLAIMS")).state.messages == 1
+    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
 
 
 async def test_each_service_runs_alone_as_its_own_process(bus: Bus, nats_url: str, tmp_path: Path):
@@ -133,7 +134,7 @@ async def test_delete_releases_the_claims_in_the_files(bus: Bus, nats_url: str, 
                 if not claims:
                     break  # released: gone from the store
                 await asyncio.sleep(0.2)
-    last = await bus.js.get_last_msg("ALLOCATIONS", "dra.allocations.ml.good")
+    last = await jetstream(bus).get_last_msg("ALLOCATIONS", "dra.allocations.ml.good")
     assert json.loads(last.data)["type"] == "AllocationReleased"
 
 

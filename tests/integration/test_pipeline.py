@@ -10,6 +10,7 @@ import msgspec
 from dralloc import demo
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_text
 from dralloc.schemas import events as ev
@@ -47,8 +48,8 @@ def submitted(text: str) -> list[ev.ClaimSubmitted]:
 async def decisions(bus: Bus) -> list[ev.Event]:
     """Every event in ALLOCATIONS, in order."""
     found = []
-    for seq in range(1, (await bus.js.stream_info("ALLOCATIONS")).state.last_seq + 1):
-        found.append(ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data))
+    for seq in range(1, (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq + 1):
+        found.append(ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data))
     return found
 
 
@@ -102,7 +103,7 @@ spec:
       exactly: {deviceClassName: does-not-exist}
 """
     )  # fmt: skip
-    await bus.js.publish("dra.claims.ml.garbage", b"{not an event")  # undecodable: dead-lettered
+    await jetstream(bus).publish("dra.claims.ml.garbage", b"{not an event")  # undecodable: dead-lettered
     async with demo.running(nats_url, paths=[str(tmp_path)], fleet=ONE_NODE):
         names = ("ml/bad-cel", "ml/fine", "ml/too-many", "ml/no-class")
         statuses = await wait_for_store(bus, lambda s: all(n in s for n in names) and s["ml/fine"].state == "allocated")
@@ -112,7 +113,7 @@ spec:
     assert statuses["ml/no-class"].state == "error" and "does-not-exist" in statuses["ml/no-class"].message
     assert statuses["ml/too-many"].state == "unsatisfiable" and statuses["ml/too-many"].message
     assert len(devices_of(statuses["ml/fine"])) == 2
-    letter = await bus.js.get_msg("DEADLETTER", seq=1)
+    letter = await jetstream(bus).get_msg("DEADLETTER", seq=1)
     assert letter.headers["Dralloc-Subject"] == "dra.claims.ml.garbage"
     assert letter.subject == "dra.deadletter.CLAIMS.allocator"
 
@@ -146,7 +147,7 @@ async def test_redelivered_claim_is_not_allocated_twice(bus: Bus, nats_url: str,
         successor = asyncio.create_task(allocator.serve(bus, allocator.Config(), stop))
         statuses = await wait_for_store(bus, lambda s: all(k in s and s[k].state == "allocated" for k in ("ml/first", "ml/second")))
         async with asyncio.timeout(10):  # ...and acks it
-            while (info := await bus.js.consumer_info("CLAIMS", "allocator")).num_ack_pending or info.num_pending:
+            while (info := await jetstream(bus).consumer_info("CLAIMS", "allocator")).num_ack_pending or info.num_pending:
                 await asyncio.sleep(0.05)
         stop.set()
         await successor

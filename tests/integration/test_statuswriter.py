@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import (
     AllocationResult,
@@ -41,7 +42,7 @@ async def run_writer(bus: Bus, until_pending_zero: bool = True) -> None:
         while True:
             await asyncio.sleep(0.05)
             try:
-                info = await bus.js.consumer_info("ALLOCATIONS", "statuswriter-local")
+                info = await jetstream(bus).consumer_info("ALLOCATIONS", "statuswriter-local")
             except Exception:
                 continue
             if info.num_pending == 0 and info.num_ack_pending == 0:

@@ -24,6 +24,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.ingestor import service as ingestor
 from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.podgate import GATE
@@ -121,7 +122,7 @@ class Cluster:
         async with asyncio.timeout(timeout):
             while True:
                 try:
-                    event = ev.decode((await self.bus.js.get_last_msg("ALLOCATIONS", subject)).data)
+                    event = ev.decode((await jetstream(self.bus).get_last_msg("ALLOCATIONS", subject)).data)
                     if isinstance(event, kind):
                         return event
                 except Exception:  # noqa: BLE001 - not there yet
@@ -380,7 +381,7 @@ async def test_a_pod_asking_for_nvidia_gpus_runs_on_the_extended_resource_claim(
     async with asyncio.timeout(30):  # (on the bus before the Pod)
         while True:
             try:
-                published = ev.decode((await cluster.bus.js.get_last_msg("INVENTORY", subject)).data)
+                published = ev.decode((await jetstream(cluster.bus).get_last_msg("INVENTORY", subject)).data)
                 if len(published.slice.spec.devices) == 4:
                     break
             except Exception:  # noqa: BLE001 - not there yet
@@ -452,7 +453,7 @@ async def test_a_pod_ungated_by_someone_else_is_left_to_kube_scheduler(cluster: 
     async with asyncio.timeout(30):
         while True:
             try:
-                if isinstance(ev.decode((await cluster.bus.js.get_last_msg("CLAIMS", subject)).data), ev.PodDeleted):
+                if isinstance(ev.decode((await jetstream(cluster.bus).get_last_msg("CLAIMS", subject)).data), ev.PodDeleted):
                     break
             except Exception:  # noqa: BLE001 - not there yet
                 pass

@@ -12,6 +12,7 @@ from kube_emulator import ApiServer
 from test_kube_source import CLASS, claim, names, start  # noqa: F401 (start: the fixture)
 
 from dralloc.bus import Bus, embedded_nats
+from dralloc.bus.raw import jetstream
 from dralloc.ingestor.service import publish_until_stored
 from dralloc.schemas import events as ev
 
@@ -83,7 +84,7 @@ async def test_a_cluster_object_with_a_name_the_api_server_refuses_is_not_publis
                 assert await publish_until_stored(bus, event, asyncio.Event())
         finally:
             service._report = original
-        published = (await bus.js.stream_info("CLAIMS", subjects_filter="dra.claims.>")).state.subjects or {}
+        published = (await jetstream(bus).stream_info("CLAIMS", subjects_filter="dra.claims.>")).state.subjects or {}
     assert set(published) == {"dra.claims.default.fine"}
     assert sorted(reports) == [
         "not published: ClaimSubmitted: metadata.name: 'bad name' is not a DNS subdomain: at most 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",

@@ -7,10 +7,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-from nats.js.api import AckPolicy, ConsumerConfig
-
 from dralloc import demo
-from dralloc.bus import Bus, embedded_nats, report_lag
+from dralloc.bus import AckPolicy, Bus, ConsumerConfig, embedded_nats, report_lag
+from dralloc.bus.raw import jetstream
 from dralloc.metrics import consumer_lag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -59,7 +58,7 @@ async def test_decisions_latency_devices_and_lag_are_reported(until, tmp_path):
 
 async def test_lag_counts_what_a_consumer_has_not_acked(bus: Bus):
     # A durable consumer that reads nothing yet.
-    await bus.js.add_consumer("CLAIMS", ConsumerConfig(durable_name="slow", ack_policy=AckPolicy.EXPLICIT))
+    await jetstream(bus).add_consumer("CLAIMS", ConsumerConfig(durable_name="slow", ack_policy=AckPolicy.EXPLICIT))
     for name in ("a", "b", "c"):
         await bus.publish(claim_event(name))
     stop = asyncio.Event()
@@ -68,7 +67,7 @@ async def test_lag_counts_what_a_consumer_has_not_acked(bus: Bus):
         while consumer_lag().backlog.get(("CLAIMS", "slow")) != 3:
             await asyncio.sleep(0.02)
     # Delivered and acked: the backlog drains.
-    sub = await bus.js.pull_subscribe("", durable="slow", stream="CLAIMS")
+    sub = await jetstream(bus).pull_subscribe("", durable="slow", stream="CLAIMS")
     for msg in await sub.fetch(2, timeout=2):
         await msg.ack()
     async with asyncio.timeout(5):

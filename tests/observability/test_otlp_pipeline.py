@@ -17,6 +17,7 @@ import yaml
 from otlp_receiver import OtlpReceiver, Point, Span
 
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ async def test_claims_are_traced_and_measured_over_otlp(tmp_path: Path, monkeypa
 
             await eventually(written, 10)
             await eventually(measured, 10)
-            slices = (await bus.js.stream_info("INVENTORY", subjects_filter="dra.inventory.>")).state.subjects or {}
+            slices = (await jetstream(bus).stream_info("INVENTORY", subjects_filter="dra.inventory.>")).state.subjects or {}
         # The stack has stopped (SIGTERM): whatever the services still held was flushed at exit.
         spans, points = receiver.snapshot()
 

@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanKind
 
 from dralloc import demo, telemetry
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from pipeline import claim_event  # noqa: E402
@@ -63,10 +64,10 @@ async def test_a_claim_and_its_decision_share_a_trace_when_nothing_records(bus: 
     async with demo.running(nats_url, paths=[], services=("allocator",)):
         await bus.publish(claim_event("lonely"))  # no inventory at all: the decision is a failure, written all the same
         async with asyncio.timeout(15):
-            while (await bus.js.stream_info("ALLOCATIONS")).state.messages < 1:
+            while (await jetstream(bus).stream_info("ALLOCATIONS")).state.messages < 1:
                 await asyncio.sleep(0.05)
-    claim = await bus.js.get_msg("CLAIMS", seq=1)
-    decision = await bus.js.get_msg("ALLOCATIONS", seq=1)
+    claim = await jetstream(bus).get_msg("CLAIMS", seq=1)
+    decision = await jetstream(bus).get_msg("ALLOCATIONS", seq=1)
     assert decision.subject == "dra.allocations.bench.lonely"
     claim_trace, claim_span, _ = traceparent(claim.headers)
     decision_trace, decision_span, _ = traceparent(decision.headers)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dralloc import demo
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_text
 from dralloc.schemas import events as ev
@@ -36,8 +37,8 @@ spec:
 
 
 async def decisions(bus: Bus) -> list[ev.Event]:
-    info = await bus.js.stream_info("ALLOCATIONS")
-    return [ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, info.state.last_seq + 1)]
+    info = await jetstream(bus).stream_info("ALLOCATIONS")
+    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, info.state.last_seq + 1)]
 
 
 async def wait_until(bus: Bus, done, timeout: float = 15.0) -> list[ev.Event]:

@@ -14,6 +14,7 @@ import pytest
 
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -54,8 +55,8 @@ def deleted(event: ev.ClaimSubmitted) -> ev.ClaimDeleted:
 
 
 async def decisions(bus: Bus) -> list[ev.Event]:
-    last = (await bus.js.stream_info("ALLOCATIONS")).state.last_seq
-    return [ev.decode((await bus.js.get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
+    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 
 async def decide(allocator: Allocator, bus: Bus, event: ev.Event) -> None:

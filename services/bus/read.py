@@ -1,0 +1,112 @@
+"""Reading a stream's messages as they are stored, without acking or keeping a consumer: once through
+(`scan`: a replay, `dralloc get`/`top`'s snapshot, the allocator's tail after its snapshot) or as
+they arrive (`follow`: `dralloc top --watch`). Both hand over `StoredMessage`s, never nats-py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from dralloc.bus.lookup import StoredMessage
+from dralloc.bus.streams import FETCH_WAIT_S, STREAMS
+
+if TYPE_CHECKING:
+    from dralloc.bus.client import Bus
+
+SCAN_BATCH = 512
+"""Messages per pull of a scan (a fetch asks for no more than are pending: a short batch would wait out its timeout)."""
+
+
+def stored(stream: str, msg: Msg) -> StoredMessage:
+    """A consumer-delivered message as its stream keeps it."""
+    meta = msg.metadata
+    return StoredMessage(
+        stream=stream, sequence=meta.sequence.stream, subject=msg.subject, data=msg.data or b"", time=meta.timestamp, headers=dict(msg.headers or {})
+    )
+
+
+def _filter(stream: str, subjects: Sequence[str] | None) -> list[str] | None:
+    """The subjects a consumer of `stream` reads: those given, else the stream's own (dralloc's streams), else all."""
+    if subjects:
+        return list(subjects)
+    known = STREAMS.get(stream)
+    return list(known.subjects) if known is not None and known.subjects else None
+
+
+async def scan(
+    bus: Bus,
+    stream: str,
+    on_message: Callable[[StoredMessage], None],
+    *,
+    subjects: Sequence[str] | None = None,
+    last_per_subject: bool = False,
+    start_seq: int | None = None,
+    upto: int | None = None,
+) -> None:
+    """`Bus.scan`: call `on_message` for each message of `stream`, in stream order, and return once
+    every message the stream held when the scan started has been seen (or has vanished meanwhile:
+    an expired tombstone, a superseded event are not waited for).
+
+    `subjects`: only those (default: the stream's own subjects, i.e. everything); `last_per_subject`:
+    only each subject's last message; `start_seq`: from that sequence on; `upto`: no message after
+    that sequence (one published after a snapshot belongs to the caller's live consumer). The reading
+    consumer is ephemeral, in memory and unacknowledged: nothing about the stream changes."""
+    if last_per_subject:
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    elif start_seq is not None:
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start_seq)
+    else:
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    config.ack_policy, config.inactive_threshold, config.mem_storage = AckPolicy.NONE, 30.0, True
+    # ("last per subject" needs an explicit filter: the stream's subjects by default)
+    config.filter_subjects = _filter(stream, subjects)
+    sub = await bus._js.pull_subscribe("", durable=None, stream=stream, config=config)
+    try:
+        pending = (await sub.consumer_info()).num_pending or 0
+        while pending > 0:
+            try:
+                messages = await sub.fetch(min(pending, SCAN_BATCH), timeout=FETCH_WAIT_S)
+            except (nats.errors.TimeoutError, TimeoutError):
+                # Messages counted may be gone before they are delivered: ask the server what is left.
+                pending = (await sub.consumer_info()).num_pending or 0
+                continue
+            for msg in messages:
+                pending = msg.metadata.num_pending
+                seq = msg.metadata.sequence.stream
+                if upto is not None and seq > upto:
+                    if not last_per_subject:
+                        return  # (delivered in sequence order: nothing after it is wanted)
+                    continue
+                on_message(stored(stream, msg))
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+@contextlib.asynccontextmanager
+async def follow(
+    bus: Bus, stream: str, on_message: Callable[[StoredMessage], None], *, after: int, subjects: Sequence[str] | None = None
+) -> AsyncIterator[None]:
+    """`Bus.follow`: while inside, call `on_message` for each message stored in `stream` after
+    sequence `after` (of `subjects`, default the stream's own), in order, as it arrives (an ordered
+    push consumer per subject filter, recreated by nats-py on a gap: nothing is acked or kept)."""
+    subs = []
+
+    async def deliver(msg: Msg) -> None:
+        on_message(stored(stream, msg))
+
+    try:
+        for subject in _filter(stream, subjects) or [">"]:
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
+            subs.append(await bus._js.subscribe(subject, stream=stream, ordered_consumer=True, config=config, cb=deliver))
+        yield
+    finally:
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
