@@ -24,19 +24,13 @@ from typing import Any, Literal
 import msgspec
 
 from dralloc.allocator.engine import adoption, cel
-from dralloc.allocator.engine.explanations import (
-    Explanation,
-    FilterCount,
-    RequestReport,
-    explain_failure,
-    explain_success,
-    grouped,
-)
+from dralloc.allocator.engine.explanations import Explanation, explain_failure, explain_success, grouped
+from dralloc.allocator.engine.filters import candidates, node_devices
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.misfits import Misfits
 from dralloc.allocator.engine.placement import Placement
-from dralloc.allocator.engine.plan import Alt, ClaimPlan, consumed_capacity, plan_claim, tolerated
+from dralloc.allocator.engine.plan import Alt, ClaimPlan, plan_claim
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdicts
@@ -66,9 +60,6 @@ DEFAULT_CEL_BUDGET = 5_000_000
 """Cost units (cel-go's, each evaluation charged its selector's estimate) an allocation unit may spend
 evaluating selectors before it ends as an error: five evaluations of the costliest selector Kubernetes
 accepts (CELSelectorExpressionMaxCost), ~1,000 times what the benchmark fleets' claims spend."""
-
-FILTERS = ("pool", "class", "selectors", "node", "in use", "counters", "capacity", "taints", "constraints")
-"""The candidate filters, in the order they are applied (what `explain` counts)."""
 
 
 class Outcome(msgspec.Struct, kw_only=True):
@@ -337,18 +328,6 @@ class Engine:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def _mask(self, node: str | None) -> tuple[int, list[int]]:
-        if node is None:
-            # no node known at all: only devices usable from every node
-            inv = self.inventory
-            bits = 0
-            for i in iter_bits(inv.nonlocal_bits):
-                rec = inv.devices[i]
-                if rec is not None and rec.all_nodes:
-                    bits |= 1 << i
-            return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
-        return self.inventory.node_mask(node)
-
     def _candidate_nodes(self, plans: list[ClaimPlan], within: int | None) -> Iterator[str | None]:
         """Known nodes in order, lazily, minus those that cannot host the unit and those
         outside the `within` ranks (None: no such limit).
@@ -432,93 +411,9 @@ class Engine:
                     if hit:
                         info[1] |= bit
 
-    def _candidates(
-        self, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], report: RequestReport | None = None, node: str | None = None
-    ) -> tuple[list[DeviceRec], dict[int, dict[str, int]], str]:
-        """Devices `alt` could take on the node, in candidate order, before the
-        choices of other requests are known; plus the capacity each shared device
-        would consume, and why the list is short (the emptying filter)."""
-        inv, ledger = self.inventory, self.ledger
-        verdict = self.verdicts.get(alt, mask)
-        matched = verdict.matched & mask
-        devices = inv.devices
-        recs: list[DeviceRec]  # (a matched bit is a live device: never a removed one's None)
-        if matched.bit_count() <= 16:
-            recs = [devices[i] for i in order if (matched >> i) & 1]  # type: ignore[misc]
-        else:
-            wanted = set(iter_bits(matched))
-            recs = [devices[i] for i in order if i in wanted]  # type: ignore[misc]
-        used = ledger.used_bits
-        covering = [c for c in plan.constraints if c.covers(alt)]
-        out: list[DeviceRec] = []
-        consumed: dict[int, dict[str, int]] = {}
-        counts = dict.fromkeys(FILTERS[4:], 0)
-        need = alt.count
-        problem = ""
-        for rec in recs:
-            use = consumed_capacity(alt, rec)
-            if alt.all_mode:
-                if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
-                    continue  # not part of "all": it cannot serve the capacity request (as in Kubernetes)
-                if not alt.admin and (used >> rec.id) & 1:
-                    problem = problem or f"device {rec.label} is in use"
-                elif not alt.admin and not ledger.counters_fit(rec):
-                    problem = problem or f"device {rec.label} has no counter room left"
-                elif not all(tolerated(t, alt.tolerations) for t in rec.taints):
-                    problem = problem or f"device {rec.label} has a taint the request does not tolerate ({_taint_text(self.inventory, rec, alt)})"
-                if rec.multi:
-                    consumed[rec.id] = use
-                out.append(rec)
-                continue
-            if not alt.admin and (used >> rec.id) & 1:
-                continue  # held exclusively (a shared device too, by a result without a shareID)
-            counts["in use"] += 1
-            # admin access watches a device: it needs no counter room and no capacity
-            if not alt.admin and not ledger.counters_fit(rec):
-                continue
-            counts["counters"] += 1
-            if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
-                continue
-            counts["capacity"] += 1
-            if rec.taints and not all(tolerated(t, alt.tolerations) for t in rec.taints):
-                if report is not None and not report.note:
-                    report.note = f"device {rec.label} is tainted: {_taint_text(inv, rec, alt)}"
-                continue
-            counts["taints"] += 1
-            if any(rec.attribute(c.attribute) is None for c in covering):
-                continue
-            counts["constraints"] += 1
-            if rec.multi:
-                consumed[rec.id] = use
-            out.append(rec)
-        if alt.all_mode:
-            if not out:
-                problem = "no device matches"
-            for pool in self.inventory.unusable_near(node):
-                problem = f"asks for all devices, but pool {pool.label} is " + ("invalid" if pool.invalid else "being updated (incomplete)")
-            if report is not None:
-                report.note = problem
-            return out, consumed, problem
-        if report is not None:
-            report.filters += [FilterCount(filter=f, left=counts[f]) for f in FILTERS[4:]]
-            if report.emptied_by is None:
-                for f in FILTERS[4:]:
-                    if counts[f] < need:
-                        report.emptied_by = f
-                        break
-        if len(out) < need:
-            if len(recs) < need:
-                where = f"on node {node}" if node is not None else "usable from every node"
-                return out, consumed, f"{len(recs)} device(s) {where} match the class and selectors, {need} wanted"
-            for f in FILTERS[4:]:
-                if counts[f] < need:
-                    return out, consumed, f"only {counts[f]} device(s) left after the '{f}' filter, {need} wanted"
-            problem = f"only {len(out)} device(s) left, {need} wanted"
-        return out, consumed, problem
-
     def _place(self, plans: list[ClaimPlan], node: str | None, steps: list[int]) -> list[list[Slot]]:
         """Find devices for the whole unit on `node`, or raise _Failure."""
-        mask, order = self._mask(node)
+        mask, order = node_devices(self.inventory, node)
         # a failure remembered for this shape and node state (misfits.py) is answered before the
         # CEL error check and the match memory: both were done when it was first found, and
         # neither has anything new to say until the node or the inventory changes
@@ -535,13 +430,13 @@ class Engine:
                 raise _Failure(error, Why.CEL_ERROR)
             if node is not None:
                 self._learn(plans, node, mask)
-            return self._place_search(plans, node, mask, order, steps)
+            return self._place_search(plans, node, (mask, order), steps)
         except _Failure as failure:
             # the key after the failure is the key before it: a failed try changes no state
             self.misfits.put(self.misfits.key(plans, node), plans[0], failure.message, failure.why, steps[0] - before)
             raise
 
-    def _place_search(self, plans: list[ClaimPlan], node: str | None, mask: int, order: list[int], steps: list[int]) -> list[list[Slot]]:
+    def _place_search(self, plans: list[ClaimPlan], node: str | None, devices: tuple[int, list[int]], steps: list[int]) -> list[list[Slot]]:
         """`_place` after the CEL error check: candidates per request, then the search."""
         options: list[list[tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]]]] = []  # per request: feasible alternatives
         infeasible = ""
@@ -552,13 +447,13 @@ class Engine:
                 smallest = None
                 why = ""
                 for alt in request.alts:
-                    cands, consumed, problem = self._candidates(plan, alt, mask, order, node=node)
-                    size = len(cands) if alt.all_mode else alt.count
+                    found = candidates(self.inventory, self.ledger, self.verdicts, plan, alt, devices, node)
+                    size = len(found.recs) if alt.all_mode else alt.count
                     smallest = size if smallest is None else min(smallest, size)
-                    if problem:
-                        why = why or f"request {alt.result_name}: {problem}"
+                    if found.problem:
+                        why = why or f"request {alt.result_name}: {found.problem}"
                         continue
-                    feasible.append((ci, alt, cands, consumed))
+                    feasible.append((ci, alt, found.recs, found.consumed))
                 minimum += smallest or 0
                 if not feasible:
                     infeasible = infeasible or f"claim {plan.key}, {why}"
@@ -595,10 +490,10 @@ class Engine:
             rank = self.placement.order_slots(slots, node)
             search = Search(self.ledger, slots, matches, self.budget - steps[0], rank)
             try:
-                found = search.run()
+                solved = search.run()
             finally:
                 steps[0] += search.steps
-            if found:
+            if solved:
                 return [[s for s in slots if s.claim == ci] for ci in range(len(plans))]
         raise _Failure(last)
 
@@ -667,12 +562,6 @@ def _has_group(inv: Inventory, matched: int, alt: Alt) -> bool:
     return all(any(c >= alt.group for c in per.values()) for per in counts)
 
 
-def _room(used: dict[str, int], use: dict[str, int] | None, rec: DeviceRec) -> bool:
-    if use is None:
-        return False
-    return all(used.get(name, 0) + amount <= rec.capacity[name].value for name, amount in use.items())
-
-
 def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfiguration]:
     """The result's configs as Kubernetes 1.37 writes them: each class's configs once (in
     request order), naming every request served by that class; then the claim's configs
@@ -702,13 +591,6 @@ def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfigu
         if entry.requests and all(alt.base in entry.requests or alt.result_name in entry.requests for alt in served):
             entry.requests = []
     return out
-
-
-def _taint_text(inv: Inventory, rec: DeviceRec, alt: Alt) -> str:
-    """The taints `alt` does not tolerate on `rec`, each with where it comes from."""
-    return ", ".join(
-        f"{t.key}={t.value or ''}:{t.effect} from {src}" for t, src in zip(rec.taints, inv.taint_sources(rec)) if not tolerated(t, alt.tolerations)
-    )
 
 
 def _node_selector(chosen: list[DeviceRec], node: str | None) -> NodeSelector | None:

@@ -5,8 +5,8 @@ how many devices were left after each candidate filter (`FILTERS`), the
 verdict of each node, and notes (nodes not tried, unusable pools, the node a
 waiting claim would hold). Built from the engine's parts after the search has
 decided; nothing here changes what the engine allocates. The filter counts
-past "node" come from the engine's own candidate filter (`Engine._candidates`
-fills a `RequestReport`), so they describe the state the search saw.
+past "node" come from the pipeline the search runs (`filters.candidates`), so
+they describe the state the search saw.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from dralloc.allocator.engine.filters import candidates, node_devices
 from dralloc.allocator.engine.gang import reservation_for
 from dralloc.allocator.engine.placement import demand_of
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine
-    from dralloc.allocator.engine.inventory import DeviceRec
     from dralloc.allocator.engine.plan import Alt, ClaimPlan
     from dralloc.allocator.engine.search import Slot
 
@@ -54,12 +54,13 @@ class Explanation(msgspec.Struct, kw_only=True, omit_defaults=True):
     notes: list[str] = []
 
 
-def request_report(engine: Engine, plan: ClaimPlan, alt: Alt, mask: int, order: list[int], node: str | None = None) -> tuple[RequestReport, list[DeviceRec]]:
-    """Devices left after each filter for one request (`alt` of `plan`) on one node (`mask`, `order`:
-    its devices and their candidate order), and the candidates left at the end. The first counts
+def request_report(engine: Engine, plan: ClaimPlan, alt: Alt, devices: tuple[int, list[int]], node: str | None = None) -> RequestReport:
+    """Devices left after each filter for one request (`alt` of `plan`) on one node (`devices`:
+    `filters.node_devices` of it). The first counts
     (pool, class, selectors) cover every usable device, or in an inventory over
     EXPLAIN_GLOBAL_MAX devices only the node's (selectors are evaluated lazily)."""
     report = RequestReport(claim=plan.key, request=alt.result_name, wanted="all" if alt.all_mode else str(alt.count))
+    mask = devices[0]
     live = engine.inventory.live
     universe = live if live.bit_count() <= EXPLAIN_GLOBAL_MAX else mask & live
     cls = engine.verdicts.class_only(alt, universe)
@@ -76,10 +77,13 @@ def request_report(engine: Engine, plan: ClaimPlan, alt: Alt, mask: int, order: 
         if n < need:
             report.emptied_by = f
             break
-    cands, _, problem = engine._candidates(plan, alt, mask, order, report, node=node)
-    if alt.all_mode and problem:
+    found = candidates(engine.inventory, engine.ledger, engine.verdicts, plan, alt, devices, node, explain=True)
+    report.filters += [FilterCount(filter=f, left=n) for f, n in found.left]
+    report.note = found.note
+    if alt.all_mode and found.problem:
         report.emptied_by = report.emptied_by or "all"
-    return report, cands
+    report.emptied_by = report.emptied_by or found.emptied_by
+    return report
 
 
 def explain_failure(engine: Engine, plans: list[ClaimPlan], node: str | None, nodes: list[str | None], reasons: list[tuple[str | None, str]]) -> Explanation:
@@ -107,12 +111,12 @@ def explain_failure(engine: Engine, plans: list[ClaimPlan], node: str | None, no
     shown = [node] if node is not None else (nodes[:k] or inventory.nodes()[:k] or [None])
     reason_of = dict(reasons)
     for candidate in shown:
-        mask, order = engine._mask(candidate)
+        devices = node_devices(inventory, candidate)
         report = NodeReport(node=candidate, verdict=reason_of.get(candidate, ""))
         for plan in plans:
             for request in plan.requests:
                 for alt in request.alts:
-                    report.requests.append(request_report(engine, plan, alt, mask, order, node=candidate)[0])
+                    report.requests.append(request_report(engine, plan, alt, devices, node=candidate))
         explanation.nodes.append(report)
     return explanation
 
@@ -121,10 +125,10 @@ def explain_success(engine: Engine, plan: ClaimPlan, node: str | None, slots: li
     """Where one claim (`plan`) was placed: on `node`, the devices of each slot, with the filter
     counts of the state the search saw (call it before the allocation is committed), and the
     placement's notes on the choice."""
-    mask, order = engine._mask(node)
+    devices = node_devices(engine.inventory, node)
     report = NodeReport(node=node, verdict="allocated: the first devices in candidate order (driver/pool/slice/device) that satisfy every constraint")
     for slot in slots:
-        request, _ = request_report(engine, plan, slot.alt, mask, order, node=node)
+        request = request_report(engine, plan, slot.alt, devices, node=node)
         request.devices = [rec.label for rec in slot.chosen]
         report.requests.append(request)
     chosen = [rec for slot in slots for rec in slot.chosen]

@@ -1,0 +1,227 @@
+"""The candidate filters: one pipeline for the search and for `explain`.
+
+A request alternative's candidates on a node are the devices left after each
+filter of `FILTERS`, in that order. The first four are bitsets the engine
+keeps anyway ("pool": usable devices, "class" and "selectors": the verdicts,
+"node": the node's devices); `candidates` starts from their intersection
+(`matched`) and runs the device stages of `STAGES`, each a list-to-list
+function that keeps what it lets through, in candidate order. The search asks
+for the list alone; `explain` also reads how many devices each stage left
+(`Candidates.left`: the lengths, so counting costs nothing extra) and the
+first taint a device failed on.
+
+A request for All devices is not filtered the same way: every device that
+matches and can serve the capacity request belongs to "all", so one held or
+tainted device makes the request fail rather than shrink (`_all_devices`).
+
+Pure: reads the inventory and the ledger, changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.ledger import Ledger
+from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, consumed_capacity, tolerated
+from dralloc.allocator.engine.verdicts import Verdicts
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request alternative being filtered on one node: what every stage reads."""
+
+    inv: Inventory
+    ledger: Ledger
+    alt: Alt
+    covering: list[Constraint]  # the claim's constraints that cover `alt`
+    explain: bool  # whether stages leave notes for `explain` (the search needs none)
+    use: dict[int, dict[str, int] | None] = field(default_factory=dict)  # device id -> consumed capacity (capacity stage)
+    note: str = ""
+
+
+Stage = Callable[[Request, list[DeviceRec]], list[DeviceRec]]
+
+
+def _in_use(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
+    """Held exclusively (a shared device too, by a result without a shareID); admin access
+    watches a device and may take one in use."""
+    if rq.alt.admin:
+        return recs
+    used = rq.ledger.used_ids
+    return [rec for rec in recs if rec.id not in used]
+
+
+def _counters(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
+    """Counter room: admin access consumes no counters."""
+    if rq.alt.admin:
+        return recs
+    fits = rq.ledger.counters_fit
+    return [rec for rec in recs if not rec.consumes or fits(rec)]
+
+
+def _capacity(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
+    """Devices that can serve the capacity request (its policy, and for a shared device what is
+    left of it beside the ledger's use; admin access consumes none). Remembers what each kept
+    device would consume."""
+    alt, use_of, cap_used = rq.alt, rq.use, rq.ledger.cap_used
+    out = []
+    for rec in recs:
+        use = consumed_capacity(alt, rec)
+        if use is None or (rec.multi and not alt.admin and not _room(cap_used.get(rec.id, {}), use, rec)):
+            continue
+        if rec.multi:
+            use_of[rec.id] = use
+        out.append(rec)
+    return out
+
+
+def _taints(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
+    """Devices whose taints the request tolerates; `explain` notes the first it dropped."""
+    tolerations = rq.alt.tolerations
+    out = []
+    for rec in recs:
+        if rec.taints and not all(tolerated(t, tolerations) for t in rec.taints):
+            if rq.explain and not rq.note:
+                rq.note = f"device {rec.label} is tainted: {taint_text(rq.inv, rec, rq.alt)}"
+            continue
+        out.append(rec)
+    return out
+
+
+def _constraints(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
+    """Devices that have every attribute a constraint covering the request names."""
+    if not rq.covering:
+        return recs
+    names = [c.attribute for c in rq.covering]
+    return [rec for rec in recs if all(rec.attribute(a) is not None for a in names)]
+
+
+STAGES: tuple[tuple[str, Stage], ...] = (
+    ("in use", _in_use),
+    ("counters", _counters),
+    ("capacity", _capacity),
+    ("taints", _taints),
+    ("constraints", _constraints),
+)
+"""The device stages, in order."""
+
+FILTERS = ("pool", "class", "selectors", "node", *(name for name, _ in STAGES))
+"""The candidate filters, in the order they are applied (what `explain` counts)."""
+
+
+@dataclass(slots=True, eq=False)
+class Candidates:
+    """What `candidates` found: the devices in candidate order, what each shared one would
+    consume, why the list is short ("" when it is not), and with `explain` the devices left
+    after each stage and a note."""
+
+    recs: list[DeviceRec]
+    consumed: dict[int, dict[str, int]]
+    problem: str
+    left: list[tuple[str, int]] = field(default_factory=list)
+    emptied_by: str | None = None  # the first stage that left fewer than wanted (not for All)
+    note: str = ""
+
+
+def node_devices(inv: Inventory, node: str | None) -> tuple[int, list[int]]:
+    """The devices usable from `node` (bitset, ids in candidate order); with no node known at all
+    (None), only devices usable from every node."""
+    if node is not None:
+        return inv.node_mask(node)
+    bits = 0
+    for i in iter_bits(inv.nonlocal_bits):
+        rec = inv.devices[i]
+        if rec is not None and rec.all_nodes:
+            bits |= 1 << i
+    return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
+
+
+def candidates(
+    inv: Inventory,
+    ledger: Ledger,
+    verdicts: Verdicts,
+    plan: ClaimPlan,
+    alt: Alt,
+    devices_of_node: tuple[int, list[int]],
+    node: str | None,
+    *,
+    explain: bool = False,
+) -> Candidates:
+    """Devices `alt` (of `plan`) could take on `node` before the choices of other requests are
+    known; `devices_of_node` is `node_devices(inv, node)`. The stages start from the devices
+    that pass the first four filters (pool, class, selectors: the verdict, node). `explain`
+    also notes the first taint that dropped a device; the devices found are the same."""
+    mask, order = devices_of_node
+    matched = verdicts.get(alt, mask).matched & mask
+    devices = inv.devices
+    recs: list[DeviceRec]  # (a matched bit is a live device: never a removed one's None)
+    if matched.bit_count() <= 16:
+        recs = [devices[i] for i in order if (matched >> i) & 1]  # type: ignore[misc]
+    else:
+        wanted = set(iter_bits(matched))
+        recs = [devices[i] for i in order if i in wanted]  # type: ignore[misc]
+    rq = Request(inv=inv, ledger=ledger, alt=alt, covering=[c for c in plan.constraints if c.covers(alt)], explain=explain)
+    if alt.all_mode:
+        return _all_devices(rq, recs, node)
+    out = recs
+    left: list[tuple[str, int]] = []
+    for name, stage in STAGES:
+        out = stage(rq, out)
+        left.append((name, len(out)))
+    need = alt.count
+    found = Candidates(recs=out, consumed={}, problem="", left=left, note=rq.note)
+    found.consumed = {rec.id: use for rec in out if rec.multi and (use := rq.use.get(rec.id)) is not None}
+    found.emptied_by = next((name for name, n in left if n < need), None)
+    if len(out) >= need:
+        return found
+    if len(recs) < need:
+        where = f"on node {node}" if node is not None else "usable from every node"
+        found.problem = f"{len(recs)} device(s) {where} match the class and selectors, {need} wanted"
+    else:
+        # the last stage left len(out) < need: some stage is the first to fall short
+        short, n = next((name, n) for name, n in left if n < need)
+        found.problem = f"only {n} device(s) left after the '{short}' filter, {need} wanted"
+    return found
+
+
+def _all_devices(rq: Request, recs: list[DeviceRec], node: str | None) -> Candidates:
+    """A request for All devices: every matching device that can serve the capacity request, and
+    the first reason one of them cannot be taken (in use, no counter room, a taint not tolerated),
+    or an unusable pool near the node (what "all" is cannot be known)."""
+    alt, ledger = rq.alt, rq.ledger
+    used = ledger.used_ids
+    out: list[DeviceRec] = []
+    consumed: dict[int, dict[str, int]] = {}
+    problem = ""
+    for rec in recs:
+        use = consumed_capacity(alt, rec)
+        if use is None or (rec.multi and not alt.admin and not _room(ledger.cap_used.get(rec.id, {}), use, rec)):
+            continue  # not part of "all": it cannot serve the capacity request (as in Kubernetes)
+        if not alt.admin and rec.id in used:
+            problem = problem or f"device {rec.label} is in use"
+        elif not alt.admin and not ledger.counters_fit(rec):
+            problem = problem or f"device {rec.label} has no counter room left"
+        elif not all(tolerated(t, alt.tolerations) for t in rec.taints):
+            problem = problem or f"device {rec.label} has a taint the request does not tolerate ({taint_text(rq.inv, rec, alt)})"
+        if rec.multi:
+            consumed[rec.id] = use
+        out.append(rec)
+    if not out:
+        problem = "no device matches"
+    for pool in rq.inv.unusable_near(node):
+        problem = f"asks for all devices, but pool {pool.label} is " + ("invalid" if pool.invalid else "being updated (incomplete)")
+    return Candidates(recs=out, consumed=consumed, problem=problem, note=problem)
+
+
+def _room(used: dict[str, int], use: dict[str, int], rec: DeviceRec) -> bool:
+    """Whether a shared device has `use` left beside what is `used` of it."""
+    return all(used.get(name, 0) + amount <= rec.capacity[name].value for name, amount in use.items())
+
+
+def taint_text(inv: Inventory, rec: DeviceRec, alt: Alt) -> str:
+    """The taints `alt` does not tolerate on `rec`, each with where it comes from."""
+    return ", ".join(
+        f"{t.key}={t.value or ''}:{t.effect} from {src}" for t, src in zip(rec.taints, inv.taint_sources(rec)) if not tolerated(t, alt.tolerations)
+    )
