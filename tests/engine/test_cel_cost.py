@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-import yaml
+from one_node import claim, engine_with
 from test_cel import DEVICES, RUNTIME, _env
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.cel import MAX_COST, CelCompileError, CelRuntimeError, check_expression, compile_selector, device_env
 from dralloc.allocator.engine.cel_eval import Interpreter
-from dralloc.schemas.resource import Device, DeviceClass, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import Device
 
 
 def _nested(n: int, tail: str = "") -> str:
@@ -135,38 +135,7 @@ def _gpu_env():
 
 
 def _engine(budget: int | None, devices: int = 16) -> Engine:
-    engine = Engine(cel_budget=budget)
-    engine.apply(
-        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
-    )
-    engine.apply(
-        msgspec.convert(
-            yaml.safe_load(f"""
-metadata: {{name: node-a-gpus}}
-spec:
-  driver: gpu.example.com
-  pool: {{name: node-a, generation: 1, resourceSliceCount: 1}}
-  nodeName: node-a
-  devices: [{", ".join(f"{{name: gpu-{i}, attributes: {{index: {{int: {i}}}}}}}" for i in range(devices))}]
-"""),
-            ResourceSlice,
-        )
-    )
-    return engine
-
-
-def _claim(name: str, expression: str) -> ResourceClaim:
-    return msgspec.convert(
-        {
-            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": expression}}]}}]
-                }
-            },
-        },
-        ResourceClaim,
-    )
+    return engine_with((f"{{name: gpu-{i}, attributes: {{index: {{int: {i}}}}}}}" for i in range(devices)), cel_budget=budget)
 
 
 # ~1,000 per device: 16 devices cost ~16,000 to evaluate, every one failing (a missing attribute);
@@ -177,7 +146,7 @@ COSTLY = "[" + ", ".join(str(i) for i in range(60)) + '].all(x, x >= 0) && devic
 def test_a_claim_that_spends_its_budget_ends_as_an_error() -> None:
     cost = compile_selector(COSTLY).cost
     engine = _engine(budget=cost * 3)
-    (outcome,) = engine.allocate([_claim("costly", COSTLY)])
+    (outcome,) = engine.allocate([claim("costly", COSTLY)])
     assert outcome.status == "error"
     assert "evaluation budget" in outcome.message and f"may cost up to {cost:,} per device" in outcome.message
     verdict = next(iter(engine.verdicts._cache.values()), None)
@@ -185,14 +154,14 @@ def test_a_claim_that_spends_its_budget_ends_as_an_error() -> None:
     # three evaluations were paid for: what they found is kept, the rest was never evaluated
     assert max(v.evaluated.bit_count() for v in engine.verdicts._cache.values() if v.errors) == 3
     # the next claim has a budget of its own and a cheap selector: it is allocated
-    (cheap,) = engine.allocate([_claim("cheap", 'device.attributes["gpu.example.com"].index >= 0')])
+    (cheap,) = engine.allocate([claim("cheap", 'device.attributes["gpu.example.com"].index >= 0')])
     assert cheap.status == "allocated"
 
 
 def test_without_a_budget_the_same_claim_evaluates_every_device() -> None:
     """The budget is what ends it: unlimited, every device is evaluated, and the error is the CEL one."""
     engine = _engine(budget=None)
-    (outcome,) = engine.allocate([_claim("costly", COSTLY)])
+    (outcome,) = engine.allocate([claim("costly", COSTLY)])
     assert outcome.status == "error" and "evaluation budget" not in outcome.message
     assert "no such key: missing" in outcome.message
 
@@ -202,7 +171,7 @@ def test_the_default_budget_is_far_above_what_the_example_claims_spend() -> None
     engine = Engine()
     assert engine.cel_budget == 5_000_000
     engine = _engine(budget=Engine().cel_budget, devices=128)
-    (outcome,) = engine.allocate([_claim("everyday", 'device.attributes["gpu.example.com"].index >= 100')])
+    (outcome,) = engine.allocate([claim("everyday", 'device.attributes["gpu.example.com"].index >= 100')])
     assert outcome.status == "allocated"
 
 
@@ -212,10 +181,10 @@ def test_a_claim_out_of_evaluation_time_ends_as_an_error() -> None:
     ticks = iter(range(10**6))
     engine = _engine(budget=None)
     engine.cel_seconds = (lambda: float(next(ticks)), 5.0)
-    (outcome,) = engine.allocate([_claim("costly", COSTLY)])
+    (outcome,) = engine.allocate([claim("costly", COSTLY)])
     assert outcome.status == "error" and "ran out of its time budget" in outcome.message
     engine.cel_seconds = None
-    (outcome,) = engine.allocate([_claim("costly-again", COSTLY + " || false")])
+    (outcome,) = engine.allocate([claim("costly-again", COSTLY + " || false")])
     assert outcome.status == "error" and "no such key: missing" in outcome.message
 
 

@@ -6,14 +6,14 @@ import re
 
 import msgspec
 import pytest
-import yaml
+from one_node import claim, engine_with
 from upstream_corpus import selectors_and_devices
 
 from dralloc.allocator.engine import Engine, cel, projection
 from dralloc.allocator.engine.cel import CelCompileError, CelRuntimeError, compile_selector, device_env
 from dralloc.allocator.engine.cel_syntax import parse
 from dralloc.allocator.engine.projection import fields, fields_of, project, representable
-from dralloc.schemas.resource import Device, DeviceClass, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import Device
 
 D = 'device.attributes["gpu.example.com"]'
 
@@ -182,43 +182,12 @@ def test_devices_with_equal_projections_get_equal_outcomes_over_the_upstream_cor
 
 
 def _engine(devices: int, budget: int | None = None) -> Engine:
-    engine = Engine() if budget is None else Engine(cel_budget=budget)
-    engine.apply(
-        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
-    )
-    items = ", ".join(
+    items = (
         f'{{name: gpu-{i}, attributes: {{index: {{int: {i}}}, uuid: {{string: "u-{i}"}}, model: {{string: {"h100" if i % 2 else "a100"}}}'
         f"{', memoryGiB: {int: 80}' if i % 4 == 1 else ''}}}}}"
         for i in range(devices)
     )
-    engine.apply(
-        msgspec.convert(
-            yaml.safe_load(f"""
-metadata: {{name: node-a-gpus}}
-spec:
-  driver: gpu.example.com
-  pool: {{name: node-a, generation: 1, resourceSliceCount: 1}}
-  nodeName: node-a
-  devices: [{items}]
-"""),
-            ResourceSlice,
-        )
-    )
-    return engine
-
-
-def _claim(name: str, expression: str) -> ResourceClaim:
-    return msgspec.convert(
-        {
-            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": 1, "selectors": [{"cel": {"expression": expression}}]}}]
-                }
-            },
-        },
-        ResourceClaim,
-    )
+    return engine_with(items) if budget is None else engine_with(items, cel_budget=budget)
 
 
 # a match on some devices (h100 with memoryGiB), no match on others (a100), a runtime error on the
@@ -240,7 +209,7 @@ def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monk
 
     monkeypatch.setattr(cel, "device_env", counting_env)
     shared = _engine(16)
-    (outcome,) = shared.allocate([_claim("c", MIXED)], node="node-a")
+    (outcome,) = shared.allocate([claim("c", MIXED)], node="node-a")
     # three shapes (a100 / h100 with memoryGiB / h100 without): one environment each, not sixteen
     assert len(built) == 3
     assert outcome.status == "error" and "no such key: memoryGiB" in outcome.message
@@ -248,7 +217,7 @@ def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monk
     monkeypatch.setattr(projection, "fields_of", lambda expression: None)
     built.clear()
     alone = _engine(16)
-    (outcome_alone,) = alone.allocate([_claim("c", MIXED)], node="node-a")
+    (outcome_alone,) = alone.allocate([claim("c", MIXED)], node="node-a")
     assert len(built) == 16
     assert outcome_alone.status == outcome.status
     assert _verdicts(shared) == _verdicts(alone)
@@ -265,7 +234,7 @@ def test_a_reused_verdict_costs_no_budget() -> None:
     costly = "[" + ", ".join(str(i) for i in range(60)) + f"].all(x, x >= 0) && {D}.missing == 1"
     cost = compile_selector(costly).cost
     engine = _engine(16, budget=cost * 3)
-    (outcome,) = engine.allocate([_claim("costly", costly)])
+    (outcome,) = engine.allocate([claim("costly", costly)])
     assert outcome.status == "error" and "evaluation budget" not in outcome.message
     assert "no such key: missing" in outcome.message
 
@@ -277,7 +246,7 @@ def test_projections_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(verdicts, "MAX_SHARED", 4)
     engine = _engine(16)
-    (outcome,) = engine.allocate([_claim("c", f"{D}.index >= 10")])
+    (outcome,) = engine.allocate([claim("c", f"{D}.index >= 10")])
     assert outcome.status == "allocated"
     memos = [m for v in engine.verdicts._cache.values() for m in v.shared.values()]
     assert memos and max(len(m) for m in memos) == 4

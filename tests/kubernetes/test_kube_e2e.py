@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kube_emulator import ApiServer
+from kube_objects import CLASS, claim, node_slice
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,32 +25,7 @@ from dralloc.kube import KubeSettings
 from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.kubernetes import KubernetesSink
 
-CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "gpu.example.com"},
-    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]},
-}
-SLICE = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceSlice",
-    "metadata": {"name": "node-0-gpu"},
-    "spec": {
-        "driver": "gpu.example.com",
-        "nodeName": "node-0",
-        "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
-        "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}, {"name": "gpu-1", "attributes": {"index": {"int": 1}}}],
-    },
-}
-
-
-def claim(name: str, **meta: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "ml", **meta},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
-    }
+SLICE = node_slice([{"name": "gpu-0", "attributes": {"index": {"int": 0}}}, {"name": "gpu-1", "attributes": {"index": {"int": 1}}}])
 
 
 @pytest.fixture
@@ -90,8 +66,8 @@ async def test_claims_get_their_allocation_and_deleted_claims_release_devices(ap
     apiserver.apply(CLASS)
     apiserver.apply(SLICE)
     pod = {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": "pod-1", "controller": True}
-    apiserver.apply(claim("a", ownerReferences=[pod]))
-    apiserver.apply(claim("b"))
+    apiserver.apply(claim("a", "ml", metadata={"ownerReferences": [pod]}))
+    apiserver.apply(claim("b", "ml"))
     a, b = await allocation_of(apiserver, "a"), await allocation_of(apiserver, "b")
     assert devices(a) | devices(b) == {"gpu-0", "gpu-1"}
     result = a["allocation"]["devices"]["results"][0]
@@ -102,7 +78,7 @@ async def test_claims_get_their_allocation_and_deleted_claims_release_devices(ap
 
     # Deleting `a` frees its device: the next claim gets exactly that one.
     apiserver.remove("resourceclaims", "ml", "a")
-    apiserver.apply(claim("d"))
+    apiserver.apply(claim("d", "ml"))
     d = await allocation_of(apiserver, "d")
     assert devices(d) == devices(a)
 
@@ -118,10 +94,10 @@ async def test_a_claim_allocated_elsewhere_keeps_its_device(apiserver: ApiServer
     apiserver.apply(CLASS)
     apiserver.apply(SLICE)
     taken = {"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-1"}
-    apiserver.apply({**claim("elsewhere"), "status": {"allocation": {"devices": {"results": [taken]}}}})
-    apiserver.apply(claim("new"))
+    apiserver.apply({**claim("elsewhere", "ml"), "status": {"allocation": {"devices": {"results": [taken]}}}})
+    apiserver.apply(claim("new", "ml"))
     assert devices(await allocation_of(apiserver, "new")) == {"gpu-0"}
-    apiserver.apply(claim("third"))
+    apiserver.apply(claim("third", "ml"))
     await asyncio.sleep(1.0)  # both devices are held: `third` must stay unallocated
     assert not (apiserver.read("resourceclaims", "ml", "third").get("status") or {}).get("allocation")
     # The foreign allocation is never rewritten by dralloc.
@@ -134,7 +110,7 @@ async def test_the_status_write_is_part_of_the_claims_trace(apiserver: ApiServer
     trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
     apiserver.apply(CLASS)
     apiserver.apply(SLICE)
-    apiserver.apply(claim("traced"))
+    apiserver.apply(claim("traced", "ml"))
     await allocation_of(apiserver, "traced")
     async with asyncio.timeout(5):
         while not (writes := [s for s in exporter.get_finished_spans() if s.name == "write ResourceClaim status"]):

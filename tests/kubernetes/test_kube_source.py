@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from kube_emulator import ApiServer
+from kube_objects import CLASS, claim, node_slice
 
 from dralloc.bus import Bus, embedded_nats
 from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
@@ -15,33 +16,7 @@ from dralloc.ingestor.sources import SourceEvent
 from dralloc.kube import KubeSettings
 from dralloc.schemas import events as ev
 
-CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": "gpu.example.com"},
-    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]},
-}
-SLICE = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceSlice",
-    "metadata": {"name": "node-0-gpu"},
-    "spec": {
-        "driver": "gpu.example.com",
-        "nodeName": "node-0",
-        "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 1},
-        "devices": [{"name": "gpu-0"}],
-    },
-}
-
-
-def claim(name: str, namespace: str = "default", **extra: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}},
-        **extra,
-    }
+SLICE = node_slice([{"name": "gpu-0"}])
 
 
 class Running:
