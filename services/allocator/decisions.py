@@ -201,11 +201,14 @@ class Decisions:
         CLAIMS (a claim not committed waits)."""
         if isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased):
             self.replayed_decisions[event.key] = event
+            if isinstance(event, ev.AllocationFailed):
+                self.failures[event.key] = event.msg_id  # on record: the same failure is not written again
+            else:
+                self.failures.pop(event.key, None)
             if isinstance(event, ev.AllocationFailed) and event.reserved_until:
                 # a wait an earlier term began: it goes on (until then), and its failure stands as written
                 self.reservations.replayed[event.key] = event.reserved_until
                 self.messages[event.key] = event.message.split(RESERVED_WORDS, 1)[0]
-                self.failures[event.key] = event.msg_id
             else:
                 self.reservations.replayed.pop(event.key, None)
                 self.messages.pop(event.key, None)
@@ -250,6 +253,20 @@ class Decisions:
         return releases
 
     # -- claim events -------------------------------------------------------------------
+
+    def on_record(self, claim: ResourceClaim) -> bool:
+        """Is this claim, as delivered, one whose failure is already on record (this term wrote it, or
+        it was replayed from ALLOCATIONS) and that waits for room? A redelivery (an ack that came too
+        late, a new term's consumer handing back what the last one never acked) or the same claim
+        published again: it is acked with nothing written, and tried again when room changes
+        (`retry_waiting`), never decided again per delivery. (A committed claim delivered again is
+        `submitted`'s: the cluster's view it carries may be news.)"""
+        key = claim.key
+        failure = self.failures.get(key)
+        if failure is None or self.waiting.get(key) != claim:
+            return False
+        meta = claim.metadata
+        return failure.startswith(f"failed:{meta.uid or key}:{meta.generation or 1}:")
 
     def submitted(
         self, claim: ResourceClaim, context: Any = None, *, cluster: bool = False, needs_pod: bool = False

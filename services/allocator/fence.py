@@ -8,8 +8,8 @@ a view missing an earlier write (a publish whose ack was lost). A refused write 
 Writes are pipelined: the allocator decides the next claim while earlier decisions are still on
 their way. Each write in flight expects the stream to end exactly at the one before it:
 ``Nats-Expected-Last-Sequence`` one past it, and ``Nats-Expected-Last-Msg-Id`` its message id,
-which is unique to this term (``<event id>@<term>``), so a write is stored only on top of this
-term's own earlier writes. Any write that is refused, unanswered or found a duplicate ends the
+which is unique to this term and write (``<event id>@<term>:<sequence>``), so a write is stored
+only on top of this term's own earlier writes. Any write that is refused, unanswered or found a duplicate ends the
 term, and the writes behind it are refused in turn. `tail` is the last write sent: done once it
 (and so every write before it) is stored.
 
@@ -84,7 +84,9 @@ class Fence:
         headers = {**self.headers(event.subject), "Nats-Expected-Last-Sequence": str(self.last_seq)}
         if self.last_id is not None:
             headers["Nats-Expected-Last-Msg-Id"] = self.last_id
-        msg_id = f"{event.msg_id}@{self.token}"
+        # The sequence it will take in the id too (as in a batch): the same decision written again
+        # later in the term (a claim's failure changed and changed back) is news, not a duplicate.
+        msg_id = f"{event.msg_id}@{self.token}:{self.last_seq + 1}"
         ack = await self.bus.send(event, headers=headers, msg_id=msg_id)
         expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + 1, msg_id
         self.tail = asyncio.ensure_future(self._stored((event,), ack, expected, began))

@@ -22,7 +22,9 @@ consumer ``allocator``.
 For each ClaimSubmitted it asks the engine, publishes AllocationCommitted or
 AllocationFailed and only then acks. A redelivered claim (the process died
 before its ack) finds its allocation in the ledger (which holds only decisions
-stored in ALLOCATIONS) and is acked: never a second allocation. A claim that
+stored in ALLOCATIONS) and is acked: never a second allocation; one whose failure is on record
+(written this term, or replayed) and that still waits is acked with nothing written
+(`Decisions.on_record`): a decision stored is never written again through the fence. A claim that
 does not fit (or names a class not yet known) waits and is tried again
 whenever the inventory changes or devices are released.
 
@@ -288,7 +290,8 @@ class Allocator:
         (the consumer acks the claim then, and takes the next one meanwhile)."""
         async with self.lock:
             if isinstance(event, ev.ClaimSubmitted):
-                await self._decide(event.claim, cluster=event.cluster, needs_pod=event.needs_pod)
+                if not self.book.on_record(event.claim):  # (delivered again: its failure stands, nothing to write)
+                    await self._decide(event.claim, cluster=event.cluster, needs_pod=event.needs_pod)
             elif isinstance(event, ev.ClaimDeleted) and (release := self.book.deleted(event.key, event.uid)) is not None:
                 await self._release(release)
             elif isinstance(event, ev.PodSubmitted):
