@@ -227,8 +227,12 @@ def domain_usage(state: FleetState) -> list[Usage]:
 
 
 def class_usage(state: FleetState) -> list[tuple[str, int, int, int]]:
-    """Per DeviceClass: (name, devices matching, used, free), over node-local devices."""
-    from dralloc.allocator.engine.cel import CelError, compile_selector, device_env
+    """Per DeviceClass: (name, devices matching, used, free), over node-local devices.
+
+    Which devices a class matches is a function of the published classes and slices alone (no
+    allocator state): evaluated here with the engine's selector library (its public face), rather
+    than published by the allocator for every reader; "used" is what the decisions on the bus say."""
+    from dralloc.allocator.engine import CelError, compile_selector, device_env
 
     rows = state.devices()
     devices = {(s.spec.driver, s.spec.pool.name, d.name): (s.spec.driver, d) for (s, _) in state.slices.values() for d in s.spec.devices}
