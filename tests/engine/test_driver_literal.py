@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.cel import compile_selector
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.example.com"
@@ -38,7 +39,9 @@ def _claim(count: int, selector: str | None = None) -> ResourceClaim:
     )
 
 
-@pytest.mark.parametrize("form", [f'device.driver == "{DRIVER}"', f'  device.driver=="{DRIVER}" '])
+# any spelling of the same test is the same test (before the two copies were merged, only the
+# double-quoted form without parentheses took the shortcut)
+@pytest.mark.parametrize("form", [f'device.driver == "{DRIVER}"', f'  device.driver=="{DRIVER}" ', f"(device.driver == '{DRIVER}')"])
 def test_the_driver_test_takes_an_unrepresentable_device_of_that_driver(form: str) -> None:
     (outcome,) = _engine(form).allocate([_claim(2)])
     assert outcome.status == "allocated", outcome.message
@@ -75,3 +78,9 @@ def test_a_request_selector_after_the_driver_test_still_fails_there() -> None:
     (outcome,) = _engine(f'device.driver == "{DRIVER}"').allocate([_claim(1, f'device.attributes["{DRIVER}"].ok')], node="node-1")
     assert outcome.status == "error"
     assert "gpu-1" in outcome.message
+
+
+def test_the_shortcut_is_recognised_on_the_compiled_selector() -> None:
+    assert compile_selector(f'device.driver == "{DRIVER}"').driver == DRIVER
+    for other in (f'device.driver != "{DRIVER}"', f'device.driver == "{DRIVER}" && true', 'device.attributes["d"].x == "y"', "true"):
+        assert compile_selector(other).driver is None

@@ -267,7 +267,7 @@ def device_env(driver: str, device: Device) -> DeviceEnv:
 class Selector:
     """A compiled selector. ``matches`` is safe to call from several threads."""
 
-    __slots__ = ("expression", "ast", "cost", "fast_source", "_program", "_program_versions", "_compared", "_tests", "_needs")
+    __slots__ = ("expression", "ast", "cost", "fast_source", "driver", "_program", "_program_versions", "_compared", "_tests", "_needs")
 
     def __init__(self, expression: str, ast: Node, cost: int, sources: tuple[str, str] | None, compared: frozenset[tuple[str, str]] | None = frozenset()):
         self.expression = expression
@@ -279,6 +279,9 @@ class Selector:
         # attributes (domain, name) this selector compares with ==; None: not known statically
         self._compared = compared
         self._tests = _literal_tests(ast)
+        self.driver = driver_literal(self._tests)
+        """The driver when the selector is exactly `device.driver == "x"` (the usual class selector),
+        else None: verdicts.py decides it by the driver alone, before any CEL environment."""
         if sources is not None:
             self._program = _fast.compile(sources[0])
             # the variant whose == on dynamic values is checked, for devices where one of
@@ -378,6 +381,14 @@ def _literal_tests(ast: Node) -> tuple[LiteralTest, ...] | None:
         and domain_node.index.kind == "string"
     ):
         return ((domain_node.index.value, name, literal),)
+    return None
+
+
+def driver_literal(tests: tuple[LiteralTest, ...] | None) -> str | None:
+    """The driver a selector whose literal tests (`_literal_tests`) are one driver test compares
+    with; None for any other selector. The one place that recognises the driver shortcut."""
+    if tests is not None and len(tests) == 1 and tests[0][0] is None and isinstance(tests[0][2], str):
+        return tests[0][2]
     return None
 
 

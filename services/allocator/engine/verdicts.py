@@ -42,7 +42,6 @@ no projection, are evaluated on each device.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,14 +73,6 @@ class SelectorBudgetExceeded(Exception):
 
 class Interrupted(Exception):
     """`Verdicts.interrupt` was called (the process stops): the evaluation was abandoned part way."""
-
-
-_DRIVER_IS = re.compile(r'\s*device\.driver\s*==\s*"([A-Za-z0-9.\-]*)"\s*')
-
-
-def _driver_literal(expression: str) -> str | None:
-    m = _DRIVER_IS.fullmatch(expression)
-    return m.group(1) if m else None
 
 
 @dataclass(slots=True)
@@ -244,10 +235,11 @@ class Verdicts:
             return
         devices = self.inv.devices
         offset = 0
-        while exprs and (driver := _driver_literal(exprs[0])) is not None:
+        compiled = [cel.compile_selector(e) for e in exprs]
+        while compiled and (driver := compiled[0].driver) is not None:
             # `device.driver == "x"`, the usual class selector: no CEL environment needed
             keep = [i for i in iter_bits(todo) if devices[i].driver == driver]  # type: ignore[union-attr]
-            exprs = exprs[1:]
+            exprs, compiled = exprs[1:], compiled[1:]
             offset += 1
             if not exprs:
                 entry.evaluated |= todo
@@ -255,7 +247,6 @@ class Verdicts:
                 return
             entry.evaluated |= todo & ~bits_of(keep)
             todo = bits_of(keep)
-        compiled = [cel.compile_selector(e) for e in exprs]
         shapes = [projection.fields_of(e) for e in exprs]
         memos = [None if shape is None else entry.shared.setdefault(e, {}) for e, shape in zip(exprs, shapes)]
         envs = self._envs
