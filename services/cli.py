@@ -414,7 +414,7 @@ _PROFILE_HELP = "Add COUNT (default 1) simulated nodes of a hardware profile, na
 _FLEET_HELP = "Add the simulated nodes of a fleet file (the demo's format)."
 
 
-def _offline(paths: list[str], node: str | None, together: bool, output: str | None, explain: bool, profiles: list[str] = (), fleet: str | None = None):  # type: ignore[assignment]
+def _offline(paths: list[str], node: str | None, together: bool, output: str | None, explain: bool, profiles: Sequence[str] = (), fleet: str | None = None):
     """Shared by allocate and explain: read, allocate, or exit 2 with one clear message."""
     from dralloc.allocator.offline import InputError, run
     from dralloc.simulated import SimulatedNodesError, simulated_objects

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # (typeshed's protocol of a dataclass instance: types only)
 
 TRUE = ("1", "true", "yes", "on")
 """What a switch variable says to mean on (any case, surrounding spaces ignored); anything else is off."""
 
-C = TypeVar("C")
+C = TypeVar("C", bound="DataclassInstance")
+L = TypeVar("L", bound=str)
+
+
+def one_of(value: str, choices: Sequence[L], what: str) -> L:
+    """`value` as the one of `choices` it is (typed as they are, e.g. a Literal); ValueError naming
+    `what`, the value (cut short) and the choices when it is none of them."""
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise ValueError(f"unknown {what} {value[:40]!r}: use {' or '.join(choices)}")
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -40,7 +54,7 @@ def overridden(config: C, overrides: dict[str, Any]) -> C:
     set on it: a flag left unset arrives as None, or [] for a repeatable one, and leaves what the
     environment said. A name `config` has no field for raises TypeError (a caller's mistake, not
     a user's)."""
-    fields = {field.name for field in dataclasses.fields(config)}  # type: ignore[arg-type]
+    fields = {field.name for field in dataclasses.fields(config)}
     for key, value in overrides.items():
         if key not in fields:
             raise TypeError(f"{type(config).__name__} has no setting {key!r}")

@@ -47,10 +47,10 @@ from dralloc.discovery.nvml import NvmlUnavailable, PynvmlSource, read_inventory
 from dralloc.discovery.profiles import PROFILES, simulate
 from dralloc.discovery.publisher import Publisher, SliceKey, Update
 from dralloc.discovery.replay import ReplayError, ReplaySource
-from dralloc.discovery.slices import LAYOUTS
+from dralloc.discovery.slices import LAYOUTS, Layout
 from dralloc.discovery.sysfs import read_nics
 from dralloc.schemas import events as ev
-from dralloc.settings import env_flag, env_seconds, overridden
+from dralloc.settings import env_flag, env_seconds, one_of, overridden
 
 log = logging.getLogger("dralloc.discovery")
 
@@ -68,7 +68,7 @@ class Config:
     """A fleet file path, or a parsed fleet spec (what `fleet.load_fleet` takes)."""
     node: str = field(default_factory=default_node_name)
     interval: float = 30.0
-    layout: str = "1.35"
+    layout: Layout = "1.35"
     mig: bool = True
     nics: bool = False
     kubernetes: bool = False
@@ -76,12 +76,13 @@ class Config:
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
         env = os.environ
+        layout = overrides.pop("layout", None) or env.get("DRALLOC_DISCOVERY_LAYOUT", "1.35")  # (the flag over the variable)
         config = cls(
             source=env.get("DRALLOC_DISCOVERY_SOURCE", "nvml"),
             profile=env.get("DRALLOC_DISCOVERY_PROFILE", "h100-sxm"),
             replay=env.get("DRALLOC_DISCOVERY_REPLAY") or None,
             fleet=env.get("DRALLOC_DISCOVERY_FLEET") or None,
-            layout=env.get("DRALLOC_DISCOVERY_LAYOUT", "1.35"),
+            layout=one_of(layout, LAYOUTS, "slice layout"),
             interval=env_seconds("DRALLOC_DISCOVERY_INTERVAL", 30.0),
             mig=env_flag("DRALLOC_DISCOVERY_MIG", default=True),
             nics=env_flag("DRALLOC_DISCOVERY_NICS"),
@@ -149,7 +150,7 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event) -> None:
         raise SystemExit(2) from None
 
     kube = await _kubernetes(config) if config.kubernetes else None
-    publishers = {inv.node: Publisher(layout=config.layout) for inv in inventories}  # type: ignore[arg-type]
+    publishers = {inv.node: Publisher(layout=config.layout) for inv in inventories}
     await _adopt(bus, publishers)
     try:
         while True:
@@ -192,10 +193,10 @@ async def _adopt(bus: Bus, publishers: dict[str, Publisher]) -> None:
             publishers[event.pool].adopt(event.generation, [])
 
 
-async def _publish_all(bus: Bus, kube: Any, publishers: dict[str, Publisher], inventories: Sequence[NodeInventory], layout: str) -> None:
+async def _publish_all(bus: Bus, kube: Any, publishers: dict[str, Publisher], inventories: Sequence[NodeInventory], layout: Layout) -> None:
     updates: list[Update] = []
     for inv in inventories:
-        publisher = publishers.setdefault(inv.node, Publisher(layout=layout))  # type: ignore[arg-type]
+        publisher = publishers.setdefault(inv.node, Publisher(layout=layout))
         update = publisher.update(inv)
         if update is not None:
             updates.append(update)

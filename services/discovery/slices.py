@@ -56,7 +56,7 @@ from dralloc.schemas.resource import (
 )
 
 Layout = Literal["1.34", "1.35"]
-LAYOUTS: tuple[str, ...] = ("1.35", "1.34")
+LAYOUTS: tuple[Layout, ...] = ("1.35", "1.34")
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_COUNTERS_OR_TAINTS = 64

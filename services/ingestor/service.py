@@ -21,14 +21,18 @@ from typing import Any, Literal
 from dralloc.bus import Bus, NatsError, PublishRefused
 from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
 from dralloc.schemas import events as ev
-from dralloc.settings import env_flag, env_seconds, overridden
+from dralloc.settings import env_flag, env_seconds, one_of, overridden
 
 log = logging.getLogger("dralloc.ingestor")
 
 
+Source = Literal["files", "kubernetes"]
+SOURCES: tuple[Source, ...] = ("files", "kubernetes")
+
+
 @dataclass
 class Config:
-    source: Literal["files", "kubernetes"] = "files"
+    source: Source = "files"
     paths: list[str] = field(default_factory=list)
     watch: bool = False
     interval: float = 2.0
@@ -39,8 +43,9 @@ class Config:
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
         env = os.environ
+        source = overrides.pop("source", None) or env.get("DRALLOC_INGESTOR_SOURCE", "files")  # (the flag over the variable)
         config = cls(
-            source=env.get("DRALLOC_INGESTOR_SOURCE", "files"),  # type: ignore[arg-type]
+            source=one_of(source, SOURCES, "source"),
             paths=[p for p in env.get("DRALLOC_INGESTOR_PATHS", "").split(os.pathsep) if p],
             watch=env_flag("DRALLOC_INGESTOR_WATCH", default=True),
             interval=env_seconds("DRALLOC_INGESTOR_INTERVAL", 2.0),
@@ -48,8 +53,6 @@ class Config:
             kubeconfig=env.get("KUBECONFIG") or None,
         )
         overridden(config, overrides)
-        if config.source not in ("files", "kubernetes"):
-            raise ValueError(f"unknown source {config.source!r}: use files or kubernetes")
         if config.source == "files" and not config.paths:
             raise ValueError("the file source needs manifests: -f PATH or DRALLOC_INGESTOR_PATHS")
         return config

@@ -20,13 +20,16 @@ from typing import Any, Literal
 
 from dralloc.bus import Bus, report_lag
 from dralloc.schemas import events as ev
-from dralloc.settings import overridden
+from dralloc.settings import one_of, overridden
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, KVSink, StatusSink
+
+Sink = Literal["local", "kubernetes"]
+SINKS: tuple[Sink, ...] = ("local", "kubernetes")
 
 
 @dataclass
 class Config:
-    sink: Literal["local", "kubernetes"] = "local"
+    sink: Sink = "local"
     bucket: str = DEFAULT_BUCKET
     kubeconfig: str | None = None
     ack_wait: float = 30.0
@@ -35,14 +38,13 @@ class Config:
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
         env = os.environ
+        sink = overrides.pop("sink", None) or env.get("DRALLOC_STATUSWRITER_SINK", "local")  # (the flag over the variable)
         config = cls(
-            sink=env.get("DRALLOC_STATUSWRITER_SINK", "local"),  # type: ignore[arg-type]
+            sink=one_of(sink, SINKS, "sink"),
             bucket=env.get("DRALLOC_STATUSWRITER_BUCKET", DEFAULT_BUCKET),
             kubeconfig=env.get("KUBECONFIG") or None,
         )
         overridden(config, overrides)
-        if config.sink not in ("local", "kubernetes"):
-            raise ValueError(f"unknown sink {config.sink!r}: use local or kubernetes")
         return config
 
 

@@ -78,7 +78,7 @@ class Optional:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Optional) and self.present == other.present and (not self.present or cel_equal(self.value, other.value))
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as its __eq__ requires; typeshed declares object.__hash__ a method
 
 
 NONE = Optional(False)

@@ -188,10 +188,10 @@ def consumed_capacity(alt: Alt, rec: Any) -> dict[str, int] | None:
     Read-only: without capacity requests the answer depends on the device alone and is
     kept on it (`DeviceRec.default_use`)."""
     if not alt.capacity:
-        use = rec.default_use
+        use: dict[str, int] | None = rec.default_use  # (NOT_YET until first asked)
         if use is NOT_YET:
             use = rec.default_use = _consumed(alt, rec)
-        return use  # type: ignore[no-any-return]
+        return use
     return _consumed(alt, rec)
 
 
