@@ -554,8 +554,7 @@ class ClaimController:
         wanted = claim_from_template(pod, entry, template, suffix="")
         # No name: the API server completes `generateName`, as for the real controller's claims.
         claim_body = to_builtins(msgspec.structs.replace(wanted, metadata=msgspec.structs.replace(wanted.metadata, name="")))
-        # the client sends a dict body as is; the stub names the model only
-        sent = self.resource.create_namespaced_resource_claim(namespace, claim_body, _preload_content=False)  # type: ignore[arg-type]
+        sent = self.resource.create_namespaced_resource_claim(namespace, claim_body, _preload_content=False)  # type: ignore[arg-type]  # the client sends a dict body as is; the stub names the model only
         claim = msgspec.json.decode(await body_of(sent), type=ResourceClaim)
         self.created[(pod.metadata.uid or "", entry.name)] = claim.metadata.name
         log.info("created ResourceClaim %s/%s for Pod %s", namespace, claim.metadata.name, pod.metadata.name)
