@@ -6,8 +6,10 @@ concern each: `server` (starting nats-server), `client` (`Bus`: connecting,
 publishing), `streams` (the streams, creating and checking them), `streamcheck`
 (pure checks of messages and stream configurations), `consume` (the consumer
 loop), `deadletter`, `replay`, `kv`, `lookup` (a subject's last message, a
-stream's state), `lag` (consumer backlog metrics), `run` (`dralloc run
-<service>`) and `errors`. `Bus`'s methods beyond connecting and publishing are
+stream's state), `read` (a stream's messages read once or followed, nothing acked),
+`lag` (consumer backlog metrics), `run` (`dralloc run <service>`), `errors`, and
+`raw` (a Bus's nats-py handles, for tests and benchmarks that meddle with the server
+on purpose; no other dralloc module may import it). `Bus`'s methods beyond connecting and publishing are
 those modules' functions (each takes the bus first). Import from `dralloc.bus`
 itself: this module re-exports the public names.
 
@@ -81,8 +83,12 @@ Consuming
     subject, as a snapshot (used to rebuild state at start).
     ``await bus.dead_letters(limit)``: the most recent dead letters, with their reasons.
     ``await bus.key_value(bucket)``: a JetStream KV bucket, created if missing.
-    ``await bus.last_message(stream, subject)`` (a `StoredMessage`, or None) and
-    ``await bus.stream_state(stream)``: what a stream holds now, read without consuming.
+    ``await bus.last_message(stream, subject)`` (a `StoredMessage`, or None),
+    ``await bus.stream_state(stream)``, ``await bus.subject_counts(stream, filter)`` and
+    ``await bus.stream_config(stream)``: what a stream holds now, read without consuming.
+    ``await bus.scan(stream, on_message, ...)`` hands each message (a `StoredMessage`: last
+    per subject, from a sequence, up to one) to a callback once; ``async with
+    bus.follow(stream, on_message, after=seq):`` each new one as it arrives.
 
 Service shape (all four services follow it)
     ``services/<name>/service.py`` defines ``Config`` (a dataclass with
