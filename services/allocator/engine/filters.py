@@ -57,8 +57,10 @@ def _counters(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
     """Counter room: admin access consumes no counters."""
     if rq.alt.admin:
         return recs
-    fits = rq.ledger.counters_fit
-    return [rec for rec in recs if not rec.consumes or fits(rec)]
+    ledger = rq.ledger
+    used, shares, room = ledger.used_ids, ledger.shares, ledger.counter_room
+    # ledger.counters_fit inlined (it runs per MIG slice): no counters, already active, or room
+    return [rec for rec in recs if not rec.consumes or rec.id in used or shares.get(rec.key) or room(rec)]
 
 
 def _capacity(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:

@@ -81,9 +81,13 @@ class Ledger:
 
     def counter_room(self, rec: DeviceRec) -> bool:
         """Whether the device's counters fit beside what the ledger already uses."""
-        pool = self.inv.pool_of(rec)
+        # a plain loop, not all(<genexpr>): it runs for every MIG slice a claim could take
+        counters = self.inv.pools[(rec.driver, rec.pool)].counters
         used = self.counter_used
-        return all(used.get(k, 0) + amount <= pool.counters.get(k, 0) for k, amount in rec.consumes)
+        for key, amount in rec.consumes:
+            if used.get(key, 0) + amount > counters.get(key, 0):
+                return False
+        return True
 
     # --- records -------------------------------------------------------------------------
 
