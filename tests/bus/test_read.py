@@ -1,0 +1,102 @@
+"""Bus.scan, Bus.follow, Bus.subject_counts and Bus.stream_config against a real nats-server: a
+stream's messages read once (a replay, `dralloc get`'s snapshot, the allocator's tail after its
+snapshot) or as they arrive (`dralloc top`), nothing acked or kept; and what a stream holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dralloc.bus import Bus, StoredMessage
+from dralloc.schemas import events as ev
+
+
+def failed(name: str, generation: int) -> ev.AllocationFailed:
+    return ev.AllocationFailed(namespace="ml", name=name, uid=f"uid-{name}", generation=generation, reason="unsatisfiable", message=f"try {generation}")
+
+
+async def history(bus: Bus) -> list[tuple[str, int]]:
+    """ALLOCATIONS (which keeps every decision): a1, b1, a2, c1, b2 at sequences 1 to 5."""
+    for name, generation in (("a", 1), ("b", 1), ("a", 2), ("c", 1), ("b", 2)):
+        await bus.publish(failed(name, generation))
+    return [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("b", 2)]
+
+
+def decoded(messages: list[StoredMessage]) -> list[tuple[int, str, int]]:
+    out = []
+    for msg in messages:
+        event = ev.decode(msg.data)
+        assert isinstance(event, ev.AllocationFailed) and msg.subject == event.subject and msg.stream == "ALLOCATIONS"
+        out.append((msg.sequence, event.name, event.generation))
+    return out
+
+
+async def test_a_scan_reads_every_message_in_order_or_the_last_per_subject(bus: Bus) -> None:
+    await history(bus)
+    every: list[StoredMessage] = []
+    await bus.scan("ALLOCATIONS", every.append)
+    assert decoded(every) == [(1, "a", 1), (2, "b", 1), (3, "a", 2), (4, "c", 1), (5, "b", 2)]
+    assert all(msg.time is not None and msg.headers.get("Nats-Msg-Id") for msg in every)
+    latest: list[StoredMessage] = []
+    await bus.scan("ALLOCATIONS", latest.append, last_per_subject=True)
+    assert decoded(latest) == [(3, "a", 2), (4, "c", 1), (5, "b", 2)]
+
+
+async def test_a_scan_keeps_to_its_subjects_and_its_range(bus: Bus) -> None:
+    await history(bus)
+    seen: list[StoredMessage] = []
+    await bus.scan("ALLOCATIONS", seen.append, subjects=[failed("b", 1).subject])
+    assert decoded(seen) == [(2, "b", 1), (5, "b", 2)]
+    seen.clear()
+    await bus.scan("ALLOCATIONS", seen.append, start_seq=2, upto=4)  # the allocator's tail after a snapshot
+    assert decoded(seen) == [(2, "b", 1), (3, "a", 2), (4, "c", 1)]
+    seen.clear()
+    await bus.scan("ALLOCATIONS", seen.append, last_per_subject=True, upto=4)  # a replay up to a snapshot's sequence
+    assert decoded(seen) == [(3, "a", 2), (4, "c", 1)]  # b's last (5) is past it, and an earlier one is not its last
+
+
+async def test_a_scan_of_an_empty_stream_returns_at_once(bus: Bus) -> None:
+    seen: list[StoredMessage] = []
+    await asyncio.wait_for(bus.scan("ALLOCATIONS", seen.append, last_per_subject=True), 10)
+    assert seen == []
+
+
+async def test_follow_delivers_only_what_comes_after_its_sequence_while_inside(bus: Bus) -> None:
+    await history(bus)
+    seen: list[StoredMessage] = []
+    arrived = asyncio.Event()
+
+    def take(msg: StoredMessage) -> None:
+        seen.append(msg)
+        if len(seen) == 3:
+            arrived.set()
+
+    async with bus.follow("ALLOCATIONS", take, after=4):
+        await bus.publish(failed("d", 1))
+        await bus.publish(failed("a", 3))
+        await asyncio.wait_for(arrived.wait(), 10)
+    assert decoded(seen) == [(5, "b", 2), (6, "d", 1), (7, "a", 3)]
+    await bus.publish(failed("e", 1))  # after the block: not delivered
+    await asyncio.sleep(0.5)
+    assert len(seen) == 3
+
+
+async def test_subject_counts_and_stream_config(bus: Bus) -> None:
+    await history(bus)
+    counts = await bus.subject_counts("ALLOCATIONS", "dra.allocations.ml.>")
+    assert counts == {failed("a", 1).subject: 2, failed("b", 1).subject: 2, failed("c", 1).subject: 1}
+    assert await bus.subject_counts("ALLOCATIONS", "dra.allocations.other.>") == {}
+    config = await bus.stream_config("ALLOCATIONS")
+    assert config.name == "ALLOCATIONS" and config.subjects == ["dra.allocations.>"]
+    state = await bus.stream_state("ALLOCATIONS")
+    assert state.messages == 5 and state.bytes > 5 * len(failed("a", 1).subject)
+
+
+async def test_the_connection_as_the_bus_reports_it(bus: Bus) -> None:
+    assert bus.is_connected and not bus.is_closed
+    assert bus.max_payload >= 1024 * 1024  # nats-server's default is 1 MiB
+    assert bus.connected_url is not None and bus.connected_url.startswith("nats://")
+    answer = await bus.request("$JS.API.STREAM.NAMES", b"{}")
+    assert b"ALLOCATIONS" in answer
+    other = await Bus.connect(bus.connected_url, name="closing")
+    await other.close()
+    assert other.is_closed and not other.is_connected
