@@ -254,6 +254,19 @@ class Decisions:
 
     # -- claim events -------------------------------------------------------------------
 
+    def plain(self, claim: ResourceClaim, *, cluster: bool = False, needs_pod: bool = False) -> bool:
+        """Would `submitted` surely return `Allocate(claim)`, changing nothing? A claim of its own (not
+        a gang member, not waiting for a Pod, not arriving allocated, not from the cluster's view),
+        not committed or parked under its name: first seen, or waiting. Such claims can be asked of
+        the engine together (the service decides them in one hop to its thread)."""
+        key = claim.key
+        if cluster or needs_pod or key in self.committed or key in self.parked:
+            return False
+        if claim.status is not None and claim.status.allocation is not None:
+            return False
+        gang = gang_of(claim)
+        return gang is None or gang[1] <= 1
+
     def on_record(self, claim: ResourceClaim) -> bool:
         """Is this claim, as delivered, one whose failure is already on record (this term wrote it, or
         it was replayed from ALLOCATIONS) and that waits for room? A redelivery (an ack that came too

@@ -88,9 +88,10 @@ from dralloc import telemetry
 from dralloc.allocator import leader
 from dralloc.allocator.config import Config
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
-from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.allocator.fence import Fence, Fenced
+from dralloc.allocator.intake import Intake, Taken
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
 from dralloc.bus import MAX_BATCH, Bus, Permanent, report_lag
@@ -130,6 +131,8 @@ class Allocator:
         """Set when a write was fenced off: this term's state can no longer be trusted."""
         self.fence = Fence(bus, self.term, lease, self._stored)
         """This term's writes to ALLOCATIONS (fence.py)."""
+        self.intake = Intake(self._decide_taken)
+        """Claims taken from the consumer, decided in batches (intake.py)."""
         self.lock = asyncio.Lock()
         self.engine_busy = False
         """Engine work is running in its thread (`_engine_work`)."""
@@ -286,21 +289,92 @@ class Allocator:
             await durable
 
     async def take_claim(self, event: ev.Event) -> Awaitable[None] | None:
-        """Decide on a claim event and send the decision; returns what completes once it is stored
-        (the consumer acks the claim then, and takes the next one meanwhile)."""
+        """Take a claim event; returns what completes once its decision is stored (the consumer acks
+        the claim then, and takes the next one meanwhile). A ClaimSubmitted is queued and decided
+        with the others queued meanwhile (intake.py); any other event waits for those first."""
+        if isinstance(event, ev.ClaimSubmitted):
+            return self.intake.put(Taken(event, otel_context.get_current(), time.perf_counter()))
+        await self.intake.flush()
         async with self.lock:
-            if isinstance(event, ev.ClaimSubmitted):
-                if not self.book.on_record(event.claim):  # (delivered again: its failure stands, nothing to write)
-                    await self._decide(event.claim, cluster=event.cluster, needs_pod=event.needs_pod)
-            elif isinstance(event, ev.ClaimDeleted) and (release := self.book.deleted(event.key, event.uid)) is not None:
+            if isinstance(event, ev.ClaimDeleted) and (release := self.book.deleted(event.key, event.uid)) is not None:
                 await self._release(release)
             elif isinstance(event, ev.PodSubmitted):
                 await self._decide_step(self.book.pod_submitted(event))
             elif isinstance(event, ev.PodDeleted):
                 self.book.pod_deleted(event.key, event.uid)
-            # Whatever was decided, or not (a redelivery), stands once every write so far is stored.
+            # Whatever was decided, or not, stands once every write so far is stored.
             tail = self.tail
         return tail if tail is not None and not tail.done() else None
+
+    async def _decide_taken(self, batch: list[Taken]) -> None:
+        """Decide the claims the intake took, in order: each run of plain claims (`Decisions.plain`)
+        in one engine hop (`_allocate_run`), any other alone; each `Taken` settled once its decision is sent."""
+        async with self.lock:
+            run: list[Taken] = []
+            for taken in batch:
+                claim = taken.event.claim
+                plain = self.book.plain(claim, cluster=taken.event.cluster, needs_pod=taken.event.needs_pod) and not self.book.on_record(claim)
+                if plain and all(t.event.claim.key != claim.key for t in run):
+                    run.append(taken)
+                    continue
+                await self._allocate_run(run)
+                run = []
+                await self._decide_taken_alone(taken)
+            await self._allocate_run(run)
+
+    async def _decide_taken_alone(self, taken: Taken) -> None:
+        event = taken.event
+        token = otel_context.attach(taken.context)
+        try:
+            if not self.book.on_record(event.claim):  # (delivered again: its failure stands, nothing to write)
+                await self._decide(event.claim, cluster=event.cluster, needs_pod=event.needs_pod, began=taken.began)
+        except Exception as exc:
+            taken.settle(None, exc)
+        else:
+            taken.settle(self.tail)  # whatever was decided, or not, stands once every write so far is stored
+        finally:
+            otel_context.detach(token)
+
+    async def _allocate_run(self, run: list[Taken]) -> None:
+        """Plain claims, asked of the engine together in one hop to its thread (`_allocate_each`),
+        then each outcome written in order as `_allocate_one` would."""
+        while run:
+            try:
+                results = await self._engine_work(self._allocate_each, [(t.event.claim, t.context) for t in run])
+            except Exception as exc:
+                for taken in run:
+                    taken.settle(None, exc)
+                return
+            for taken, (outcome, commit, start, end) in zip(run, results):
+                claim = taken.event.claim
+                attributes = {"dralloc.claim": claim.key, "dralloc.outcome": outcome.status}
+                if outcome.node:
+                    attributes["dralloc.node"] = outcome.node
+                span = telemetry.tracer().start_span("allocate", context=taken.context, start_time=start, attributes=attributes)
+                span.end(end_time=end)
+                token = otel_context.attach(taken.context)
+                try:
+                    await self._write_outcome(claim, outcome, commit, taken.began)
+                except Exception as exc:
+                    taken.settle(None, exc)
+                else:
+                    taken.settle(self.tail)
+                finally:
+                    otel_context.detach(token)
+            run = run[len(results) :]
+
+    def _allocate_each(self, claims: list[tuple[ResourceClaim, Context]]) -> list[tuple[Outcome, ev.AllocationCommitted | None, int, int]]:
+        """In the engine's thread: `Decisions.allocate` for each claim in turn, with when it began and
+        ended (ns, for its span). Stops after a claim that may now hold a reservation: the claims
+        after it are decided once that is in force, as one at a time they would be."""
+        out = []
+        for claim, context in claims:
+            start = time.time_ns()
+            outcome, commit = self.book.allocate(claim, context)
+            out.append((outcome, commit, start, time.time_ns()))
+            if commit is None and outcome.status == "unsatisfiable" and self.book.may_hold(claim):
+                break
+        return out
 
     async def _allocate(self, claim: ResourceClaim) -> None:
         """Decide on a claim; returns once the decision is stored."""
@@ -308,9 +382,9 @@ class Allocator:
         if self.tail is not None:
             await self.tail
 
-    async def _decide(self, claim: ResourceClaim, *, cluster: bool = False, needs_pod: bool = False) -> None:
+    async def _decide(self, claim: ResourceClaim, *, cluster: bool = False, needs_pod: bool = False, began: float | None = None) -> None:
         """Write what the book decides for a claim (`self.tail` completes once it is stored)."""
-        began = time.perf_counter()
+        began = began or time.perf_counter()
         context = otel_context.get_current()
         step = self.book.submitted(claim, context, cluster=cluster, needs_pod=needs_pod)
         while isinstance(step, ev.AllocationReleased):  # it replaced a committed claim, or the cluster holds another allocation
@@ -361,6 +435,10 @@ class Allocator:
             span.set_attribute("dralloc.outcome", outcome.status)
             if outcome.node:
                 span.set_attribute("dralloc.node", outcome.node)
+        await self._write_outcome(claim, outcome, event, began)
+
+    async def _write_outcome(self, claim: ResourceClaim, outcome: Outcome, event: ev.AllocationCommitted | None, began: float) -> None:
+        """Write what the engine made of a claim of its own: its commit, or its failure (it waits)."""
         if event is None:
             if outcome.status == "unsatisfiable" and self.book.may_hold(claim):
                 await self._reserve_waiting()  # (it may hold a node now: its failure says so)
