@@ -1,0 +1,57 @@
+"""Claims the allocator takes from the consumer are queued and decided together (allocator/intake.py),
+against a real nats-server: what is taken at once is decided in the order taken, each claim once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline import claim_event
+
+from dralloc.allocator.service import Allocator
+from dralloc.bus import Bus, StoredMessage
+from dralloc.schemas import events as ev
+
+
+async def decisions(bus: Bus) -> list[ev.Event]:
+    stored: list[StoredMessage] = []
+    await bus.scan("ALLOCATIONS", stored.append)
+    return [ev.decode(message.data) for message in stored]
+
+
+async def test_claims_taken_at_once_are_decided_in_order_and_each_acked_once_its_decision_is_stored(bus: Bus):
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    taken = [claim_event(f"c{i}", gpus=3) for i in range(3)]  # one node of 8 GPUs: the third does not fit
+    pending = [await allocator.take_claim(event) for event in taken]
+    assert all(p is not None for p in pending)
+    await asyncio.gather(*pending)
+    written = await decisions(bus)
+    assert [(type(d).__name__, d.key) for d in written] == [
+        ("AllocationCommitted", "bench/c0"),
+        ("AllocationCommitted", "bench/c1"),
+        ("AllocationFailed", "bench/c2"),
+    ]
+
+
+async def test_a_claim_taken_twice_at_once_is_committed_once(bus: Bus):
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    event = claim_event("twice", gpus=4)
+    pending = [await allocator.take_claim(event), await allocator.take_claim(event)]
+    await asyncio.gather(*pending)
+    written = await decisions(bus)
+    assert [type(d).__name__ for d in written] == ["AllocationCommitted"]
+    assert not allocator.term.is_set()
+
+
+async def test_a_delete_taken_behind_its_claim_waits_for_the_claim_and_releases_it(bus: Bus):
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    submitted = claim_event("brief", gpus=8)
+    claim = submitted.claim
+    deleted = ev.ClaimDeleted(namespace=claim.metadata.namespace or "default", name=claim.metadata.name, uid=claim.metadata.uid or "")
+    first = await allocator.take_claim(submitted)
+    second = await allocator.take_claim(deleted)
+    await asyncio.gather(*(p for p in (first, second) if p is not None))
+    assert [type(d).__name__ for d in await decisions(bus)] == ["AllocationCommitted", "AllocationReleased"]
+    assert not allocator.engine.ledger.claims  # its devices are free again
