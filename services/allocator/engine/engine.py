@@ -30,7 +30,7 @@ from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.misfits import Misfits
 from dralloc.allocator.engine.placement import Placement
-from dralloc.allocator.engine.plan import Alt, ClaimPlan, plan_claim
+from dralloc.allocator.engine.plan import Alt, ClaimPlan, Planner
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdicts
@@ -130,6 +130,8 @@ class Engine:
         self.misfits = Misfits(self.inventory, self.ledger)
         """Failures per (claim shape, node), valid until the node changes: repeated attempts cost a lookup."""
         self._observer: Observer | None = None  # made by the first `snapshot`
+        self.planner = Planner(cel.compile_selector, cel.CelCompileError)
+        """Claims checked and flattened (plan.py), remembered per spec: a fleet's claims repeat a few."""
 
     # --- inventory -----------------------------------------------------------------------
 
@@ -267,8 +269,7 @@ class Engine:
         return Outcome(claim=claim.key, status="allocated", node=record.node, allocation=record.allocation, message="already allocated")
 
     def _plan(self, claim: ResourceClaim) -> ClaimPlan:
-        inv = self.inventory
-        return plan_claim(claim, inv.classes, inv.class_versions, cel.compile_selector, cel.CelCompileError)
+        return self.planner.plan(claim, self.inventory.classes, self.inventory.class_versions)
 
     def snapshot(self, *, fleet: bool = False) -> EngineSnapshot:
         """A read-only picture for observers (snapshot.py): who holds what, and with `fleet` the free

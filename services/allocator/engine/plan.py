@@ -9,8 +9,11 @@ an `error` outcome, never an exception.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from dralloc.allocator.engine.inventory import NOT_YET, Capacity
 from dralloc.schemas.quantity import parse_quantity
@@ -22,7 +25,7 @@ from dralloc.schemas.resource import (
     DeviceToleration,
     ResourceClaim,
 )
-from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, validate
+from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, metadata_errors, validate
 
 VerdictKey = tuple[str, int, tuple[str, ...]]
 """(device class, its version, selector expressions): what a set of selector verdicts is cached under."""
@@ -157,6 +160,46 @@ def plan_claim(
     if exact > ALLOCATION_RESULTS_MAX:
         plan.error = f"claim {key}: number of requested devices {exact} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}"
     return plan
+
+
+PLAN_MEMORY = 1024
+"""Specs whose plan is remembered (`Planner`): a fleet's claims come from a few templates, and a
+stream of distinct specs (hostile or not) keeps at most this many."""
+
+
+@dataclass(slots=True, eq=False)
+class _Template:
+    origin: ClaimPlan  # the plan made afresh; its shape (misfits.py) is shared too once computed
+    classes: tuple[tuple[str, int, DeviceClass], ...]  # (name, version, object) of each class it resolved
+
+
+class Planner:
+    """`plan_claim` with a memory of the last PLAN_MEMORY specs: a claim whose spec (encoded) was
+    planned before without error, while its classes are the same objects at the same versions,
+    gets that plan's requests and constraints (read-only after planning, so shared) with only its
+    metadata checked; anything else is planned afresh. Same plans, same messages."""
+
+    def __init__(self, compile_selector: Any, compile_error: type[Exception]) -> None:
+        self._compile = compile_selector
+        self._error = compile_error
+        self._memory: OrderedDict[bytes, _Template] = OrderedDict()
+
+    def plan(self, claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int]) -> ClaimPlan:
+        """The claim's plan, as `plan_claim(claim, classes, class_versions, ...)` makes it."""
+        spec = msgspec.msgpack.encode(claim.spec)
+        known = self._memory.get(spec)
+        fresh = known is not None and all(classes.get(n) is c and class_versions.get(n, 0) == v for n, v, c in known.classes)
+        if known is not None and fresh and not metadata_errors(claim):
+            self._memory.move_to_end(spec)
+            origin = known.origin
+            return ClaimPlan(claim=claim, key=claim.key, requests=origin.requests, constraints=origin.constraints, shape=origin.shape)
+        plan = plan_claim(claim, classes, class_versions, self._compile, self._error)
+        if plan.error is None:
+            resolved = {alt.cls.metadata.name: (alt.class_version, alt.cls) for r in plan.requests for alt in r.alts}
+            self._memory[spec] = _Template(plan, tuple((n, v, c) for n, (v, c) in resolved.items()))
+            if len(self._memory) > PLAN_MEMORY:
+                self._memory.popitem(last=False)
+        return plan
 
 
 def _compile(expr: str, compile_selector: Any, compile_error: type[Exception]) -> str | None:
