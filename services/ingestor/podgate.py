@@ -46,7 +46,7 @@ import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, ResourceV1Api
 
 from dralloc.ingestor.sources import Report, SourceEvent
-from dralloc.kube import body_of, describe
+from dralloc.kube import body_of, describe, merge_patch
 from dralloc.pods import EXTENDED_RESOURCE_CLAIM_ANNOTATION, PodError, extended_resource_claim, request_mappings
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult, DeviceClass, OwnerReference, Pod, PodSpec, ResourceClaim, to_builtins
@@ -55,8 +55,6 @@ log = logging.getLogger("dralloc.ingestor.podgate")
 
 GATE = "dralloc.dev/allocate"
 """The scheduling gate that hands a Pod to dralloc."""
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class SchedulingGate(msgspec.Struct):
@@ -232,15 +230,7 @@ class PodGate:
             spec["affinity"] = pinned_affinity(pod.spec.affinity, next(iter(nodes)))
         patch = {"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": spec}
         try:
-            await body_of(
-                self.core.patch_namespaced_pod(
-                    pod.metadata.name,
-                    pod.metadata.namespace or "default",
-                    patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                )
-            )
+            await merge_patch(self.core.patch_namespaced_pod, pod.metadata.name, pod.metadata.namespace or "default", patch)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return  # gone, or changed since it was read: its next event decides again
@@ -271,15 +261,7 @@ class PodGate:
         if recorded is None or recorded.resource_claim_name != name:
             mappings = [{"containerName": m.container, "resourceName": m.resource, "requestName": m.request} for m in request_mappings(pod, wanted)]
             patch = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": name, "requestMappings": mappings}}}
-            await body_of(
-                self.core.patch_namespaced_pod_status(
-                    pod.metadata.name,
-                    pod.metadata.namespace or "default",
-                    patch,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                )
-            )
+            await merge_patch(self.core.patch_namespaced_pod_status, pod.metadata.name, pod.metadata.namespace or "default", patch)
         return name
 
     def _existing_extended(self, pod: GatedPod) -> str | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
-from dralloc.kube import body_of, describe
+from dralloc.kube import body_of, describe, merge_patch
 
 log = logging.getLogger("dralloc.statuswriter.events")
 
@@ -31,7 +31,6 @@ REASON = "AllocationFailed"
 COMPONENT = "dralloc-statuswriter"
 INTERVAL = 10.0
 """Seconds between two writes of one Event."""
-MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +130,4 @@ class EventRecorder:
         return _Seen(count=count, written=self.clock())
 
     async def _patch(self, core: CoreV1Api, namespace: str, name: str, count: int) -> None:
-        await body_of(
-            core.patch_namespaced_event(
-                name,
-                namespace,
-                {"count": count, "lastTimestamp": _now()},  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        await merge_patch(core.patch_namespaced_event, name, namespace, {"count": count, "lastTimestamp": _now()})

@@ -53,7 +53,7 @@ from opentelemetry.trace import SpanKind
 
 from dralloc import telemetry
 from dralloc.bus import Permanent
-from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe
+from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe, merge_patch
 from dralloc.schemas import events as ev
 from dralloc.schemas.limits import json_problem
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
@@ -63,8 +63,6 @@ log = logging.getLogger("dralloc.statuswriter.kubernetes")
 
 MAX_ATTEMPTS = 8
 """Conflicting writes retried this many times before the event is handed back to the bus for redelivery."""
-
-MERGE_PATCH = "application/merge-patch+json"
 
 FINALIZER = "resource.kubernetes.io/delete-protection"
 """The finalizer kube-scheduler puts on a claim it allocates (resourceapi.Finalizer)."""
@@ -291,15 +289,7 @@ class KubernetesSink:
         body = {"metadata": {"resourceVersion": current.metadata.resource_version}, **patch}
         v1 = await self._v1()
         try:
-            await body_of(
-                v1.patch_namespaced_resource_claim_status(
-                    name,
-                    namespace,
-                    body,
-                    _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                    _preload_content=False,
-                )
-            )
+            await merge_patch(v1.patch_namespaced_resource_claim_status, name, namespace, body)
             return True
         except ApiException as exc:
             if exc.status == 409:
@@ -314,15 +304,7 @@ class KubernetesSink:
         body = {"metadata": {"resourceVersion": current.metadata.resource_version, "finalizers": [*current.metadata.finalizers, FINALIZER]}}
         v1 = await self._v1()
         try:
-            return _claim_of(
-                await body_of(
-                    v1.patch_namespaced_resource_claim(  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                        name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False
-                    )
-                ),
-                namespace,
-                name,
-            )
+            return _claim_of(await merge_patch(v1.patch_namespaced_resource_claim, name, namespace, body), namespace, name)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return None
@@ -344,15 +326,7 @@ class KubernetesSink:
                 }
             }
             try:
-                await body_of(
-                    v1.patch_namespaced_resource_claim(
-                        name,
-                        namespace,
-                        body,
-                        _content_type=MERGE_PATCH,  # type: ignore[call-arg]  # the stub omits _content_type, which the client takes
-                        _preload_content=False,
-                    )
-                )
+                await merge_patch(v1.patch_namespaced_resource_claim, name, namespace, body)
                 return
             except ApiException as exc:
                 if exc.status == 404:
