@@ -15,6 +15,7 @@ invalidated for the devices of a changed slice, and only for those.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,7 @@ class DeviceRec:
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
     multi: bool  # allowMultipleAllocations
     binds_to_node: bool
-    _attrs: dict[str | tuple[str], Any] = field(default_factory=dict)
+    _attrs: dict[str | tuple[str], Any] | None = None  # the attribute memo, made on first lookup
     key: tuple[str, str, str] = ("", "", "")
     """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
     consume_totals: tuple[tuple[CounterKey, int], ...] = ()
@@ -95,7 +96,8 @@ class DeviceRec:
         totals: dict[CounterKey, int] = {}
         for counter, amount in self.consumes:
             totals[counter] = totals.get(counter, 0) + amount
-        self.consume_totals = tuple(totals.items())
+        # each counter named once (the usual case): the totals are `consumes` itself, not a copy
+        self.consume_totals = self.consumes if len(totals) == len(self.consumes) else tuple(totals.items())
 
     @property
     def label(self) -> str:
@@ -104,11 +106,13 @@ class DeviceRec:
     def attribute(self, qualified: str) -> AttrValue | None:
         """Look an attribute up the way Kubernetes constraints do: the fully-qualified
         name first, then the bare name when the domain is the device's driver."""
-        hit = self._attrs.get(qualified, _MISSING)
+        memo = self._attrs
+        if memo is None:
+            memo = self._attrs = {}
+        hit = memo.get(qualified, _MISSING)
         if hit is _MISSING:
-            hit = _lookup_attribute(self, qualified)
-            self._attrs[qualified] = hit
-        found: AttrValue | None = hit  # (what `_lookup_attribute` cached under a name)
+            hit = memo[qualified] = lookup_attribute(self, qualified)
+        found: AttrValue | None = hit  # (what `lookup_attribute` cached under a name)
         return found
 
     def values(self, qualified: str) -> tuple[AttrValue, ...] | None:
@@ -117,7 +121,10 @@ class DeviceRec:
         (("int", 1) never equals ("string", "1")); None when the device lacks the attribute.
         A tuple, not a set: candidate order tries values in a deterministic order."""
         key = (qualified,)  # cached beside `attribute`, under a key no attribute name can be
-        hit = self._attrs.get(key, _MISSING)
+        memo = self._attrs
+        if memo is None:
+            memo = self._attrs = {}
+        hit = memo.get(key, _MISSING)
         if hit is _MISSING:
             attr = self.attribute(qualified)
             if attr is None:
@@ -127,12 +134,14 @@ class DeviceRec:
                 hit = tuple(dict.fromkeys((kind, v) for v in attr[1]))
             else:
                 hit = (attr,)
-            self._attrs[key] = hit
+            memo[key] = hit
         found: tuple[AttrValue, ...] | None = hit  # (what this cached under the (name,) key)
         return found
 
 
-def _lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
+def lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
+    """`DeviceRec.attribute` without its memo: for a caller that looks a name up once per device
+    (the memo would only keep it alive)."""
     attrs = rec.spec.attributes
     attr = attrs.get(qualified)
     if attr is None:
@@ -256,6 +265,56 @@ def _parsed_capacities(driver: str, encoded: bytes) -> dict[str, Capacity]:
 
 _TOLERATION_NEEDED = ("NoSchedule", "NoExecute")
 
+NODE_MASKS_KEPT = 1024
+"""Fleet-wide bitsets of node masks kept (`Inventory.node_mask`); the rest are rebuilt on use."""
+
+INTERN_DISTINCT = 256
+"""Distinct values of one attribute (or capacity) name shared between devices before the name is
+left alone: a fleet repeats productName, driverVersion, NUMA node... over every device; a UUID
+never repeats, and a table of them would cost what it saves."""
+
+
+class LocalMasks:
+    """Node -> its node-local devices, each node's ids stored as a bitset shifted by the node's
+    lowest id: a node's devices have neighbouring ids (a pool's are handed out together), so its
+    mask stays a few words long instead of as long as the fleet (nodes x devices bits in all)."""
+
+    __slots__ = ("_spans",)
+
+    def __init__(self) -> None:
+        self._spans: dict[str, tuple[int, int]] = {}  # node -> (lowest id, bits shifted by it)
+
+    def get(self, node: str, default: int = 0) -> int:
+        """The node's devices as a fleet-wide bitset (built on each call: keep it only briefly)."""
+        span = self._spans.get(node)
+        return span[1] << span[0] if span is not None else default
+
+    def span(self, node: str) -> tuple[int, int]:
+        """(lo, bits): the node's devices are the ids `lo + i` for the set bits `i` of `bits`."""
+        return self._spans.get(node, (0, 0))
+
+    def ids(self, node: str) -> Iterator[int]:
+        """The node's device ids, lowest first."""
+        lo, bits = self._spans.get(node, (0, 0))
+        return (lo + i for i in iter_bits(bits))
+
+    def nodes(self) -> list[str]:
+        """Nodes with node-local devices."""
+        return [node for node, (_, bits) in self._spans.items() if bits]
+
+    def add(self, node: str, device: int) -> None:
+        lo, bits = self._spans.get(node, (device, 0))
+        if not bits:
+            lo = device
+        elif device < lo:  # (ids only grow, but a caller may index out of order)
+            bits, lo = bits << (lo - device), device
+        self._spans[node] = (lo, bits | 1 << (device - lo))
+
+    def discard(self, node: str, device: int) -> None:
+        span = self._spans.get(node)
+        if span is not None and device >= span[0]:
+            self._spans[node] = (span[0], span[1] & ~(1 << (device - span[0])))
+
 
 class Inventory:
     """Everything known about devices. Mutated only through apply/remove."""
@@ -275,12 +334,21 @@ class Inventory:
         self.node_rank: dict[str, int] = {}
         self.node_names: list[str] = []
         self.node_known: set[str] = set()  # from Node objects or a slice/device nodeName
-        self.local: dict[str, int] = {}  # node -> bitset of node-local devices
+        self.local = LocalMasks()  # node -> its node-local devices
         self.nonlocal_bits = 0
         self.version = 0  # bumped on every change
         self.nonlocal_version = 0
         self._local_version: dict[str, int] = {}
-        self._node_cache: dict[str, tuple[tuple[int, int], int, list[int]]] = {}
+        self._node_ids: dict[str, tuple[tuple[int, int], list[int]]] = {}
+        """Node -> (stamp, ids of the devices usable from it in candidate order): kept for every node."""
+        self._node_bits: OrderedDict[str, tuple[tuple[int, int], int]] = OrderedDict()
+        """Node -> (stamp, the same as a fleet-wide bitset): the most recently used NODE_MASKS_KEPT only
+        (a node's bitset is as long as the fleet's highest id: one per node would grow with nodes x devices)."""
+        self._interned: dict[str, dict[tuple[Any, ...], Any] | None] = {}
+        """Attribute name -> its values seen so far, one instance per value (`_compact`); None once a
+        name has shown too many distinct values to be worth sharing (UUIDs, bus IDs)."""
+        self._interned_capacity: dict[str, dict[tuple[Any, ...], Any] | None] = {}
+        """The same for capacity names (values without a request policy)."""
         self._next_id = 0
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
@@ -327,11 +395,20 @@ class Inventory:
         return self._known_list
 
     def node_mask(self, node: str) -> tuple[int, list[int]]:
-        """Devices usable from `node`: (bitset, ids in candidate order). Cached."""
+        """Devices usable from `node`: (bitset, ids in candidate order). Cached: the ids for every
+        node, the bitset for the nodes used most recently (rebuilt from the node's compact mask)."""
         stamp = (self.nonlocal_version, self._local_version.get(node, 0))
-        hit = self._node_cache.get(node)
+        cached = self._node_bits
+        hit = cached.get(node)
         if hit is not None and hit[0] == stamp:
-            return hit[1], hit[2]
+            cached.move_to_end(node)
+            ids = self._node_ids[node][1]
+            return hit[1], ids
+        known = self._node_ids.get(node)
+        if known is not None and known[0] == stamp and not self.nonlocal_bits:
+            bits = self.local.get(node, 0)
+            self._keep_bits(node, stamp, bits)
+            return bits, known[1]
         bits = self.local.get(node, 0)
         if self.nonlocal_bits:
             labels = self.node_labels.get(node, {})
@@ -343,8 +420,16 @@ class Inventory:
                 if rec is not None and (rec.all_nodes or node_selector_matches(rec.node_selector, node, labels)):
                     bits |= low
         ids = sorted(iter_bits(bits), key=lambda i: self.devices[i].order)  # type: ignore[union-attr]
-        self._node_cache[node] = (stamp, bits, ids)
+        self._node_ids[node] = (stamp, ids)
+        self._keep_bits(node, stamp, bits)
         return bits, ids
+
+    def _keep_bits(self, node: str, stamp: tuple[int, int], bits: int) -> None:
+        cached = self._node_bits
+        cached[node] = (stamp, bits)
+        cached.move_to_end(node)
+        if len(cached) > NODE_MASKS_KEPT:
+            cached.popitem(last=False)
 
     # --- classes ---------------------------------------------------------------------
 
@@ -458,10 +543,22 @@ class Inventory:
             for cname, counter in set_.counters.items():
                 pool.counters[(pool.driver, pool.name, set_.name, cname)] = parse_quantity(counter.value)
         binding = any(d.binding_conditions for s in pool.slices for d in s.spec.devices)
+        # one instance per distinct value across the pool's devices: MIG partitions of a profile
+        # consume the same counters of their GPU, in the same amounts
+        shared: dict[Any, Any] = {}
         for slice_ in pool.slices:
             spec = slice_.spec
             per_device = bool(spec.per_device_node_selection)
             for device in spec.devices:
+                self._compact(device)
+                consumes = tuple(
+                    shared.setdefault(
+                        (c.counter_set, name, v.value),
+                        (shared.setdefault((c.counter_set, name), (pool.driver, pool.name, c.counter_set, name)), parse_quantity(v.value)),
+                    )
+                    for c in device.consumes_counters
+                    for name, v in c.counters.items()
+                )
                 if per_device:
                     local, selector, all_nodes = device.node_name, device.node_selector, bool(device.all_nodes)
                 else:
@@ -478,11 +575,7 @@ class Inventory:
                     node_selector=selector,
                     all_nodes=all_nodes,
                     taints=self._taints(pool.driver, pool.name, device),
-                    consumes=tuple(
-                        ((pool.driver, pool.name, c.counter_set, name), parse_quantity(v.value))
-                        for c in device.consumes_counters
-                        for name, v in c.counters.items()
-                    ),
+                    consumes=shared.setdefault(consumes, consumes),
                     capacity=_capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),
@@ -492,6 +585,20 @@ class Inventory:
                 pool.devices.append(rec)
                 self._index(rec)
 
+    def _compact(self, device: Device) -> None:
+        """Make the device's attribute and capacity values that equal another device's the same
+        instance (values are replaced, the maps stay; nothing here changes them). A fleet publishes
+        a few hundred distinct values over hundreds of thousands of devices: this is most of what a
+        device's spec costs. A name is left alone once it has shown INTERN_DISTINCT values."""
+        attributes, capacity = device.attributes, device.capacity
+        for name, attr in attributes.items():
+            key = _attribute_key(attr)
+            if key is not None and (same := _shared(self._interned, name, key, attr)) is not attr:
+                attributes[name] = same
+        for name, cap in capacity.items():
+            if cap.request_policy is None and type(cap.value) is str and (same := _shared(self._interned_capacity, name, (cap.value,), cap)) is not cap:
+                capacity[name] = same
+
     def _index(self, rec: DeviceRec) -> None:
         bit = 1 << rec.id
         self.by_key[rec.key] = rec
@@ -499,7 +606,7 @@ class Inventory:
         if rec.multi:
             self.multi_bits |= bit
         if rec.local_node is not None:
-            self.local[rec.local_node] = self.local.get(rec.local_node, 0) | bit
+            self.local.add(rec.local_node, rec.id)
             self._local_version[rec.local_node] = self._local_version.get(rec.local_node, 0) + 1
         elif rec.all_nodes or rec.node_selector is not None:
             self.nonlocal_bits |= bit
@@ -513,7 +620,7 @@ class Inventory:
         self.live &= ~bit
         self.multi_bits &= ~bit
         if rec.local_node is not None:
-            self.local[rec.local_node] &= ~bit
+            self.local.discard(rec.local_node, rec.id)
             self._local_version[rec.local_node] = self._local_version.get(rec.local_node, 0) + 1
         elif self.nonlocal_bits & bit:
             self.nonlocal_bits &= ~bit
@@ -538,6 +645,36 @@ class Inventory:
 
     def pool_of(self, rec: DeviceRec) -> Pool:
         return self.pools[(rec.driver, rec.pool)]
+
+
+def _shared(tables: dict[str, dict[tuple[Any, ...], Any] | None], name: str, key: tuple[Any, ...], value: Any) -> Any:
+    """The instance kept for `key` under `name` (`value` itself when it is the first), or `value`
+    once the name has too many distinct values (its table is then dropped for good)."""
+    table = tables.get(name)
+    if table is None:
+        if name in tables:
+            return value
+        table = tables[name] = {}
+    same = table.setdefault(key, value)
+    if len(table) > INTERN_DISTINCT:
+        tables[name] = None
+    return same
+
+
+def _attribute_key(attr: Any) -> tuple[Any, ...] | None:
+    """What makes two scalar attribute values the same one, or None (a list attribute, or a value
+    of an unexpected type: 1 and True must stay apart)."""
+    if attr.ints is not None or attr.bools is not None or attr.strings is not None or attr.versions is not None:
+        return None
+    string, version, number, flag = attr.string, attr.version, attr.int, attr.bool
+    if (
+        (string is not None and type(string) is not str)
+        or (version is not None and type(version) is not str)
+        or (number is not None and type(number) is not int)
+        or (flag is not None and type(flag) is not bool)
+    ):
+        return None
+    return (string, version, number, flag)
 
 
 def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> bool:

@@ -103,8 +103,8 @@ class Observer:
         self.inventory = inventory
         self.ledger = ledger
         self.verdicts = Verdicts(inventory)  # its own: the engine's cache and its order stay the allocator's
-        self._nodes: dict[str, tuple[int, tuple[tuple[str, int], ...], int, dict[str, _NodeClass]]] = {}
-        """Node -> (its device bits, class versions, lowest id, class -> _NodeClass): rebuilt when either changes."""
+        self._nodes: dict[str, tuple[tuple[int, int], tuple[tuple[str, int], ...], dict[str, _NodeClass]]] = {}
+        """Node -> (its devices as (lo, bits shifted by lo), class versions, class -> _NodeClass): rebuilt when either changes."""
         self._counters: tuple[int, dict[CounterKey, list[tuple[int, int]]], dict[CounterKey, int], int] = (-1, {}, {}, 0)
         """(inventory version, consumers, capacity, oversized) for that version: see `_counter_users`."""
         self._blocked: dict[CounterKey, tuple[int, list[int]]] = {}
@@ -128,15 +128,14 @@ class Observer:
         versions = tuple(sorted((name, inv.class_versions.get(name, 0)) for name in classes))
         usage: list[NodeClassUsage] = []
         nodes = {}
-        for node, bits in sorted(inv.local.items()):
-            if not bits:
-                continue
+        for node in sorted(inv.local.nodes()):
+            span = inv.local.span(node)  # (lo, the node's devices shifted by lo): a few words, not the fleet's width
             cached = self._nodes.get(node)
-            if cached is None or cached[0] != bits or cached[1] != versions:
-                cached = (bits, versions, *self._node_classes(bits, classes))
+            if cached is None or cached[0] != span or cached[1] != versions:
+                cached = (span, versions, self._node_classes(span, classes))
             nodes[node] = cached
-            _, _, lo, per_class = cached
-            here = (free >> lo) & (bits >> lo)
+            (lo, bits), _, per_class = cached
+            here = (free >> lo) & bits
             for cls, nc in sorted(per_class.items()):
                 mine = here & nc.devices
                 largest = max((mine & block).bit_count() for block in nc.blocks)
@@ -210,20 +209,20 @@ class Observer:
         _, consumers, capacity, oversized = self._counters
         return consumers, capacity, oversized
 
-    def _node_classes(self, bits: int, classes: dict[str, int]) -> tuple[int, dict[str, _NodeClass]]:
-        """A node's devices per class and NVLink domain, shifted by its lowest device id."""
+    def _node_classes(self, span: tuple[int, int], classes: dict[str, int]) -> dict[str, _NodeClass]:
+        """A node's devices (`LocalMasks.span`: lo, bits shifted by lo) per class and NVLink domain, shifted by lo."""
         devices = self.inventory.devices
-        lo = (bits & -bits).bit_length() - 1
+        lo, bits = span
         per_class = {}
         for cls, matched in classes.items():
-            mine = bits & matched
+            mine = bits & (matched >> lo)
             if not mine:
                 continue
             domains: dict[object, int] = {}
             for i in iter_bits(mine):
-                rec = devices[i]
+                rec = devices[lo + i]
                 domain = rec.attribute(NVLINK_DOMAIN) if rec is not None else None
-                domains[domain] = domains.get(domain, 0) | 1 << (i - lo)
+                domains[domain] = domains.get(domain, 0) | 1 << i
             blocks = list(domains.values())
-            per_class[cls] = _NodeClass(mine >> lo, mine.bit_count(), blocks, max(b.bit_count() for b in blocks))
-        return lo, per_class
+            per_class[cls] = _NodeClass(mine, mine.bit_count(), blocks, max(b.bit_count() for b in blocks))
+        return per_class

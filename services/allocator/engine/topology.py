@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, lookup_attribute
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
@@ -107,16 +107,16 @@ def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
         attr = attrs.get(own)
         if attr is not None and attr.string:
             out.append((GPU, ("uuid", rec.driver, attr.string)))
-    for level, name in (
-        (NVLINK, NVLINK_DOMAIN),
-        (SWITCH, PCIE_SWITCH),
-        (ROOT, PCIE_ROOT),
-        (NUMA, NUMA_NODE),
-    ):
-        value = rec.attribute(name)
+    for level, name in _LEVEL_ATTRIBUTES:
+        # read from the spec, not through `rec.attribute`: its per-device memo would keep four
+        # entries on every device of the fleet for a lookup made once per node build
+        value = lookup_attribute(rec, name)
         if value is not None:
             out.append((level, value[1]))
     return out
+
+
+_LEVEL_ATTRIBUTES = ((NVLINK, NVLINK_DOMAIN), (SWITCH, PCIE_SWITCH), (ROOT, PCIE_ROOT), (NUMA, NUMA_NODE))
 
 
 def _hub_name(level: int, hub: object) -> str:
@@ -177,7 +177,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
             if own:
                 level_names[gid] = _hub_name(level, own[0])
         names.append(level_names)
-    cliques = sorted({v[1] for rec in recs if (v := rec.attribute(NVLINK_CLIQUE)) is not None})
+    cliques = sorted({v[1] for rec in recs if (v := lookup_attribute(rec, NVLINK_CLIQUE)) is not None})
     masks: list[list[tuple[int, int, int]]] = []
     for pos in range(len(GROUP_LEVELS)):
         bits: dict[int, int] = {}
@@ -253,8 +253,12 @@ class Topology:
         self.nvlink_ranks = 0
         """Ranks of the nodes with at least one device on an NVLink domain (kept as pools change)."""
         self.eager = False
-        """Build a node's topology when its pool changes (placement sets it with scoring on), so a
+        """Build a node's topology when its pools change (placement sets it with scoring on), so a
         claim never pays for it; off, it is built on first use (`dralloc explain`)."""
+        self._pending: set[str] = set()
+        """Eager mode: nodes changed by the latest pool rebuilds, built once the rebuilds move on
+        to other nodes (or on first use): a node publishing several slices (GPUs, NICs) in a
+        row is built once, not once per slice."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
 
     def _pool_rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
@@ -262,12 +266,14 @@ class Topology:
         touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}  # type: ignore[attr-defined]
         for node in touched:
             bit = 1 << inv._see_node(node)
-            devices = (inv.devices[i] for i in iter_bits(inv.local.get(node, 0)))
-            if any(rec is not None and rec.attribute(NVLINK_DOMAIN) is not None for rec in devices):
+            devices = (inv.devices[i] for i in inv.local.ids(node))
+            if any(rec is not None and lookup_attribute(rec, NVLINK_DOMAIN) is not None for rec in devices):
                 self.nvlink_ranks |= bit
             else:
                 self.nvlink_ranks &= ~bit
-            if self.eager:
+        if self.eager:
+            settled, self._pending = self._pending - touched, touched
+            for node in sorted(settled):
                 self.node(node)
 
     def node(self, node: str | None) -> NodeTopology | None:
@@ -278,8 +284,8 @@ class Topology:
         stamp = (inv._local_version.get(node, 0),)
         topo = self._nodes.get(node)
         if topo is None or topo.stamp != stamp:
-            bits = inv.local.get(node, 0)
-            recs = [rec for i in iter_bits(bits) if (rec := inv.devices[i]) is not None]
+            self._pending.discard(node)
+            recs = [rec for i in inv.local.ids(node) if (rec := inv.devices[i]) is not None]
             topo = self._nodes[node] = build_node(node, recs, stamp, self._shapes)
         return topo
 
@@ -325,9 +331,9 @@ class Topology:
         topo = self._nodes.get(node)
         if topo is not None and topo.stamp == (self.inv._local_version.get(node, 0),):
             return topo.clique
-        for i in iter_bits(self.inv.local.get(node, 0)):
+        for i in self.inv.local.ids(node):
             rec = self.inv.devices[i]
-            value = rec.attribute(NVLINK_CLIQUE) if rec is not None else None
+            value = lookup_attribute(rec, NVLINK_CLIQUE) if rec is not None else None
             if value is not None:
                 clique: str = value[1]  # (the clique attribute is a string)
                 return clique
