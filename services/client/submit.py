@@ -97,18 +97,51 @@ async def submit_paths(
         return await _publish(own, todo, report, wait, result)
 
 
-async def _publish(bus: Bus, todo: list[SourceEvent], report: Report, wait: float, result: Submission) -> Submission:
-    """Publish `todo` in order (a refused event is reported and skipped); with `wait`, the decisions too."""
-    claims: list[ev.ClaimSubmitted] = []
+PUBLISH_WINDOW = 256
+"""Events `_publish` has on their way at once (sent, their store not yet confirmed), at most."""
+
+
+def segments(todo: list[SourceEvent], window: int = PUBLISH_WINDOW) -> list[list[SourceEvent]]:
+    """`todo` cut, in order, into runs of at most `window` events in which no subject comes twice."""
+    runs: list[list[SourceEvent]] = []
+    subjects: set[str] = set()
     for event in todo:
-        try:
-            ack = await bus.publish(event)
-        except PublishRefused as exc:
-            report(f"{describe(event)}: not published: {exc}")
-            continue
-        result.published.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
-        if isinstance(event, ev.ClaimSubmitted):
-            claims.append(event)
+        if not runs or len(runs[-1]) >= window or event.subject in subjects:
+            runs.append([])
+            subjects = set()
+        runs[-1].append(event)
+        subjects.add(event.subject)
+    return runs
+
+
+async def _publish(bus: Bus, todo: list[SourceEvent], report: Report, wait: float, result: Submission) -> Submission:
+    """Publish `todo` in order (a refused event is reported and skipped); with `wait`, the decisions too.
+
+    Pipelined: a segment's events (`segments`) are sent one after the other without waiting, then
+    every one's store is awaited (one round trip a segment, not one an event). Messages leave in
+    order, so a subject's events are stored in order. A duplicate is published once more the
+    careful way (`Bus.publish`: a retry stays a duplicate, news after a delete is stored); since a
+    segment holds each subject once, that second publish never overtakes a later event on its
+    subject. An error (NATS away, no answer in time) is raised once the segment's sends are settled."""
+    claims: list[ev.ClaimSubmitted] = []
+    for segment in segments(todo):
+        sent: list[SourceEvent] = []
+        acks = []
+        for event in segment:
+            try:
+                acks.append(await bus.send(event))
+            except PublishRefused as exc:
+                report(f"{describe(event)}: not published: {exc}")
+                continue
+            sent.append(event)
+        answers = await asyncio.gather(*acks, return_exceptions=True)
+        for event, answer in zip(sent, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer
+            ack = await bus.publish(event) if answer.duplicate else answer
+            result.published.append(Published(type(event).__name__, event.subject, describe(event), ack.seq, bool(ack.duplicate)))
+            if isinstance(event, ev.ClaimSubmitted):
+                claims.append(event)
     if wait > 0:
         result.decisions = await _decisions(bus, claims, wait)
     return result
