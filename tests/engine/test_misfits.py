@@ -93,3 +93,38 @@ def test_nodes_without_a_large_enough_matchattribute_group_are_skipped_not_lost(
     (more,) = engine.allocate([_grouped_claim("more", 4)])
     assert more.status == "unsatisfiable"
     assert "or no 4 of them with one value of gpu.example.com/domain (matchAttribute)" in more.message
+
+
+def _one_of(name: str, domain: str) -> ResourceClaim:
+    claim = msgspec.to_builtins(_claim(name))
+    expression = f'device.attributes["gpu.example.com"].domain == "{domain}"'
+    claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+    return msgspec.convert(claim, ResourceClaim)
+
+
+def test_a_claim_that_fits_nowhere_skips_unchanged_nodes_and_tries_a_node_again_once_it_changes():
+    # three nodes of two NVLink-style pairs; one GPU of each pair taken: two free on every node,
+    # never two of one domain, so a matched pair fits nowhere
+    engine = Engine()
+    for obj in (_node("node-1"), _node("node-2"), _node("node-3"), _class()):
+        engine.apply(obj)
+    for n in ("node-1", "node-2", "node-3"):
+        gpus = [{"name": f"gpu-{i}", "attributes": {"domain": {"string": "ab"[i // 2]}}} for i in range(4)]
+        engine.apply(_slice(f"{n}-gpus", n, gpus, pool=n))
+        for domain in "ab":
+            (held,) = engine.allocate([_one_of(f"held-{n}-{domain}", domain)], node=n)
+            assert held.status == "allocated"
+    (first,) = engine.allocate([_grouped_claim("first", 2)])
+    assert first.status == "unsatisfiable" and "(3 nodes tried)" in first.message
+    plans = [engine._plan(_grouped_claim("probe", 2))]
+    assert engine.misfits.known(plans) == 0b111  # every node remembered for this shape
+    (second,) = engine.allocate([_grouped_claim("second", 2)])
+    # not walked again: one remembered node still says why
+    assert second.status == "unsatisfiable" and "nodes tried" not in second.message and "node-1" in second.message
+    assert second.message.replace("ns/second", "ns/first").endswith(first.message.split("; ", 1)[1])
+    assert engine.release("ns/held-node-2-a")
+    assert engine.misfits.known(plans) == 0b101  # node-2 changed: its failure no longer holds
+    (third,) = engine.allocate([_grouped_claim("third", 2)])
+    assert third.status == "allocated" and third.node == "node-2"
+    # a claim of another shape knows nothing of these failures
+    assert engine.misfits.known([engine._plan(_grouped_claim("other", 3))]) == 0

@@ -302,7 +302,7 @@ class Engine:
         cel_failure = ""
         tried: list[str | None] = []
         try:
-            nodes = [node] if node is not None else self._candidate_nodes(plans, within)
+            nodes = [node] if node is not None else self._candidate_nodes(plans, within, skip_misfits=not explain)
             for candidate in nodes:
                 tried.append(candidate)
                 try:
@@ -329,9 +329,10 @@ class Engine:
 
     # --- nodes ---------------------------------------------------------------------------
 
-    def _candidate_nodes(self, plans: list[ClaimPlan], within: int | None) -> Iterator[str | None]:
+    def _candidate_nodes(self, plans: list[ClaimPlan], within: int | None, *, skip_misfits: bool = True) -> Iterator[str | None]:
         """Known nodes in order, lazily, minus those that cannot host the unit and those
-        outside the `within` ranks (None: no such limit).
+        outside the `within` ranks (None: no such limit); with `skip_misfits`, minus those where
+        the unit is remembered to fail (misfits.py `known`; `explain` visits them to report them).
 
         Without network-attached devices a node is skipped when, for some
         request, it is known (from earlier evaluations) to have no device any
@@ -361,7 +362,10 @@ class Engine:
         if need > 0 and not inv.multi_bits:
             free_ge = self.ledger.free_ge
             viable &= free_ge[need] if need < len(free_ge) else 0
-        yield from self.placement.order_nodes(plans, viable)
+        skipped = viable & self.misfits.known(plans) if skip_misfits else 0
+        yield from self.placement.order_nodes(plans, viable ^ skipped)
+        if skipped:  # nothing else fit: one of them, so that the refusal still says why (a recall)
+            yield inv.node_names[(skipped & -skipped).bit_length() - 1]
 
     # --- CEL errors ----------------------------------------------------------------------
 

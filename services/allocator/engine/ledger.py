@@ -25,6 +25,9 @@ from dralloc.schemas.resource import AllocationResult
 
 DevKey = tuple[str, str, str]
 
+TOUCHED_KEPT = 65_536
+"""Entries of `Ledger.touched` kept before the log starts over (a reader further behind starts over too)."""
+
 
 @dataclass(slots=True)
 class Entry:
@@ -61,6 +64,11 @@ class Ledger:
         device local to the node taken, shared or freed (misfits.py keys what failed on a node by it)."""
         self.remote_changes = 0
         """The same for devices local to no node (network-attached): they can be reached from many nodes."""
+        self.touched: list[str] = []
+        """The nodes of `node_changes`, in the order of their changes since `touched_base` (misfits.py
+        reads what changed since it last looked; trimmed at TOUCHED_KEPT)."""
+        self.touched_base = 0
+        """Changes before `touched[0]` (the log's absolute position of its first entry)."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
 
     # --- queries -----------------------------------------------------------------------
@@ -153,11 +161,16 @@ class Ledger:
         pool = self.inv.pools.get((rec.driver, rec.pool))
         nodes = pool.nodes() if pool is not None else {rec.local_node}
         changes = self.node_changes
+        touched = self.touched
+        if len(touched) >= TOUCHED_KEPT:
+            self.touched_base += len(touched)
+            touched.clear()
         for node in nodes:
             if node is None:
                 self.remote_changes += 1
             else:
                 changes[node] = changes.get(node, 0) + 1
+                touched.append(node)
 
     def _charge(self, rec: DeviceRec, sign: int) -> None:
         bit = 1 << rec.id

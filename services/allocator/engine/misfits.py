@@ -14,6 +14,14 @@ back). Units of several claims are not remembered. A remembered failure also
 keeps the search steps it spent, so that the unit's step budget runs out
 exactly where it would have (`Engine._place` charges them again).
 
+Per claim shape it also keeps the node ranks whose remembered failure still
+holds (`known`, a bitset brought up to date from the ledger's log of changed
+nodes): the engine leaves those nodes out of a unit's walk instead of
+recalling them one by one, so a claim that fits nowhere costs what changed
+since the last such claim, not a pass over the fleet. A node left out is not
+in the refusal's count of nodes tried, and its remembered steps are not
+charged.
+
 Pure: no I/O; the engine owns one and consults it per (unit, node).
 """
 
@@ -49,6 +57,9 @@ class Misfits:
         self.ledger = ledger
         self._memo: dict[tuple[Any, ...], Misfit] = {}
         self._nodes: set[str] = set()  # nodes with a remembered failure: elsewhere no key is built
+        self._ranks: dict[tuple[Any, ...], list[int]] = {}
+        """Claim shape -> [node ranks whose failure holds, ledger log position they are up to,
+        inventory version, remote changes] (`known`)."""
 
     def key(self, plans: list[ClaimPlan], node: str | None) -> tuple[Any, ...] | None:
         """The memo key of placing `plans` on `node` now; None: not remembered (several claims)."""
@@ -66,6 +77,34 @@ class Misfits:
         key = self.key(plans, node)
         return self._memo.get(key) if key is not None else None
 
+    def known(self, plans: list[ClaimPlan]) -> int:
+        """The ranks of the nodes where placing `plans` is remembered to fail now (a bitset; 0 for
+        several claims): the same nodes `recall` would answer for, found without visiting them."""
+        if len(plans) != 1:
+            return 0
+        shape = shape_of(plans[0])
+        entry = self._ranks.get(shape)
+        if entry is None:
+            return 0
+        return self._current(shape, entry)
+
+    def _current(self, shape: tuple[Any, ...], entry: list[int]) -> int:
+        """`entry`'s ranks less the nodes changed since it last looked (all of them when the
+        inventory, the network-attached devices or more than the ledger's log have changed)."""
+        ledger = self.ledger
+        bits, position, version, remote = entry
+        log, base = ledger.touched, ledger.touched_base
+        if version != self.inv.version or remote != ledger.remote_changes or position < base:
+            bits = 0
+        elif bits:
+            rank = self.inv.node_rank
+            for node in log[position - base :]:
+                r = rank[node]
+                if (bits >> r) & 1:
+                    bits ^= 1 << r
+        entry[:] = [bits, base + len(log), self.inv.version, ledger.remote_changes]
+        return bits
+
     def put(self, key: tuple[Any, ...] | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
         if key is None:
             return
@@ -76,7 +115,12 @@ class Misfits:
         if len(self._memo) >= MAX_ENTRIES:
             self._memo.clear()
             self._nodes.clear()
+            self._ranks.clear()
         self._nodes.add(key[1])
+        shape = key[0]
+        entry = self._ranks.setdefault(shape, [0, 0, -1, -1])
+        self._current(shape, entry)  # (the key was taken now: its failure holds now)
+        entry[0] |= 1 << self.inv.node_rank[key[1]]
         self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix) :] if claimed else message, why=why, steps=steps)
 
 
