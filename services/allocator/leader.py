@@ -19,7 +19,7 @@ leader and is stamped on every decision (header ``Dralloc-Epoch``).
 
 The lease keeps two leaders from working at once in the common case; it
 cannot make a paused process (GC, SIGSTOP, a slow disk) safe. That is the
-fence's job (see `dralloc.allocator.service`): every decision is written with
+fence's job (see `dralloc.allocator.fence`): every decision is written with
 ``Nats-Expected-Last-Sequence`` set to the last ALLOCATIONS sequence the
 writer has seen, so a deposed leader's late write, made from a view that a
 newer leader has since changed, is rejected by the server.

@@ -9,6 +9,7 @@ import asyncio
 
 from pipeline import claim_event
 
+from dralloc.allocator.rebuild import release_gone
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
 from dralloc.bus.raw import jetstream
@@ -91,7 +92,7 @@ async def test_the_rebuild_keeps_a_decision_it_cannot_prove_deleted(bus: Bus):
     # The rebuild's snapshot skips events stored after it: a claim updated meanwhile looked absent
     # there (its newer event replaced the one the snapshot held); it is live, not gone.
     await asyncio.sleep(1.2)  # both decisions older than the TTL
-    assert await successor._release_gone(successor.book.gone(dict(successor.committed), present={"bench/y"})) == 0
+    assert await release_gone(successor, successor.book.gone(dict(successor.committed), present={"bench/y"})) == 0
 
     # CLAIMS purged, or recreated since the decisions (its storage lost): nothing is proven deleted.
     await jetstream(bus).purge_stream("CLAIMS")

@@ -32,7 +32,7 @@ async def test_a_write_from_a_stale_view_is_refused_by_the_server(bus: Bus):
     await new.on_claim(claim_event("x", gpus=4))
     # `old` still believes the node is empty: its decision would hand out x's GPUs again.
     with pytest.raises(Fenced, match="moved past sequence"):
-        await old._allocate(claim_event("y", gpus=8).claim)
+        await old.retry(claim_event("y", gpus=8).claim)
     assert old.term.is_set()  # its term is over: its state cannot be trusted
     assert [type(e) for e in await stored(bus)] == [ev.AllocationCommitted]
     assert "bench/y" not in old.committed
@@ -53,7 +53,7 @@ async def test_a_leader_whose_lease_ran_out_writes_nothing(bus: Bus):
     await allocator.on_claim(claim_event("x"))
     await asyncio.sleep(0.4)  # never renewed (a stalled process)
     with pytest.raises(Fenced, match="lease lost"):
-        await allocator._allocate(claim_event("y").claim)
+        await allocator.retry(claim_event("y").claim)
     assert [e.key for e in await stored(bus)] == ["bench/x"]
 
 

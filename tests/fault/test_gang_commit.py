@@ -69,7 +69,7 @@ async def decide_waiting(allocator: Allocator) -> None:
     """What a term does first after its rebuild: try every claim left waiting."""
     async with allocator.lock:
         for waiting in list(allocator.waiting.values()):
-            await allocator._allocate(waiting)
+            await allocator.retry(waiting)
 
 
 def outcomes(found: list[tuple[ev.Event, dict[str, str]]], keys: set[str]) -> dict[str, list[ev.Event]]:

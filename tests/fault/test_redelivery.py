@@ -73,11 +73,11 @@ async def test_a_claim_whose_decision_flips_back_is_written_again_and_redelivere
     await leader.on_claim(event)  # the class is not known: an error
     await leader.on_inventory(ev.DeviceClassPublished(device_class=device_class("later.example.com", "nothing.example.com")))
     leader.book.unpark()  # (what the retry round does after an inventory change)
-    await leader._allocate(claim)  # known, matches no device: unsatisfiable
+    await leader.retry(claim)  # known, matches no device: unsatisfiable
     await leader.on_claim(event)  # redelivered meanwhile
     await leader.on_inventory(ev.DeviceClassRemoved(name="later.example.com"))
     leader.book.unpark()
-    await leader._allocate(claim)  # not known again: the first failure again
+    await leader.retry(claim)  # not known again: the first failure again
 
     written = await decisions(bus)
     assert [(type(d), getattr(d, "reason", None)) for d in written] == [

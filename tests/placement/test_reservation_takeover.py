@@ -103,7 +103,7 @@ async def test_a_reservation_is_written_rebuilt_by_a_successor_and_ends_with_the
 
     # six-a leaves: the big claim is retried, placed on its node, and its reservation ends.
     await decide(successor, bus, deleted(six_a))
-    await successor._allocate(big.claim)
+    await successor.retry(big.claim)
     placed = (await decisions(bus))[-1]
     assert isinstance(placed, ev.AllocationCommitted) and placed.key == "ml/big" and placed.node == "n-0"
     assert successor.book.reservations.held == {} and successor.engine.placement.reserved == 0
