@@ -28,7 +28,9 @@ submit -f one.yaml`). The submit path does the ingestor's own per-claim work
 
 Each claim's latency runs from when it was due (start + i / rate: a
 submitter that falls behind counts against it) to the status writer's stored
-record (the server's timestamp of the KV put in `KV_dralloc-claims`). Phases:
+record (the server's timestamp of the KV put in `KV_dralloc-claims`); a claim
+with no record by the end counts until the records are read (at least that
+long: `latency_claims_without_record` says how many), never left out. Phases:
 
 - latency: claims at `rate` per second for `duration` seconds -> p50_ms,
   p99_ms, and where the time went (`p50_ms_by_stage`: submit = offer to
@@ -40,9 +42,14 @@ record (the server's timestamp of the KV put in `KV_dralloc-claims`). Phases:
   records stored per second in the steady window (`sustained_window`: from the
   phase's first record plus a quarter, the warm-up, to the last of its claims
   entering CLAIMS; the drain after it, without the submitter's load, is left
-  out); `cpu_s_in_window` per process (sampled every 0.5 s) and
-  claims_per_cpu_second (the wall clock counts others' work on a shared
-  machine; CPU seconds much less).
+  out); `cpu_s_in_window` per process (sampled every 0.5 s),
+  `cpu_ms_per_claim_by_process`: each one's CPU over the claims it finished
+  in the window (the submitter: claims into CLAIMS, which run ahead of the
+  rest when offered above capacity; the allocator: commits; the status
+  writer, nats-server and the others: records stored), their sum
+  `cpu_ms_per_claim_in_window` and claims_per_cpu_second = 1000 / that sum
+  (the wall clock counts others' work on a shared machine; CPU seconds much
+  less).
 
 Then the bus's ceiling on the same server (`benchmarks/ceiling.py`): the same
 chain of publishes, pull fetches, acks and a KV put with no work between ->
@@ -713,9 +720,42 @@ async def wait_for_records(bus: Bus, bucket: str, count: int, timeout: float) ->
         await asyncio.sleep(0.25)
 
 
-def latencies_ms(offered: dict[str, float], records: dict[str, Record], names: Iterable[str]) -> list[float]:
-    """Each named claim's time from its offer to its stored record, in ms (claims without a record: none)."""
-    return [(records[n].time - offered[n]) * 1000 for n in names if n in records and n in offered]
+def latencies_ms(offered: dict[str, float], records: dict[str, Record], names: Iterable[str], until: float) -> list[float]:
+    """Each named claim's time from its offer to its stored record, in ms. A claim offered but without a
+    record counts until `until` (when the records were read): at least that long, so a pipeline that
+    never finishes some claims shows in the percentiles instead of dropping them."""
+    return [((records[n].time if n in records else until) - offered[n]) * 1000 for n in names if n in offered]
+
+
+def handled_times(submitted: dict[str, float], committed: dict[str, float], records: dict[str, Record], names: Iterable[str]) -> dict[str, list[float]]:
+    """When each process finished its part of each named claim (server times), by process kind: the
+    submitter (`bench`) its entry into CLAIMS, the allocator its AllocationCommitted, the status writer
+    (and nats-server, the discovery and the ingestor, counted per finished claim) its record."""
+    names = list(names)
+    stored = [records[n].time for n in names if n in records]
+    return {
+        "bench": [submitted[n] for n in names if n in submitted],
+        "allocator": [committed[n] for n in names if n in committed],
+        "statuswriter": stored,
+        "nats-server": stored,
+        "discovery": stored,
+        "ingestor": stored,
+    }
+
+
+def cpu_ms_per_claim(cpu: tuple[float, float, dict[str, float]] | None, handled: dict[str, list[float]]) -> dict[str, float | None]:
+    """Each process's CPU in the window per claim it handled in the window (`handled_times`, by the
+    name's kind: ``allocator-0`` is an allocator): a submitter running ahead of the pipeline does
+    more claims than are stored meanwhile, and its CPU is divided by those it did."""
+    if cpu is None:
+        return {}
+    start, end, seconds = cpu
+    result: dict[str, float | None] = {}
+    for name, used in seconds.items():
+        kind = "nats-server" if name.startswith("nats-server") else name.split("-")[0]
+        count = sum(1 for t in handled.get(kind, []) if start <= t < end)
+        result[name] = round(used * 1000 / count, 3) if count else None
+    return result
 
 
 def first_stored(stream: Iterable[Stored], kind: type) -> dict[str, float]:
@@ -827,10 +867,12 @@ async def run(options: Options) -> dict[str, Any]:
             await wait_for_records(bus, DEFAULT_BUCKET, len(everything) + 1, options.settle_timeout)
             sampled.set()
             await sampler
+            read_at = time.time()
             records = await read_records(bus, DEFAULT_BUCKET)
             allocations = await _read_all(bus, "ALLOCATIONS")
             submitted = first_stored(await _read_all(bus, "CLAIMS"), ev.ClaimSubmitted)
-            stages = stage_latencies_ms(submitter.offered, submitted, first_stored(allocations, ev.AllocationCommitted), records, paced)
+            committed = first_stored(allocations, ev.AllocationCommitted)
+            stages = stage_latencies_ms(submitter.offered, submitted, committed, records, paced)
             terms = leader_terms(allocations)
             peak_rss = {name: service.peak_rss_mb() for name, service in stack.services.items()}
             ceiling = None
@@ -844,11 +886,11 @@ async def run(options: Options) -> dict[str, Any]:
     warm, end = window if window is not None else (0.0, 0.0)
     times = [records[n].time for n in sustained if n in records]
     rate = window_rate(times, warm, end)
-    latencies = latencies_ms(submitter.offered, records, paced)
+    latencies = latencies_ms(submitter.offered, records, paced, read_at)
     cpu = cpu_between(samples, warm, end)
     cpu_window = cpu[2] if cpu is not None else {}
-    stored_in_cpu_window = sum(1 for t in times if cpu is not None and cpu[0] <= t < cpu[1])
-    cpu_total = sum(cpu_window.values())
+    per_claim = cpu_ms_per_claim(cpu, handled_times(submitted, committed, records, sustained))
+    per_claim_total = sum(v for v in per_claim.values() if v is not None) if per_claim and None not in per_claim.values() else None
     states: dict[str, int] = {}
     for name in everything:
         state = records[name].state if name in records else "missing"
@@ -860,6 +902,7 @@ async def run(options: Options) -> dict[str, Any]:
         "ratio_of_ceiling": round(rate / ceiling_rate, 3) if rate and ceiling_rate else None,
         "p50_ms": _round(percentile(latencies, 50)),
         "p99_ms": _round(percentile(latencies, 99)),
+        "latency_claims_without_record": sum(1 for n in paced if n not in records),
         "p50_ms_by_stage": {stage: _round(percentile(values, 50)) for stage, values in stages.items()},
         "p99_ms_by_stage": {stage: _round(percentile(values, 99)) for stage, values in stages.items()},
         "rate": options.rate,
@@ -881,8 +924,9 @@ async def run(options: Options) -> dict[str, Any]:
         "leader_terms": terms,
         "nats_servers": options.cluster,
         "cpu_s_in_window": cpu_window,
-        "cpu_ms_per_claim_in_window": round(cpu_total * 1000 / stored_in_cpu_window, 3) if stored_in_cpu_window else None,
-        "claims_per_cpu_second": round(stored_in_cpu_window / cpu_total, 1) if cpu_total > 0 else None,
+        "cpu_ms_per_claim_by_process": per_claim,
+        "cpu_ms_per_claim_in_window": None if per_claim_total is None else round(per_claim_total, 3),
+        "claims_per_cpu_second": round(1000 / per_claim_total, 1) if per_claim_total else None,
         "submit_retries": submitter.retries,
         "ceiling": ceiling,
         "peak_rss_mb": peak_rss,

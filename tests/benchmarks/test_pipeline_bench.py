@@ -64,7 +64,22 @@ def test_backlog_and_latency_join_offers_to_records():
     records = {"a": Record("a", "allocated", 10.25), "b": Record("b", "allocated", 12.5), "c": Record("c", "unsatisfiable", 14.0)}
     assert pipeline.backlog_at(offered, records, offered, 12.0) == 2  # b (stored at 12.5) and c (offered at 12.0)
     assert pipeline.backlog_at(offered, records, offered, 20.0) == 1  # d never stored
-    assert sorted(pipeline.latencies_ms(offered, records, ["a", "b", "d"])) == [250.0, 1500.0]
+    # d has no record: counted until the records were read (at 20.0), not left out of the percentiles
+    assert sorted(pipeline.latencies_ms(offered, records, ["a", "b", "d"], until=20.0)) == [250.0, 1500.0, 7000.0]
+
+
+def test_cpu_per_claim_divides_each_process_by_the_claims_it_finished():
+    submitted = {"a": 1.0, "b": 1.5, "c": 2.0, "d": 2.5, "e": 9.0}  # the submitter runs ahead
+    committed = {"a": 1.2, "b": 2.2, "c": 5.0}
+    records = {"a": Record("a", "allocated", 1.3), "b": Record("b", "allocated", 2.3), "c": Record("c", "allocated", 5.1)}
+    handled = pipeline.handled_times(submitted, committed, records, submitted)
+    assert handled["bench"] == [1.0, 1.5, 2.0, 2.5, 9.0] and handled["allocator"] == [1.2, 2.2, 5.0]
+    cpu = (1.0, 3.0, {"bench": 0.004, "allocator-0": 0.006, "statuswriter": 0.002, "nats-server-0": 0.001})
+    per_claim = pipeline.cpu_ms_per_claim(cpu, handled)
+    # in [1, 3): 4 claims into CLAIMS, 2 commits, 2 records
+    assert per_claim == {"bench": 1.0, "allocator-0": 3.0, "statuswriter": 1.0, "nats-server-0": 0.5}
+    assert pipeline.cpu_ms_per_claim((3.0, 4.0, {"allocator-0": 0.5}), handled) == {"allocator-0": None}  # nothing finished
+    assert pipeline.cpu_ms_per_claim(None, handled) == {}
 
 
 def test_stage_latencies_split_each_claim_at_its_stored_events():
@@ -133,6 +148,8 @@ def test_bench_pipeline_small_run_through_the_cli():
     assert report["submit_problems"] == 0
     assert report["leader_terms"] == 1 and report["not_allocated"] == []
     assert report["p50_ms"] is not None and report["p99_ms"] >= report["p50_ms"]
+    assert report["latency_claims_without_record"] == 0
+    assert "cpu_ms_per_claim_by_process" in report  # (a 1 s phase may hold one CPU sample: tested on its own above)
     assert set(report["p99_ms_by_stage"]) == {"submit", "allocate", "status"}
     assert report["claims_per_second"] is not None and report["ceiling"]["stored"] == 200
     assert report["ratio_of_ceiling"] == pytest.approx(report["claims_per_second"] / report["jetstream_ceiling_claims_per_second"], abs=0.001)
