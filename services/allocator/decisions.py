@@ -3,8 +3,8 @@
 It holds what the allocator has decided and what it still has to: the commits (which the engine's
 ledger holds devices for), the failures this term wrote (so a retry that still does not fit writes
 nothing again), the claims waiting for room, and the gangs gathering their members. It takes the
-streams' events and returns the decisions to write; the service (`service.py`) writes them behind
-the fence and tells it what became of each write, so it can undo what was not stored:
+streams' events and returns the decisions to write (steps.py); the service (`shell.py`) writes
+them behind the fence and tells it what became of each write, so it can undo what was not stored:
 
     step = book.submitted(claim, context)   # None | AllocationReleased | AllocationFailed
                                             # | Adopt | Allocate | GangComplete
@@ -15,109 +15,33 @@ the fence and tells it what became of each write, so it can undo what was not st
     book.deleted(key, uid) -> AllocationReleased | None; book.release_stored(key)
     book.batch_stored(plan) / book.batch_refused(plan)
 
+The parts: the gangs (gangs.py), the Pods' units (pod_units.py), inventory intake
+(inventory_intake.py), reservations (reservations.py), facts about claims (claims.py).
+
 `context` is the caller's, opaque here (the service's trace context): it is kept with a waiting
 claim and dropped when the claim stops waiting, so a retry continues the claim's one trace.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
+from dralloc.allocator import gangs, pod_units
+from dralloc.allocator.claims import allocation_of, ended_in_error, same_allocation, same_generation, unit_key
 from dralloc.allocator.engine import Engine, Outcome
-from dralloc.allocator.engine.gang import allocate_gang, gang_of
+from dralloc.allocator.engine.gang import gang_of
+from dralloc.allocator.inventory_intake import apply_inventory, node_binding_problem
 from dralloc.allocator.reservations import RESERVED_WORDS, Reservations, Unit
+from dralloc.allocator.steps import Adopt, Allocate, AllocatePod, GangComplete, GangPlan, PodPlan, failure_event
 from dralloc.schemas import events as ev
-from dralloc.schemas.limits import slice_problem
-from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus, ResourceSlice
+from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus
 
-
-@dataclass(frozen=True, slots=True)
-class Adopt:
-    """A claim that arrives allocated, conflicting with nothing held: the engine already holds its
-    devices as they are; write `commit`."""
-
-    commit: ev.AllocationCommitted
-
-
-@dataclass(frozen=True, slots=True)
-class Allocate:
-    """A claim of its own, for `Decisions.allocate`."""
-
-    claim: ResourceClaim
-
-
-@dataclass(frozen=True, slots=True)
-class GangComplete:
-    """Every member of a gang is here (committed ones count), for `Decisions.decide_gang`."""
-
-    name: str
-    size: int
-    domain: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AllocatePod:
-    """A Pod's unit is complete (every claim it uses is here), for `Decisions.decide_pod`."""
-
-    pod: str
-
-
-@dataclass(slots=True)
-class PodPlan:
-    """A Pod's decisions: `batch` (its claims' commits, all or none, written as one atomic batch)
-    or `failures` (every claim not yet allocated fails with the unit's reason; none holds devices)."""
-
-    pod: str
-    batch: list[ev.AllocationEvent] = field(default_factory=list)
-    failures: list[ev.AllocationFailed] = field(default_factory=list)
-    given_back: list[ResourceClaim] = field(default_factory=list)
-    """Claims dralloc committed for this Pod that the batch releases (first) and places again: their
-    node no longer fits the claims the cluster holds (a write of the unit lost to kube-scheduler)."""
-
-
-@dataclass(slots=True)
-class GangPlan:
-    """A gang's decisions. `unplaced`: nothing to batch, each member fails on its own (none holds
-    devices). Otherwise `batch` is written as one atomic batch, all stored or none."""
-
-    name: str
-    members: dict[str, ResourceClaim]
-    """The gang's members not committed: the book's own collection, which the outcome updates."""
-    given_back: list[ResourceClaim] = field(default_factory=list)
-    """Committed members whose devices the batch gives back (the gang is decided again whole)."""
-    batch: list[ev.AllocationEvent] = field(default_factory=list)
-    placed: bool = False
-    unplaced: list[tuple[ResourceClaim, Outcome]] = field(default_factory=list)
-
-
-def node_binding_problem(slice_: ResourceSlice) -> str | None:
-    """dralloc's rule binding a node-local slice to its node: its pool is named after the node,
-    as the node-local pools of NVIDIA's driver, DraNet, the example driver and dralloc's discovery
-    are. Slices travel on ``dra.inventory.<driver>.<pool>.<slice>``, so a node's credential
-    allowed only its own pool's subjects can publish nothing for another node."""
-    node, pool = slice_.spec.node_name, slice_.spec.pool.name
-    if node is None or pool == node:
-        return None
-    return f"spec.pool.name {pool!r} is not spec.nodeName {node!r} (a node-local pool is named after its node)"
-
-
-def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = "", reserved: tuple[tuple[str, ...], float] = ((), 0.0)) -> ev.AllocationFailed:
-    """`reserved`: the nodes held for the claim while it waits and when its wait is over (reservations.py)."""
-    meta = claim.metadata
-    return ev.AllocationFailed(
-        namespace=meta.namespace or "default",
-        name=meta.name,
-        uid=meta.uid or "",
-        generation=meta.generation or 1,
-        reason="unsatisfiable" if status == "unsatisfiable" else "error",
-        message=message or status,
-        pod=pod,
-        reserved_nodes=list(reserved[0]),
-        reserved_until=reserved[1],
-    )
+__all__ = [
+    "Adopt", "Allocate", "AllocatePod", "Decisions", "GangComplete", "GangPlan", "PodPlan", "failure_event", "node_binding_problem",
+]  # fmt: skip
+"""The book and what it returns (steps.py), importable from here as before."""
 
 
 class Decisions:
@@ -175,26 +99,8 @@ class Decisions:
     # -- the streams at start ---------------------------------------------------------
 
     def apply_inventory(self, event: ev.Event) -> str | None:
-        """An inventory event into the engine; returns why it was refused, if it was. A refused
-        slice takes its earlier version with it, so that what a rebuild replays (the latest event
-        per subject) and what was applied live are the same inventory."""
-        match event:
-            case ev.ResourceSlicePublished(slice=obj):
-                if (problem := slice_problem(obj) or node_binding_problem(obj)) is not None:
-                    self.engine.remove("ResourceSlice", obj.metadata.name)
-                    return f"ResourceSlice {obj.metadata.name} refused: {problem}"
-                self.engine.apply(obj)
-            case ev.DeviceClassPublished(device_class=obj) | ev.NodePublished(node=obj) | ev.DeviceTaintRulePublished(rule=obj):
-                self.engine.apply(obj)
-            case ev.ResourceSliceRemoved(name=name):
-                self.engine.remove("ResourceSlice", name)
-            case ev.DeviceClassRemoved(name=name):
-                self.engine.remove("DeviceClass", name)
-            case ev.NodeRemoved(name=name):
-                self.engine.remove("Node", name)
-            case ev.DeviceTaintRuleRemoved(name=name):
-                self.engine.remove("DeviceTaintRule", name)
-        return None
+        """An inventory event into the engine (inventory_intake.py); returns why it was refused, if it was."""
+        return apply_inventory(self.engine, event)
 
     def replayed(self, event: ev.Event) -> None:
         """An event of ALLOCATIONS (a commit is restored into the engine) or, after all of those, of
@@ -222,11 +128,11 @@ class Decisions:
         elif isinstance(event, ev.ClaimSubmitted) and not self.is_committed(event.claim):
             if event.needs_pod:
                 self.unused[event.claim.key] = event.claim
-            elif _ended_in_error(self.replayed_decisions.get(event.claim.key), event.claim):
+            elif ended_in_error(self.replayed_decisions.get(event.claim.key), event.claim):
                 self.parked[event.claim.key] = event.claim  # decided: the rebuild does not evaluate it again
             else:
                 self.waiting[event.claim.key] = event.claim
-        elif isinstance(event, ev.ClaimSubmitted) and event.cluster and _allocation(event.claim) is not None:
+        elif isinstance(event, ev.ClaimSubmitted) and event.cluster and allocation_of(event.claim) is not None:
             self.seen.add(event.claim.key)
         elif isinstance(event, ev.PodSubmitted):
             self.pods[event.key] = event
@@ -304,7 +210,7 @@ class Decisions:
         if key in self.committed:
             # Same name, new object: the old one was deleted and re-created (we missed or raced the delete).
             return self.deleted(key, self.committed[key].claim.metadata.uid or "")
-        if (parked := self.parked.get(key)) is not None and _same_generation(parked, claim):
+        if (parked := self.parked.get(key)) is not None and same_generation(parked, claim):
             return None  # decided (an error): the same claim again is not evaluated again
         if claim.status is not None and claim.status.allocation is not None:
             self.unused.pop(key, None)
@@ -314,17 +220,17 @@ class Decisions:
         if needs_pod:
             # Kubernetes allocates a claim for a Pod that uses it (delayed allocation): alone it waits.
             self.unused[key] = claim
-            return self._pod_using(key)
+            return pod_units.pod_using(self, key)
         gang = gang_of(claim)
         if gang is not None and gang[1] > 1:
-            return self._collect(claim, *gang, context)
+            return gangs.collect(self, claim, *gang, context)
         return Allocate(claim)
 
     def allocate(self, claim: ResourceClaim, context: Any = None) -> tuple[Outcome, ev.AllocationCommitted | None]:
         """Ask the engine; returns its outcome and, when allocated, the commit to write (the engine
         holds the devices until `commit_not_written` or `commit_refused`). A claim that does not fit
         waits: write `failure(...)`; then `reserve_waiting`."""
-        (outcome,) = self._as_holder(_unit_key(claim), self.engine.allocate, [claim])
+        (outcome,) = self._as_holder(unit_key(claim), self.engine.allocate, [claim])
         if outcome.status != "allocated":
             if outcome.status == "error":
                 self.waiting.pop(claim.key, None)
@@ -357,7 +263,7 @@ class Decisions:
     def failure(self, claim: ResourceClaim, status: str, message: str) -> ev.AllocationFailed | None:
         """The claim's failure to write, or None when this term already wrote the same one (a retry
         that still does not fit)."""
-        unit = _unit_key(claim)
+        unit = unit_key(claim)
         if status == "unsatisfiable":
             message += self.reservations.words(unit)
         if (problem := self.reservations.problems.get(claim.key)) is not None:
@@ -440,210 +346,34 @@ class Decisions:
         if key in self.committed:  # (a release may supersede a failure: nothing held)
             self._forget(key)
 
-    # -- gangs ------------------------------------------------------------------------------
-
-    def _collect(self, claim: ResourceClaim, name: str, size: int, domain: str | None, context: Any) -> ev.AllocationFailed | GangComplete | None:
-        """A gang member (annotations `dralloc.dev/gang`, `-size`, `-domain`) waits, with no decision
-        written, until all `size` members are here (committed ones count)."""
-        if size > self.max_gang:
-            return self.failure(claim, "error", f"gang {name}: {size} claims; at most {self.max_gang} are committed all or none")
-        members = self.gangs.setdefault(name, {})
-        members[claim.key] = claim
-        self.waiting[claim.key] = claim
-        self.contexts.setdefault(claim.key, context)
-        if len(members) + len(self.gang_held.get(name, ())) < size:
-            return None
-        return GangComplete(name, size, domain)
+    # -- gangs (gangs.py) and Pods (pod_units.py) -----------------------------------------------
 
     def decide_gang(self, complete: GangComplete) -> GangPlan:
-        """The engine places the members not committed inside one domain, that of the committed ones
-        if any (engine/gang.py). A gang that cannot be completed where its committed members are is
-        given back and decided again whole, in the same batch."""
-        name, domain = complete.name, complete.domain
-        members = self.gangs[name]
-        held = [self.committed[key].claim for key in self.gang_held.get(name, ())]
-        claims = sorted([*members.values(), *held], key=lambda c: c.key)
-        outcomes = self._as_holder(f"gang:{name}", allocate_gang, self.engine, claims, name=name, domain_label=domain)
-        plan = GangPlan(name, members)
-        if held and any(o.status != "allocated" for o in outcomes):
-            # No room for the rest where the committed members are. A partial gang never keeps
-            # devices: they are given back (in the batch) and the gang is decided whole.
-            plan.given_back = held
-            for member in held:
-                self.engine.release(member.key)
-                members[member.key] = msgspec.structs.replace(member, status=None)
-            claims = sorted(members.values(), key=lambda c: c.key)
-            outcomes = self._as_holder(f"gang:{name}", allocate_gang, self.engine, claims, name=name, domain_label=domain)
-        plan.placed = all(o.status == "allocated" for o in outcomes)
-        if not plan.placed and not plan.given_back:
-            plan.unplaced = list(zip(claims, outcomes))  # all wait, none holds devices
-            for member, outcome in plan.unplaced:
-                if outcome.status == "unsatisfiable":
-                    self.messages[member.key] = outcome.message
-            return plan
-        plan.batch = [
-            ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "", allocation=_allocation(m))
-            for m in plan.given_back
-        ]
-        for member, outcome in zip(claims, outcomes):
-            if not plan.placed:
-                plan.batch.append(failure_event(member, outcome.status, outcome.message, self._pod_of(member.key)))
-            elif member.key in members:
-                plan.batch.append(ev.AllocationCommitted(claim=self._decided(member, outcome), node=outcome.node))
-        return plan
+        """`gangs.decide_gang`: the engine places a complete gang's members inside one domain."""
+        return gangs.decide_gang(self, complete)
 
     def batch_stored(self, plan: GangPlan) -> None:
-        for member in plan.given_back:
-            self._forget(member.key)
-            self.waiting[member.key] = plan.members[member.key]
-        for event in plan.batch:
-            if isinstance(event, ev.AllocationCommitted):
-                self._record(event)
-                self._stop_waiting(event.key)
-            elif isinstance(event, ev.AllocationFailed):
-                self.failures[event.key] = event.msg_id
-        if plan.placed:
-            del self.gangs[plan.name]
+        gangs.batch_stored(self, plan)
 
     def batch_refused(self, plan: GangPlan) -> None:
-        """None of the batch was stored (or, if the answer was lost, the term is over and the next one
-        reads the stream): the engine and the gang go back to what the stream holds."""
-        for key in plan.members:
-            self.engine.release(key)
-        for member in plan.given_back:
-            del plan.members[member.key]
-            self.engine.restore(self.committed[member.key].claim)
-
-    # -- Pods ---------------------------------------------------------------------------------
+        gangs.batch_refused(self, plan)
 
     def pod_submitted(self, pod: ev.PodSubmitted) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
-        """A Pod waiting for dralloc: its unit (the claims it uses) is decided once every claim is here."""
-        self.pods[pod.key] = pod
-        return self._pod_step(pod.key)
+        """`pod_units.pod_submitted`: a Pod waiting for dralloc; its unit is decided once every claim is here."""
+        return pod_units.pod_submitted(self, pod)
 
     def pod_deleted(self, key: str, uid: str) -> None:
-        """The Pod is gone: its unit is forgotten (its claims are released by their own deletion; a
-        shared claim stays allocated, as in Kubernetes)."""
-        for units in (self.pods, self.decided_pods):
-            pod = units.get(key)
-            if pod is not None and (not uid or pod.uid == uid):
-                del units[key]
-        if key not in self.pods:
-            self.pods_waiting.discard(key)
-
-    def _pod_done(self, key: str) -> None:
-        """Nothing left to decide for the Pod now (kept, in case the cluster takes a claim elsewhere)."""
-        self.decided_pods[key] = self.pods.pop(key)
-        self.pods_waiting.discard(key)
-
-    def _pod_using(self, claim_key: str) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
-        """A claim waiting for a Pod arrived: the first Pod waiting for it whose unit it completes."""
-        namespace, name = claim_key.split("/", 1)
-        for key, pod in list(self.pods.items()):
-            if pod.namespace == namespace and name in pod.claims:
-                step = self._pod_step(key)
-                if step is not None:
-                    return step
-        return None
-
-    def _pod_step(self, key: str) -> AllocatePod | GangComplete | ev.AllocationFailed | None:
-        """AllocatePod once every claim of the Pod is here (committed or waiting for a Pod); None
-        while one is missing, or when all are committed already (nothing left to decide). A Pod
-        whose one claim still to allocate is a gang member joins its gang (a gang of Pods)."""
-        pod = self.pods[key]
-        pending = []
-        for name in pod.claims:
-            claim_key = f"{pod.namespace}/{name}"
-            if claim_key in self.committed:
-                continue
-            claim = self.unused.get(claim_key)
-            if claim is None:
-                return None  # not here yet: the claim's own event completes the unit
-            pending.append(claim)
-        if not pending and len(self._unit_nodes(pod)) <= 1:
-            self._pod_done(key)  # every claim allocated, on one node: nothing left to decide for it
-            return None
-        for claim in pending:
-            self.reserved[claim.key] = [ResourceClaimConsumerReference(resource="pods", name=pod.name, uid=pod.uid)]
-        gang = gang_of(pending[0]) if pending else None
-        if len(pending) == 1 and gang is not None and gang[1] > 1:
-            del self.unused[pending[0].key]
-            self._pod_done(key)
-            return self._collect(pending[0], *gang, None)
-        return AllocatePod(key)
+        pod_units.pod_deleted(self, key, uid)
 
     def decide_pod(self, step: AllocatePod) -> PodPlan:
-        """The engine places the Pod's claims not allocated yet together, on one node: the node of
-        its claims already allocated (a shared claim), if any. Allocated: `batch` (the engine holds
-        the devices until `pod_stored` or `pod_refused`); not: each claim's failure, the Pod waits."""
-        pod = self.pods[step.pod]
-        keys = [f"{pod.namespace}/{name}" for name in pod.claims]
-        pending = [self.unused[k] for k in keys if k not in self.committed]
-        plan = PodPlan(step.pod)
-        nodes = self._unit_nodes(pod)
-        if len(nodes) > 1:
-            # The cluster holds a claim of the unit elsewhere (kube-scheduler's write landed first):
-            # what dralloc placed for this Pod is given back and placed again next to it.
-            plan.given_back = [self.committed[k].claim for k in keys if self.made_for.get(k) == step.pod and k in self.committed]
-            for claim in plan.given_back:
-                self.engine.release(claim.key)
-                self.reserved[claim.key] = list(claim.status.reserved_for) if claim.status else []
-            pending += [msgspec.structs.replace(c, status=None) for c in plan.given_back]
-            nodes = self._unit_nodes(pod, without={c.key for c in plan.given_back})
-        if len(nodes) > 1:
-            message = f"Pod {pod.key}: its claims are already allocated on different nodes ({', '.join(sorted(nodes))}); it can never run"
-            outcomes = [Outcome(claim=c.key, status="error", message=message) for c in pending]
-        else:
-            outcomes = self.engine.allocate(pending, node=next(iter(nodes), None), together=True)
-        if all(o.status == "allocated" for o in outcomes):
-            plan.batch = [
-                ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name, uid=c.metadata.uid or "", allocation=_allocation(c))
-                for c in plan.given_back
-            ]
-            plan.batch += [ev.AllocationCommitted(claim=self._decided(c, o), node=o.node) for c, o in zip(pending, outcomes)]
-            return plan
-        for claim in plan.given_back:  # no better place: they keep what they had
-            self.engine.restore(self.committed[claim.key].claim)
-        plan.given_back = []
-        for claim, outcome in zip(pending, outcomes):  # (the engine commits a unit whole or not at all)
-            message = outcome.message if outcome.message.startswith(f"Pod {pod.key}") else f"Pod {pod.key}: {outcome.message}"
-            failure = failure_event(claim, outcome.status, message, pod.name)
-            if self.failures.get(failure.key) != failure.msg_id:
-                plan.failures.append(failure)
-        self.pods_waiting.add(step.pod)
-        return plan
+        """`pod_units.decide_pod`: the engine places a Pod's claims together, on one node."""
+        return pod_units.decide_pod(self, step)
 
     def pod_stored(self, plan: PodPlan) -> None:
-        for claim in plan.given_back:
-            if claim.status is not None and claim.status.allocation is not None:
-                self.given_back[claim.key] = claim.status.allocation
-            self._forget(claim.key)
-        for event in plan.batch:
-            if isinstance(event, ev.AllocationCommitted):
-                self.unused.pop(event.key, None)
-                self._record(event)
-                self.made_for[event.key] = plan.pod
-                self._stop_waiting(event.key)
-        self._pod_done(plan.pod)
+        pod_units.pod_stored(self, plan)
 
     def pod_refused(self, plan: PodPlan) -> None:
-        """None of the batch was stored: the engine gives the devices back, what was given back is
-        held again (the Pod is tried again)."""
-        for event in plan.batch:
-            if isinstance(event, ev.AllocationCommitted):
-                self.engine.release(event.key)
-        for claim in plan.given_back:
-            self.engine.restore(self.committed[claim.key].claim)
-        self.pods_waiting.add(plan.pod)
-
-    def _unit_nodes(self, pod: ev.PodSubmitted, without: frozenset[str] | set[str] = frozenset()) -> set[str]:
-        """The nodes the Pod's committed claims (but `without`) are allocated on (network-attached: none)."""
-        nodes = set()
-        for name in pod.claims:
-            record = self.engine.ledger.claims.get(f"{pod.namespace}/{name}")
-            if record is not None and record.node is not None and record.claim not in without and record.claim in self.committed:
-                nodes.add(record.node)
-        return nodes
+        pod_units.pod_refused(self, plan)
 
     def _cluster_truth(self, claim: ResourceClaim) -> ev.AllocationReleased | None:
         """A committed claim as the cluster holds it now: a release of dralloc's decision when the
@@ -651,15 +381,15 @@ class Decisions:
         after it had shown one (deallocated by the resourceclaim controller); None when it agrees
         (or dralloc's write has not landed yet)."""
         key = claim.key
-        have = _allocation(claim)
+        have = allocation_of(claim)
         ours = self.committed[key].allocation
         stale = self.given_back.get(key)
-        if have is not None and ours is not None and _same(have, ours):
+        if have is not None and ours is not None and same_allocation(have, ours):
             self.given_back.pop(key, None)  # the cluster has caught up with the re-placement
-        if have is not None and stale is not None and _same(have, stale):
+        if have is not None and stale is not None and same_allocation(have, stale):
             return None  # dralloc's earlier write, seen before its release: not news
         if have is not None:
-            if ours is not None and _same(have, ours):
+            if ours is not None and same_allocation(have, ours):
                 self.seen.add(key)
                 return None
             self.seen.discard(key)
@@ -719,39 +449,10 @@ class Decisions:
 
     def _stop_waiting(self, key: str) -> None:
         claim = self.waiting.get(key)
-        if claim is not None and self.reservations.drop(_unit_key(claim)):  # placed or deleted: it ends now
+        if claim is not None and self.reservations.drop(unit_key(claim)):  # placed or deleted: it ends now
             self.engine.reserve(self.reservations.others(""))
         self.waiting.pop(key, None)
         self.parked.pop(key, None)
         self.contexts.pop(key, None)
         self.failures.pop(key, None)
         self.messages.pop(key, None)
-
-
-def _unit_key(claim: ResourceClaim) -> str:
-    """What a claim waits as (reservations.Unit.key): its gang, or itself."""
-    gang = gang_of(claim)
-    return f"gang:{gang[0]}" if gang is not None and gang[1] > 1 else claim.key
-
-
-def _same_generation(a: ResourceClaim, b: ResourceClaim) -> bool:
-    return a.metadata.uid == b.metadata.uid and (a.metadata.generation or 1) == (b.metadata.generation or 1)
-
-
-def _ended_in_error(decision: ev.AllocationEvent | None, claim: ResourceClaim) -> bool:
-    """Is `decision` (the claim's last in ALLOCATIONS) an `error` for this very claim and generation?"""
-    return (
-        isinstance(decision, ev.AllocationFailed)
-        and decision.reason == "error"
-        and decision.uid == (claim.metadata.uid or "")
-        and decision.generation == (claim.metadata.generation or 1)
-    )
-
-
-def _allocation(claim: ResourceClaim) -> AllocationResult | None:
-    return claim.status.allocation if claim.status is not None else None
-
-
-def _same(a: AllocationResult, b: AllocationResult) -> bool:
-    """The same devices, config and node selector (when it was written is not what was written)."""
-    return msgspec.structs.replace(a, allocation_timestamp=None) == msgspec.structs.replace(b, allocation_timestamp=None)
