@@ -239,8 +239,11 @@ def trace(seed: int = 42, jobs: int = 3000, load: float = 0.9, max_wait: float =
     return out
 
 
-def fleet_engine(scoring: bool) -> Engine:
+def fleet_engine(scoring: bool, keep_whole: float = 0.0) -> Engine:
+    """The bench's fleet in a new engine; `keep_whole`: the factor of whole nodes kept for large
+    claims in proportion to recent large demand (engine/keep_whole.py; 0: off)."""
     engine = Engine(scoring=scoring)
+    engine.placement.keep_whole.factor = keep_whole
     h100 = 0
     for node in fleet_nodes(FLEET):
         if node.metadata.labels.get("dralloc.dev/hardware-profile") == "h100-sxm":
@@ -391,8 +394,9 @@ def _domain_label(job: Job) -> str | None:
     return None if job.family == "gb200" else "dralloc.dev/rack"
 
 
-def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
-    """One pass over the trace with one of the `POLICIES` (`seed`: Kubernetes' tie-breaks).
+def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: float = 0.0) -> Result:
+    """One pass over the trace with one of the `POLICIES` (`seed`: Kubernetes' tie-breaks;
+    `keep_whole`: dralloc's factor of whole nodes kept for large claims, `fleet_engine`).
 
     Time moves from event to event: arrivals, departures, and the end of a claim's wait. A
     claim that does not fit on arrival waits if the trace lets it (`Job.max_wait`), in arrival
@@ -402,7 +406,7 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
     closest to fitting it (`Engine.reserve`), and every other claim tries those nodes last."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    engine = fleet_engine(scoring=policy == "dralloc")
+    engine = fleet_engine(scoring=policy == "dralloc", keep_whole=keep_whole if policy == "dralloc" else 0.0)
     scheduler = random.Random(seed) if policy == "kubernetes" else None
     reserving = policy == "dralloc"
     by_node: dict[str, list] = {}
@@ -476,7 +480,9 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0) -> Result:
         result.large_rejected_with_enough_free_gpus += enough
         if enough:
             result.fragmented.append(
-                _why_fragmented(engine, job, by_node, gpu, holding.get(job.index, set()), ever_held.get(job.index, set()), intruders.get(job.index, []), placed_at)
+                _why_fragmented(
+                    engine, job, by_node, gpu, holding.get(job.index, set()), ever_held.get(job.index, set()), intruders.get(job.index, []), placed_at
+                )
             )
         if result.utilization_at_first_large_rejection is None:
             result.utilization_at_first_large_rejection = used / total_gpus
@@ -602,10 +608,10 @@ def summary(r: Result) -> dict:
     }
 
 
-def measure_one(seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: float = MAX_WAIT) -> tuple[dict, dict[str, Result]]:
+def measure_one(seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0) -> tuple[dict, dict[str, Result]]:
     """The three policies over one trace: its numbers (one run of the JSON) and the raw results."""
     work = trace(seed, jobs, load, max_wait)
-    results = {policy: run(work, policy, seed=seed) for policy in POLICIES}
+    results = {policy: run(work, policy, seed=seed, keep_whole=keep_whole) for policy in POLICIES}
     scored = results["dralloc"]
     out: dict = {
         "seed": seed,
@@ -620,7 +626,7 @@ def measure_one(seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: f
     return out, results
 
 
-def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: float = MAX_WAIT) -> dict:
+def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0) -> dict:
     """Every seed at every load through the three policies: `runs` (one object per seed and
     load) and `totals` (counts summed, waits pooled, utilization averaged over the runs, and
     dralloc against each comparator)."""
@@ -628,7 +634,7 @@ def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: fl
     pooled: dict[str, list[Result]] = {p: [] for p in POLICIES}
     for seed in seeds:
         for load in loads:
-            numbers, results = measure_one(seed, load, jobs, max_wait)
+            numbers, results = measure_one(seed, load, jobs, max_wait, keep_whole)
             runs.append(numbers)
             for policy, r in results.items():
                 pooled[policy].append(r)
@@ -662,7 +668,15 @@ def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: fl
             else 0.0,
             "mean_utilization_lower": round(1 - ours["mean_utilization"] / theirs["mean_utilization"], 4) if theirs["mean_utilization"] else 0.0,
         }
-    return {"jobs": jobs, "max_wait_min": max_wait, "nodes": sum(n for _, n in FLEET), "gpus": sum(CAPACITY.values()), "runs": runs, "totals": totals}
+    return {
+        "jobs": jobs,
+        "max_wait_min": max_wait,
+        "keep_whole": keep_whole,
+        "nodes": sum(n for _, n in FLEET),
+        "gpus": sum(CAPACITY.values()),
+        "runs": runs,
+        "totals": totals,
+    }
 
 
 def parse_seeds(text: str) -> list[int]:

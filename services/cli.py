@@ -720,6 +720,11 @@ def bench_placement(
     loads: str = typer.Option("0.9", "--loads", help="Offered loads per GPU family, comma-separated: 1.0 offers as much GPU time as it has."),
     jobs: int = typer.Option(3000, "--jobs", help="Arrivals in each trace (claims and gangs)."),
     max_wait: float = typer.Option(30.0, "--max-wait", help="Minutes a large claim (8 GPUs, a gang) may wait for room before it is refused."),
+    keep_whole: float = typer.Option(
+        0.0,
+        "--keep-whole",
+        help="dralloc keeps round(FACTOR x recent large placements) whole nodes per node group for large claims (0: off, as the engine's default).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: every run and the totals."),
 ) -> None:
     """Seeded churn traces over a 68-node mixed fleet, each run with dralloc's placement, as
@@ -731,14 +736,15 @@ def bench_placement(
         seed_list, load_list = module.parse_seeds(seeds), module.parse_loads(loads)
     except ValueError as exc:
         fail(f"bench placement: {exc}")
-    if jobs < 1 or max_wait < 0:
-        fail("--jobs must be at least 1 and --max-wait not negative")
-    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait)
+    if jobs < 1 or max_wait < 0 or not 0 <= keep_whole <= 10:
+        fail("--jobs must be at least 1, --max-wait not negative and --keep-whole in [0, 10]")
+    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait, keep_whole=keep_whole)
     if as_json:
         _print_bench(result, True, "", [])
         return
     policies = module.POLICIES
-    keys = list(result["runs"][0]["dralloc"]) if result["runs"] else []
+    # the table shows numbers; the per-refusal descriptions (`*_why`) are in --json
+    keys = [k for k in result["runs"][0]["dralloc"] if not k.endswith("_why")] if result["runs"] else []
     for run_ in result["runs"]:
         title = f"dralloc bench placement: seed {run_['seed']}, load {run_['load']} ({run_['units']} arrivals, {run_['large_claims']} large)"
         _print_bench(run_, False, title, [(k, *(str(run_[p][k]) for p in policies)) for k in keys], policies)

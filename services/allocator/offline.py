@@ -4,8 +4,10 @@ Reads the inputs (services.manifests), expands Pods and workloads into the
 claims they stand for (dralloc.pods: `<pod>-<entry>`, `<pod>-extended-resources`),
 loads the engine in a deterministic order (nodes by name, classes, slices by
 driver/pool/name, existing allocations), then allocates in input order: a
-Pod's claims as one unit (all-or-nothing, one node), every other pending
-claim on its own (CLI-CONTRACT.md). I/O stays here; the engine is pure.
+Pod's claims as one unit (all-or-nothing, one node), the claims of one gang
+(`dralloc.dev/gang`) as one, all-or-nothing inside one topology domain as the
+allocator does, every other pending claim on its own (CLI-CONTRACT.md). I/O
+stays here; the engine is pure.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dralloc.allocator.engine import Engine, Outcome
+from dralloc.allocator.engine.explanations import Explanation
+from dralloc.allocator.engine.gang import allocate_gang, gang_of, reservation_for
 from dralloc.manifests import Manifests, Source, expand_paths, load_paths
 from dralloc.pods import EXTENDED_RESOURCES_ENTRY, PodError, is_workload, offline_claim_name, pod_claims, workload_pods
 from dralloc.schemas.resource import DeviceClass, DeviceTaintRule, Node, Object, Pod, ResourceClaim, ResourceClaimTemplate, ResourceSlice
@@ -51,6 +55,8 @@ class _Unit:
     claims: list[ResourceClaim]
     referenced: list[str] = field(default_factory=list)  # claims the Pod names by resourceClaimName
     errors: list[str] = field(default_factory=list)
+    gang: tuple[str, int, str | None] | None = None
+    """The claims are one gang: (name, size, domain label), `gang.gang_of`."""
 
 
 def load(paths: Sequence[str | Path]) -> Manifests:
@@ -236,6 +242,7 @@ def _units(
             unit.claims = _placeholders(obj)
         pod_units.append((source, unit))
     units: list[_Unit] = []
+    gangs: dict[str, _Unit] = {}
     taken: set[str] = set()
     pods_at = {id(pod_unit.pod): pod_unit for _, pod_unit in pod_units}
     for _, obj in objects:
@@ -249,7 +256,15 @@ def _units(
             units.append(unit)
         elif isinstance(obj, ResourceClaim) and obj.key in pending and obj.key not in named and obj.key not in taken:
             taken.add(obj.key)
-            units.append(_Unit(pod=None, claims=[pending[obj.key]]))
+            claim = pending[obj.key]
+            gang = gang_of(claim)
+            if gang is None:
+                units.append(_Unit(pod=None, claims=[claim]))
+            elif gang[0] in gangs:
+                gangs[gang[0]].claims.append(claim)  # a gang is one unit, where its first member is
+            else:
+                gangs[gang[0]] = _Unit(pod=None, claims=[claim], gang=gang)
+                units.append(gangs[gang[0]])
     return units
 
 
@@ -268,6 +283,8 @@ def _errors(claims: Sequence[ResourceClaim], errors: Sequence[str]) -> list[Outc
 
 
 def _allocate_unit(engine: Engine, unit: _Unit, node: str | None, explain: bool) -> list[Outcome]:
+    if unit.gang is not None and node is None:
+        return _allocate_gang(engine, unit.claims, unit.gang, explain)
     if unit.pod is None:
         return engine.allocate(unit.claims, node=node, explain=explain)
     pod = f"Pod {unit.pod.metadata.namespace or 'default'}/{unit.pod.metadata.name}"
@@ -288,6 +305,24 @@ def _allocate_unit(engine: Engine, unit: _Unit, node: str | None, explain: bool)
         return [Outcome(claim=c.key, status="unsatisfiable", message=message) for c in unit.claims]
     target = next(iter(fixed)) if fixed else node
     return engine.allocate(unit.claims, node=target, together=True, explain=explain)
+
+
+def _allocate_gang(engine: Engine, claims: list[ResourceClaim], gang: tuple[str, int, str | None], explain: bool) -> list[Outcome]:
+    """A gang's claims all-or-nothing inside one domain (gang.py, as the allocator does). With
+    `explain`, a gang that does not fit says how many of its members the inputs hold and what
+    the allocator would hold for it while it waits (the domain's nodes closest to holding it)."""
+    name, size, domain = gang
+    outcomes = allocate_gang(engine, claims, name=name, domain_label=domain, explain=explain)
+    if explain and any(o.status == "unsatisfiable" for o in outcomes):
+        notes = [] if len(claims) >= size else [f"gang {name}: {len(claims)} of its {size} claims are in the inputs; the allocator waits for all {size}"]
+        held = reservation_for(engine, claims, domain_label=domain)
+        notes += engine.placement.describe_wait(held, subject=f"gang {name}") or [
+            f"gang {name}: no domain could hold all its claims even with every device free; nothing is held for it while it waits"
+        ]
+        for outcome in outcomes:
+            if outcome.status == "unsatisfiable" and outcome.explanation is None:
+                outcome.explanation = Explanation(notes=notes)
+    return outcomes
 
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:

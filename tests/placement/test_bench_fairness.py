@@ -39,9 +39,9 @@ def test_each_run_gives_the_three_policies_the_same_trace(monkeypatch):
     seen: dict[str, list] = {}
     real = bench.run
 
-    def spy(jobs, policy="dralloc", *, seed=0):
+    def spy(jobs, policy="dralloc", **options):
         seen[policy] = [(j.index, j.at, j.duration, j.family, j.gpus, j.members, j.max_wait) for j in jobs]
-        return real(jobs, policy, seed=seed)
+        return real(jobs, policy, **options)
 
     monkeypatch.setattr(bench, "run", spy)
     result = bench.measure([3], [1.1], jobs=150, max_wait=20.0)
@@ -62,3 +62,22 @@ def test_seeds_and_loads_are_read_or_refused_by_name():
         bench.parse_seeds("5-1")
     with pytest.raises(ValueError, match="loads: 0 is not in"):
         bench.parse_loads("0")
+
+
+def test_a_refusal_with_enough_free_gpus_is_described():
+    """Sixteen 7-GPU jobs that never leave: one GPU free on every HGX node, 16 in all; an 8-GPU
+    job waits 5 minutes and is refused with enough GPUs free, only not on one node."""
+    jobs = [bench.Job(i, float(i), 1e9, "h100", 7, 0, None, 0) for i in range(16)]
+    jobs.append(bench.Job(16, 16.0, 5.0, "h100", 8, 0, None, 0, 5.0))
+    ours = bench.run(jobs, "dralloc", seed=1)
+    (why,) = ours.fragmented
+    assert (why["job"], why["free_total"], why["free_per_node"]) == (16, 16, [1] * 16)
+    # dralloc held one node for it; the claim there came before the wait and never left
+    ((node, there),) = why["held_at_the_end"].items()
+    assert node.startswith("h100-sxm-")
+    assert there == {"free": 1, "claims_there_before_the_wait": 1, "claims_placed_during_the_wait": 0}
+    assert why["nodes_held_during_the_wait"] == 1 and why["placed_on_held_nodes_during_the_wait"] == []
+    assert bench.summary(ours)["large_rejected_with_enough_free_gpus_why"] == [why]
+    # first fit holds nothing for what waits
+    (theirs,) = bench.run(jobs, "first_fit", seed=1).fragmented
+    assert theirs["held_at_the_end"] == {} and theirs["nodes_held_during_the_wait"] == 0

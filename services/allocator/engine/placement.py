@@ -47,6 +47,7 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.keep_whole import Group, KeepWhole
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.topology import (
     GPU,
@@ -96,7 +97,12 @@ class Placement:
         are remembered as the engine's own attempts are, so later units skip those that cannot serve."""
         self.topology = Topology(inventory)
         self.topology.eager = scoring
-        self.kinds = KindIndex(inventory, ledger)
+        self.keep_whole = KeepWhole()
+        """Whole nodes kept for large claims in proportion to recent large demand (keep_whole.py;
+        off until its `factor` is set)."""
+        self.kinds = KindIndex(inventory, ledger, self.keep_whole, self._shape)
+        self._groups: dict[Group, tuple[int, int, int]] = {}
+        """Group -> (inventory version, its node ranks, devices of the kind per node) (`_group`)."""
         self._static: dict[tuple[str, tuple[int] | None, DemandKey], int | None] = {}
         self._slot_orders: dict[tuple[object, ...], list[tuple[int, ...]]] = {}  # (node shape, per slot its count, groups, multi)
         self.reserved = 0
@@ -179,6 +185,52 @@ class Placement:
                 choice = (key, bits)
         return choice[1] if choice is not None else 0
 
+    # --- whole nodes kept for large claims ---------------------------------------------------
+
+    def _shape(self, node: str) -> int:
+        topo = self.topology.node(node)
+        return topo.shape if topo is not None else -1
+
+    def _group(self, group: Group) -> tuple[int, int]:
+        """(node ranks, devices of the kind on each) of a group: the nodes of its shape with
+        devices of its kind; worked out again when the inventory changes."""
+        version = self.inv.version
+        hit = self._groups.get(group)
+        if hit is None or hit[0] != version:
+            kind, shape = group
+            totals = self.kinds.total.get(kind, {})
+            ranks, size = 0, 0
+            for node, total in totals.items():
+                if total and node in self.inv.node_rank and self._shape(node) == shape:
+                    ranks |= 1 << self.inv.node_rank[node]
+                    size = max(size, total)
+            hit = self._groups[group] = (version, ranks, size)
+        return hit[1], hit[2]
+
+    def kept_whole(self, plans: list[ClaimPlan]) -> int:
+        """The node ranks the unit may not take because they are kept whole for large claims
+        (keep_whole.py): per group of the unit's device kind that keeps some, the whole nodes
+        of the group with the highest ranks (best fit breaks the lowest first), when the unit
+        takes fewer devices than a node of the group has. 0: none (always, when it is off)."""
+        demand = _demand(plans)
+        kind = self._kind(demand)
+        if kind is None:
+            return 0
+        need = demand[0][1]
+        whole = self.kinds.whole.get(kind, 0)
+        kept = 0
+        for group, count in self.keep_whole.groups(kind):
+            ranks, size = self._group(group)
+            if need >= size:
+                continue  # a large unit itself: what is kept is for it
+            free = whole & ranks
+            while count and free:
+                top = 1 << (free.bit_length() - 1)
+                kept |= top
+                free ^= top
+                count -= 1
+        return kept
+
     # --- nodes -------------------------------------------------------------------------
 
     def order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
@@ -186,6 +238,8 @@ class Placement:
         inv = self.inv
         names = inv.node_names
         viable &= (1 << len(names)) - 1
+        if self.keep_whole.factor > 0 and self.scoring:
+            viable &= ~self.kept_whole(plans)
         if self.reserved_nodes & viable:
             # nodes holding devices reserved for a waiting claim last: a claim takes them only
             # when nothing else fits (each part in the usual order)
@@ -577,10 +631,10 @@ class Placement:
             lines.append(f"reserved: node {node} holds devices reserved for a claim that waits; taken because no node without one could hold this claim")
         return lines
 
-    def describe_wait(self, devices: int) -> list[str]:
-        """What a claim that may wait would hold while it waits, in words for `dralloc explain`:
-        per node of `devices` (a reservation, `gang.reservation_for`), its matching devices in use
-        and the claims holding them, which the claim waits for. [] for no reservation."""
+    def describe_wait(self, devices: int, subject: str = "it") -> list[str]:
+        """What a claim (or `subject`: a gang) that may wait would hold while it waits, in words for
+        `dralloc explain`: per node of `devices` (a reservation, `gang.reservation_for`), its matching
+        devices in use and the claims holding them, which it waits for. [] for no reservation."""
         if not devices:
             return []
         inv, ledger = self.inv, self.ledger
@@ -597,8 +651,8 @@ class Placement:
             busy = sum(1 for rec in recs if (ledger.used_bits >> rec.id) & 1)
             parts.append(f"node {node} ({busy} of {len(recs)} devices in use" + (f", by {shown})" if holders else ")"))
         return [
-            "if it may wait (dralloc.dev/max-wait), the allocator holds for it what is closest to fitting "
-            f"(other claims take it last; it waits for the claims there to leave): {'; '.join(parts)}"
+            f"if {subject} may wait (dralloc.dev/max-wait), the allocator holds for it what is closest to fitting "
+            f"(other claims take it last; {subject} waits for the claims there to leave): {'; '.join(parts)}"
         ]
 
     def _hole(self, node: str, demand: Demand, chosen: list[int]) -> str:
@@ -716,9 +770,13 @@ class KindIndex:
     takes the one with the most claims. Kept in step with the ledger (its `on_charge` hook) and
     with pool rebuilds, so best fit reads it per claim for free."""
 
-    def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
+    def __init__(self, inventory: Inventory, ledger: Ledger, keep: KeepWhole | None = None, shape: Callable[[str], int] | None = None) -> None:
         self.inv = inventory
         self.ledger = ledger
+        self.keep = keep
+        """Told of every claim placed and of every large placement (a claim taking every device of
+        its kind on a node), while it is on; `shape` names a node's hardware shape for it."""
+        self.shape = shape
         self.free: dict[tuple[str, str], dict[str, int]] = {}
         self.total: dict[tuple[str, str], dict[str, int]] = {}
         self.ge: dict[tuple[str, str], list[int]] = {}
@@ -745,8 +803,23 @@ class KindIndex:
             if claim is not None:
                 self.held[rec.key] = (rec.local_node, claim)
                 self._hold(rec.local_node, claim, +1)
+                if self.keep is not None and self.keep.factor > 0:
+                    self._seen(kind, rec.local_node, claim)
         elif (was := self.held.pop(rec.key, None)) is not None:
             self._hold(*was, -1)
+
+    def _seen(self, kind: tuple[str, str], node: str, claim: str) -> None:
+        """A device of `claim` charged on `node`: its first there is a claim placed (a tick of
+        keep_whole's clock); the one that leaves no device of the kind free with the claim alone
+        on the node, holding all of them, is a large placement of the node's group."""
+        keep, on = self.keep, self.claims.get(node, {})
+        assert keep is not None
+        held = on.get(claim, 0)
+        if held == 1:
+            keep.placed()
+        total = self.total.get(kind, {}).get(node, 0)
+        if total and held >= total and len(on) == 1 and self.free[kind].get(node, 0) == 0 and self.shape is not None:
+            keep.large((kind, self.shape(node)))
 
     def _hold(self, node: str, claim: str, sign: int) -> None:
         """One more (+1) or one fewer (-1) device of `claim` on `node`; O(1) (two bitset flips when
