@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.inventory import NOT_YET, DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, consumed_capacity, tolerated
 from dralloc.allocator.engine.verdicts import Verdicts
@@ -70,7 +70,8 @@ def _capacity(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
     alt, use_of, cap_used = rq.alt, rq.use, rq.ledger.cap_used
     out = []
     for rec in recs:
-        use = consumed_capacity(alt, rec)
+        # plan.consumed_capacity's first case inline: without capacity requests, kept on the device
+        use = rec.default_use if not alt.capacity and rec.default_use is not NOT_YET else consumed_capacity(alt, rec)
         if use is None or (rec.multi and not alt.admin and not _room(cap_used.get(rec.id, {}), use, rec)):
             continue
         if rec.multi:
@@ -156,14 +157,7 @@ def candidates(
     that pass the first four filters (pool, class, selectors: the verdict, node). `explain`
     also notes the first taint that dropped a device; the devices found are the same."""
     mask, order = devices_of_node
-    matched = verdicts.get(alt, mask).matched & mask
-    devices = inv.devices
-    recs: list[DeviceRec]  # (a matched bit is a live device: never a removed one's None)
-    if matched.bit_count() <= 16:
-        recs = [devices[i] for i in order if (matched >> i) & 1]  # type: ignore[misc]
-    else:
-        wanted = set(iter_bits(matched))
-        recs = [devices[i] for i in order if i in wanted]  # type: ignore[misc]
+    recs = _in_order(inv, verdicts.get(alt, mask).matched & mask, mask, order)
     rq = Request(inv=inv, ledger=ledger, alt=alt, covering=[c for c in plan.constraints if c.covers(alt)], explain=explain)
     if alt.all_mode:
         return _all_devices(rq, recs, node)
@@ -173,19 +167,38 @@ def candidates(
         out = stage(rq, out)
         left.append((name, len(out)))
     need = alt.count
-    found = Candidates(recs=out, consumed={}, problem="", left=left, note=rq.note)
-    found.consumed = {rec.id: use for rec in out if rec.multi and (use := rq.use.get(rec.id)) is not None}
-    found.emptied_by = next((name for name, n in left if n < need), None)
+    use_of = rq.use
+    consumed = {rec.id: use for rec in out if rec.multi and (use := use_of.get(rec.id)) is not None} if use_of else {}
+    found = Candidates(recs=out, consumed=consumed, problem="", left=left, note=rq.note)
     if len(out) >= need:
-        return found
+        return found  # nothing fell short (each stage only narrows: the last count is the least)
+    found.emptied_by = next(name for name, n in left if n < need)
     if len(recs) < need:
         where = f"on node {node}" if node is not None else "usable from every node"
         found.problem = f"{len(recs)} device(s) {where} match the class and selectors, {need} wanted"
     else:
-        # the last stage left len(out) < need: some stage is the first to fall short
-        short, n = next((name, n) for name, n in left if n < need)
-        found.problem = f"only {n} device(s) left after the '{short}' filter, {need} wanted"
+        found.problem = f"only {dict(left)[found.emptied_by]} device(s) left after the '{found.emptied_by}' filter, {need} wanted"
     return found
+
+
+SPAN_MAX = 4096
+"""Up to this span of device ids (the node's lowest to highest), `_in_order` tests bits of a
+small int; past it (devices of many slices far apart), of a set."""
+
+
+def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list[DeviceRec]:
+    """The devices of `matched` (within the node's `mask`) in the node's candidate `order`.
+    Bitsets span the fleet: shifting one per device would copy it each time, so it is shifted
+    once down to the node's lowest id (a node's devices are mostly one slice, ids together)."""
+    if not matched:
+        return []
+    devices = inv.devices
+    low = (mask & -mask).bit_length() - 1
+    if mask.bit_length() - low <= SPAN_MAX:
+        local = matched >> low
+        return [devices[i] for i in order if (local >> (i - low)) & 1]  # type: ignore[misc]
+    wanted = set(iter_bits(matched))
+    return [devices[i] for i in order if i in wanted]  # type: ignore[misc]
 
 
 def _all_devices(rq: Request, recs: list[DeviceRec], node: str | None) -> Candidates:
