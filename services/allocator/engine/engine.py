@@ -33,7 +33,7 @@ from dralloc.allocator.engine.placement import Placement
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, Planner
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
-from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdicts
+from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdict, Verdicts
 from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.schemas.resource import (
     AllocationResult,
@@ -369,7 +369,7 @@ class Engine:
 
     # --- CEL errors ----------------------------------------------------------------------
 
-    def _cel_errors(self, plans: list[ClaimPlan], scope: int) -> str | None:
+    def _cel_errors(self, plans: list[ClaimPlan], scope: int, memo: dict[int, Verdict]) -> str | None:
         """dralloc's order-independent rule for CEL runtime errors (see verdicts.py):
         the first failure on a device of `scope` any alternative could otherwise take."""
         used = self.ledger.used_bits
@@ -377,7 +377,9 @@ class Engine:
         for plan in plans:
             for request in plan.requests:
                 for alt in request.alts:
-                    verdict = self.verdicts.get(alt, scope)
+                    verdict = self._verdict(memo, alt, scope)
+                    if not verdict.failed:
+                        continue  # the usual case, without two fleet-sized ANDs
                     failed = verdict.failed & scope & inv.live
                     if not (alt.admin or alt.all_mode):
                         failed &= ~used
@@ -389,17 +391,26 @@ class Engine:
                         return f"claim {plan.key}, request {alt.result_name}: {text}"
         return None
 
+    def _verdict(self, memo: dict[int, Verdict], alt: Alt, mask: int) -> Verdict:
+        """`verdicts.get(alt, mask)` once per alternative and node try (`memo`, by the alternative's
+        identity): the CEL error check, the match memory and the filters all read it."""
+        verdict = memo.get(id(alt))
+        if verdict is None:
+            verdict = memo[id(alt)] = self.verdicts.get(alt, mask)
+        return verdict
+
     # --- one node ------------------------------------------------------------------------
 
-    def _learn(self, plans: list[ClaimPlan], node: str, mask: int) -> None:
+    def _learn(self, plans: list[ClaimPlan], node: str, mask: int, memo: dict[int, Verdict] | None = None) -> None:
         """Remember per verdict whether this node has devices that match (or fail),
         so later units skip nodes that cannot serve a request without evaluating them."""
         inv = self.inventory
         bit = 1 << inv.node_rank[node]
+        memo = {} if memo is None else memo
         for plan in plans:
             for request in plan.requests:
                 for alt in request.alts:
-                    verdict = self.verdicts.get(alt, mask)
+                    verdict = self._verdict(memo, alt, mask)
                     info = verdict.nodes(inv.version, alt.learn_key)
                     if info[0] & bit:
                         continue
@@ -429,19 +440,22 @@ class Engine:
             steps[0] += known.steps
             raise _Failure(known.message(plans[0].key), known.why)
         before = steps[0]
+        memo: dict[int, Verdict] = {}
         try:
-            error = self._cel_errors(plans, mask)
+            error = self._cel_errors(plans, mask, memo)
             if error:
                 raise _Failure(error, Why.CEL_ERROR)
             if node is not None:
-                self._learn(plans, node, mask)
-            return self._place_search(plans, node, (mask, order), steps)
+                self._learn(plans, node, mask, memo)
+            return self._place_search(plans, node, (mask, order), steps, memo)
         except _Failure as failure:
             # the key after the failure is the key before it: a failed try changes no state
             self.misfits.put(self.misfits.key(plans, node), plans[0], failure.message, failure.why, steps[0] - before)
             raise
 
-    def _place_search(self, plans: list[ClaimPlan], node: str | None, devices: tuple[int, list[int]], steps: list[int]) -> list[list[Slot]]:
+    def _place_search(
+        self, plans: list[ClaimPlan], node: str | None, devices: tuple[int, list[int]], steps: list[int], memo: dict[int, Verdict]
+    ) -> list[list[Slot]]:
         """`_place` after the CEL error check: candidates per request, then the search."""
         options: list[list[tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]]]] = []  # per request: feasible alternatives
         infeasible = ""
@@ -452,7 +466,7 @@ class Engine:
                 smallest = None
                 why = ""
                 for alt in request.alts:
-                    found = candidates(self.inventory, self.ledger, self.verdicts, plan, alt, devices, node)
+                    found = candidates(self.inventory, self.ledger, plan, alt, self._verdict(memo, alt, devices[0]), devices, node)
                     size = len(found.recs) if alt.all_mode else alt.count
                     smallest = size if smallest is None else min(smallest, size)
                     if found.problem:

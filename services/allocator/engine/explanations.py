@@ -77,7 +77,7 @@ def request_report(engine: Engine, plan: ClaimPlan, alt: Alt, devices: tuple[int
         if n < need:
             report.emptied_by = f
             break
-    found = candidates(engine.inventory, engine.ledger, engine.verdicts, plan, alt, devices, node, explain=True)
+    found = candidates(engine.inventory, engine.ledger, plan, alt, engine.verdicts.get(alt, mask), devices, node, explain=True)
     report.filters += [FilterCount(filter=f, left=n) for f, n in found.left]
     report.note = found.note
     if alt.all_mode and found.problem:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from dralloc.allocator.engine.inventory import NOT_YET, DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, consumed_capacity, tolerated
-from dralloc.allocator.engine.verdicts import Verdicts
+from dralloc.allocator.engine.verdicts import Verdict
 
 
 @dataclass(slots=True, eq=False)
@@ -144,20 +144,21 @@ def node_devices(inv: Inventory, node: str | None) -> tuple[int, list[int]]:
 def candidates(
     inv: Inventory,
     ledger: Ledger,
-    verdicts: Verdicts,
     plan: ClaimPlan,
     alt: Alt,
+    verdict: Verdict,
     devices_of_node: tuple[int, list[int]],
     node: str | None,
     *,
     explain: bool = False,
 ) -> Candidates:
     """Devices `alt` (of `plan`) could take on `node` before the choices of other requests are
-    known; `devices_of_node` is `node_devices(inv, node)`. The stages start from the devices
-    that pass the first four filters (pool, class, selectors: the verdict, node). `explain`
+    known; `devices_of_node` is `node_devices(inv, node)`, `verdict` the alternative's selector
+    verdict evaluated on them (`Verdicts.get`). The stages start from the devices that pass the
+    first four filters (pool, class, selectors: the verdict, node). `explain`
     also notes the first taint that dropped a device; the devices found are the same."""
     mask, order = devices_of_node
-    recs = _in_order(inv, verdicts.get(alt, mask).matched & mask, mask, order)
+    recs = _in_order(inv, verdict.matched & mask, mask, order)
     rq = Request(inv=inv, ledger=ledger, alt=alt, covering=[c for c in plan.constraints if c.covers(alt)], explain=explain)
     if alt.all_mode:
         return _all_devices(rq, recs, node)
