@@ -44,7 +44,7 @@ async def test_services_run_against_the_api_server(apiserver: ApiServer, nats_ur
     try:
         apiserver.apply(CLASS)
         apiserver.apply(SLICE)
-        apiserver.apply(claim("a"))
+        apiserver.apply(claim("a", "ml"))  # the Pod in ml uses it
         apiserver.apply(
             {
                 "apiVersion": "v1",
