@@ -159,7 +159,7 @@ class Search:
                     forced = set(values) if forced is None else forced & set(values)
                 if not forced:
                     return False
-        seen: dict[object, None] = {}
+        seen: dict[AttrValue, None] = {}
         rank = self.rank
         merged = sorted((rec for i in covered for rec in cands[i]), key=(lambda r: (rank.get(r.id, len(rank)), r.order)) if rank else (lambda r: r.order))
         for rec in merged:
@@ -168,12 +168,20 @@ class Search:
                     seen.setdefault(v, None)
         order = list(seen)
         saved = list(cands)
+        # each covered slot's candidates grouped by value in one pass (candidate order kept in
+        # each group): a device is kept for value v when its elements contain v
+        groups: dict[int, dict[AttrValue, list[DeviceRec]]] = {}
+        for i in covered:
+            by_value: dict[AttrValue, list[DeviceRec]] = {}
+            for rec in saved[i]:
+                for v in _elements(rec, attr):
+                    by_value.setdefault(v, []).append(rec)
+            groups[i] = by_value
         for value in order:
             self._tick()
             ok = True
             for i in covered:
-                # a scalar attribute equals the value (the common case, one comparison); a list contains it
-                kept = [rec for rec in saved[i] if (a := rec.attribute(attr)) == value or (a[0] in LIST_KINDS and value in rec.values(attr))]  # type: ignore[index,operator]
+                kept = groups[i].get(value, [])
                 slot = self.slots[i]
                 if not slot.alt.all_mode and not _enough(kept, slot.alt.count):
                     ok = False
