@@ -268,11 +268,6 @@ _TOLERATION_NEEDED = ("NoSchedule", "NoExecute")
 NODE_MASKS_KEPT = 1024
 """Fleet-wide bitsets of node masks kept (`Inventory.node_mask`); the rest are rebuilt on use."""
 
-INTERN_DISTINCT = 256
-"""Distinct values of one attribute (or capacity) name shared between devices before the name is
-left alone: a fleet repeats productName, driverVersion, NUMA node... over every device; a UUID
-never repeats, and a table of them would cost what it saves."""
-
 
 class LocalMasks:
     """Node -> its node-local devices, each node's ids stored as a bitset shifted by the node's
@@ -344,11 +339,6 @@ class Inventory:
         self._node_bits: OrderedDict[str, tuple[tuple[int, int], int]] = OrderedDict()
         """Node -> (stamp, the same as a fleet-wide bitset): the most recently used NODE_MASKS_KEPT only
         (a node's bitset is as long as the fleet's highest id: one per node would grow with nodes x devices)."""
-        self._interned: dict[str, dict[tuple[Any, ...], Any] | None] = {}
-        """Attribute name -> its values seen so far, one instance per value (`_compact`); None once a
-        name has shown too many distinct values to be worth sharing (UUIDs, bus IDs)."""
-        self._interned_capacity: dict[str, dict[tuple[Any, ...], Any] | None] = {}
-        """The same for capacity names (values without a request policy)."""
         self._next_id = 0
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
@@ -550,7 +540,6 @@ class Inventory:
             spec = slice_.spec
             per_device = bool(spec.per_device_node_selection)
             for device in spec.devices:
-                self._compact(device)
                 consumes = tuple(
                     shared.setdefault(
                         (c.counter_set, name, v.value),
@@ -584,20 +573,6 @@ class Inventory:
                 self.devices.append(rec)
                 pool.devices.append(rec)
                 self._index(rec)
-
-    def _compact(self, device: Device) -> None:
-        """Make the device's attribute and capacity values that equal another device's the same
-        instance (values are replaced, the maps stay; nothing here changes them). A fleet publishes
-        a few hundred distinct values over hundreds of thousands of devices: this is most of what a
-        device's spec costs. A name is left alone once it has shown INTERN_DISTINCT values."""
-        attributes, capacity = device.attributes, device.capacity
-        for name, attr in attributes.items():
-            key = _attribute_key(attr)
-            if key is not None and (same := _shared(self._interned, name, key, attr)) is not attr:
-                attributes[name] = same
-        for name, cap in capacity.items():
-            if cap.request_policy is None and type(cap.value) is str and (same := _shared(self._interned_capacity, name, (cap.value,), cap)) is not cap:
-                capacity[name] = same
 
     def _index(self, rec: DeviceRec) -> None:
         bit = 1 << rec.id
@@ -645,36 +620,6 @@ class Inventory:
 
     def pool_of(self, rec: DeviceRec) -> Pool:
         return self.pools[(rec.driver, rec.pool)]
-
-
-def _shared(tables: dict[str, dict[tuple[Any, ...], Any] | None], name: str, key: tuple[Any, ...], value: Any) -> Any:
-    """The instance kept for `key` under `name` (`value` itself when it is the first), or `value`
-    once the name has too many distinct values (its table is then dropped for good)."""
-    table = tables.get(name)
-    if table is None:
-        if name in tables:
-            return value
-        table = tables[name] = {}
-    same = table.setdefault(key, value)
-    if len(table) > INTERN_DISTINCT:
-        tables[name] = None
-    return same
-
-
-def _attribute_key(attr: Any) -> tuple[Any, ...] | None:
-    """What makes two scalar attribute values the same one, or None (a list attribute, or a value
-    of an unexpected type: 1 and True must stay apart)."""
-    if attr.ints is not None or attr.bools is not None or attr.strings is not None or attr.versions is not None:
-        return None
-    string, version, number, flag = attr.string, attr.version, attr.int, attr.bool
-    if (
-        (string is not None and type(string) is not str)
-        or (version is not None and type(version) is not str)
-        or (number is not None and type(number) is not int)
-        or (flag is not None and type(flag) is not bool)
-    ):
-        return None
-    return (string, version, number, flag)
 
 
 def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> bool:

@@ -119,6 +119,10 @@ def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
 _LEVEL_ATTRIBUTES = ((NVLINK, NVLINK_DOMAIN), (SWITCH, PCIE_SWITCH), (ROOT, PCIE_ROOT), (NUMA, NUMA_NODE))
 
 
+def _level(hub: tuple[int, object]) -> int:
+    return hub[0]
+
+
 def _hub_name(level: int, hub: object) -> str:
     if level == NUMA:
         return f"NUMA {hub}"
@@ -148,7 +152,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
     vertex, which keeps the graph of a MIG node as small as that of its GPUs.
     Nodes of one hardware profile have one shape (the same hubs up to their
     names): with `shapes`, the graph is built once per shape, not per node."""
-    hub_lists = [tuple(sorted(set(_hubs(rec)), key=repr)) for rec in recs]
+    # each device's hubs without repeats, by level (stable: within a level in `_hubs`' order,
+    # which is the same on every node of a profile, so their shape keys agree)
+    hub_lists = [tuple(sorted(dict.fromkeys(_hubs(rec)), key=_level)) for rec in recs]
     lo = min((rec.id for rec in recs), default=0)
     if not any(hub_lists):  # no topology published at all: every device alone, no graph needed
         n = len(recs)
