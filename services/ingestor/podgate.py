@@ -237,7 +237,7 @@ class PodGate:
             self.report(f"Pod {key}: lifting the scheduling gate {GATE}: {describe(exc)}")
             return
         self.units.pop(key, None)
-        log.info("Pod %s: claims %s allocated; scheduling gate %s lifted", key, ", ".join(names), GATE)
+        log.debug("Pod %s: claims %s allocated; scheduling gate %s lifted", key, ", ".join(names), GATE)  # (per Pod: debug)
 
     # --- the extended-resource claim (KEP-5004) ----------------------------------------------
 

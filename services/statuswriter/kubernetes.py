@@ -363,7 +363,9 @@ def _devices(allocation: AllocationResult) -> str:
 
 
 def _log_result(result: Result) -> None:
+    # Per claim: only what needs a person (an allocation dralloc did not make) is a warning; the
+    # routine outcomes are debug, so a busy cluster's log is not a line per claim.
     if result.outcome is Outcome.KEPT_FOREIGN:
         log.warning("%s: %s", result.claim, result.message)
     else:
-        log.info("%s: %s %s", result.claim, result.outcome.value, result.message)
+        log.debug("%s: %s %s", result.claim, result.outcome.value, result.message)
