@@ -1,0 +1,83 @@
+"""The inventory's per-node indexes stay small on a large fleet (#17 frontier scale) and still
+answer exactly: a node's mask is kept shifted by its lowest device id, fleet-wide masks only for
+the nodes used most recently, and a node's topology is built once per run of its slices."""
+
+from __future__ import annotations
+
+import msgspec
+
+from dralloc.allocator.engine import Engine, inventory, topology
+from dralloc.allocator.engine.inventory import Inventory, iter_bits
+from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
+
+
+def _node(name: str) -> Node:
+    return msgspec.convert({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}, Node)
+
+
+def _slice(name: str, node: str, devices: int, *, driver: str = "gpu.example.com", generation: int = 1) -> ResourceSlice:
+    spec = {
+        "driver": driver,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+        "nodeName": node,
+        "devices": [{"name": f"dev-{i}", "attributes": {"domain": {"string": f"{node}/nvlink"}}} for i in range(devices)],
+    }
+    return msgspec.convert({"metadata": {"name": name}, "spec": spec}, ResourceSlice)
+
+
+def _expected(inv: Inventory, node: str) -> set[int]:
+    return {rec.id for rec in inv.devices if rec is not None and rec.local_node == node}
+
+
+def test_node_masks_are_stored_node_sized_and_answer_exactly_past_the_cache(monkeypatch):
+    monkeypatch.setattr(inventory, "NODE_MASKS_KEPT", 3)
+    inv = Inventory()
+    names = [f"node-{n:02d}" for n in range(12)]
+    for name in names:
+        inv.apply_node(_node(name))
+        inv.apply_slice(_slice(f"{name}-gpus", name, 8))
+    for name in names:
+        lo, bits = inv.local.span(name)
+        assert bits.bit_length() <= 8  # not as wide as the fleet's highest id
+        assert {lo + i for i in iter_bits(bits)} == _expected(inv, name)
+    for _ in range(2):  # twice: the second pass finds most masks evicted and rebuilds them
+        for name in names:
+            bits, ids = inv.node_mask(name)
+            assert set(iter_bits(bits)) == set(ids) == _expected(inv, name)
+    assert len(inv._node_bits) == 3
+    # a rebuilt pool gets new ids: the mask follows, cached or not
+    inv.apply_slice(_slice("node-03-gpus", "node-03", 5, generation=2))
+    bits, ids = inv.node_mask("node-03")
+    assert set(iter_bits(bits)) == set(ids) == _expected(inv, "node-03") and len(ids) == 5
+    lo, span = inv.local.span("node-03")
+    assert span.bit_length() <= 5 and lo == min(ids)
+
+
+def test_a_node_publishing_two_slices_gets_its_topology_built_once(monkeypatch):
+    built: list[str] = []
+    real = topology.build_node
+
+    def counting(node, recs, stamp, shapes=None):  # type: ignore[no-untyped-def]
+        built.append(node)
+        return real(node, recs, stamp, shapes)
+
+    monkeypatch.setattr(topology, "build_node", counting)
+    engine = Engine()  # scoring on: topologies are built as pools change
+    engine.apply(
+        msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
+    )
+    for name in ("node-a", "node-b"):
+        engine.apply(_node(name))
+        engine.apply(_slice(f"{name}-gpus", name, 4))
+        engine.apply(_slice(f"{name}-nics", name, 2, driver="nic.example.com"))
+    assert built == ["node-a"]  # built when the slices moved on to node-b; node-b's run may not be over
+    topo = engine.placement.topology
+    for name in ("node-a", "node-b", "node-a", "node-b"):
+        assert topo.node(name).devices == 6  # with the GPUs and the NICs
+    assert built == ["node-a", "node-b"]  # once each
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu", "count": 4}}]}},
+    }
+    (outcome,) = engine.allocate([msgspec.convert(claim, ResourceClaim)])
+    assert outcome.status == "allocated" and built == ["node-a", "node-b"]
