@@ -14,7 +14,9 @@ The streams and the bucket are copies of the real ones' configuration (file
 storage, replicas, duplicate window) under other names (`CEIL_IN`, `CEIL_OUT`,
 KV `ceil`), so the measurement touches none of the pipeline's data.
 `claims_per_second` is over the middle half of the records, by the server's
-timestamps of the KV puts (as the pipeline's rate is).
+timestamps of the KV puts (as the pipeline's rate is). `cpu_ms_per_claim_by_stage`
+is each stage's CPU per message: the floor under the pipeline's submitter
+(source), allocator (relay) and status writer (sink).
 """
 
 from __future__ import annotations
@@ -187,6 +189,9 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, serv
         "payload_bytes": len(payload),
         "cpu_s": cpu,
         "cpu_ms_per_claim": round(sum(v for v in cpu.values() if v is not None) * 1000 / count, 3) if None not in cpu.values() else None,
+        # each stage's floor, to hold the pipeline's processes against: the source as the submitter,
+        # the relay as the allocator, the sink as the status writer (their CPU per claim in the pipeline)
+        "cpu_ms_per_claim_by_stage": {stage: None if used is None else round(used * 1000 / count, 3) for stage, used in cpu.items()},
         "claims_per_cpu_second": round(count / sum(cpu.values()), 1) if None not in cpu.values() and sum(cpu.values()) > 0 else None,
     }
 

@@ -128,6 +128,10 @@ async def test_the_ceiling_relays_every_message_through_two_consumer_processes(b
     assert result["messages"] == 300 and result["stored"] == 300
     assert result["claims_per_second"] is not None and result["claims_per_second"] > 0
     assert result["cpu_s"]["relay"] is not None and result["cpu_s"]["sink"] is not None  # both stages ran to the end
+    by_stage = result["cpu_ms_per_claim_by_stage"]
+    assert set(by_stage) == {"source", "relay", "sink"}
+    assert by_stage["relay"] == pytest.approx(result["cpu_s"]["relay"] * 1000 / 300, abs=0.001)
+    assert sum(by_stage.values()) == pytest.approx(result["cpu_ms_per_claim"], abs=0.01)
     names = [info.config.name async for info in _streams(bus)]
     assert not {"CEIL_IN", "CEIL_OUT", "KV_ceil"} & set(names)  # removed afterwards
 
