@@ -587,6 +587,8 @@ def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfigu
     that apply to an allocated request (or to all), copied as written; finally, a config
     that names every request of the claim (the chosen subrequest standing for its request)
     carries no `requests` at all, since empty means all."""
+    if not plan.claim.spec.devices.config and not any(slot.alt.cls.spec.config for slot in slots):
+        return []  # the usual claim: nothing to write (and nothing below would add an entry)
     chosen: dict[str, Alt] = {}
     for slot in slots:
         chosen.setdefault(slot.alt.base, slot.alt)
