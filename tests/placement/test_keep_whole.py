@@ -55,10 +55,12 @@ def test_on_the_last_whole_node_is_kept_for_the_large_claims_seen():
     engine.release("default/big")
     assert allocated(engine, "a", 4) is not None
     assert allocated(engine, "b", 4) is not None  # fills the node a broke
-    outcome = engine.allocate([claim("c", 1)])[0]
+    outcome = engine.allocate([claim("c", 1)], explain=True)[0]
     assert outcome.status == "unsatisfiable"  # only the kept node is left
     kept = engine.placement.kept_whole([engine._plan(claim("c", 1))])
     assert kept.bit_count() == 1
+    (node,) = (n for n in ("l40s-pcie-0", "l40s-pcie-1") if engine.placement.kinds.free[GPU][n] == 8)
+    assert f"kept whole for large claims: node {node} (in proportion to the large claims placed on" in " ".join(outcome.explanation.notes)
     # a large claim is not held back: the kept node is for it
     assert allocated(engine, "big-2", 8) is not None
     assert engine.placement.kinds.whole.get(GPU, 0) == 0

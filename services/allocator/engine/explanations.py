@@ -104,6 +104,8 @@ def explain_failure(engine: Engine, plans: list[ClaimPlan], node: str | None, no
     if node is None and len(plans) == 1 and not plans[0].error:
         # a large claim that may wait holds the node closest to fitting it (reservations)
         explanation.notes += engine.placement.describe_wait(reservation_for(engine, [plans[0].claim]))
+    if node is None:
+        explanation.notes += engine.placement.describe_kept(plans)  # whole nodes kept for large claims (keep_whole.py)
     k = engine.explain_nodes
     if node is None and engine.explain_untried:
         tried = set(nodes)

@@ -231,6 +231,21 @@ class Placement:
                 count -= 1
         return kept
 
+    def describe_kept(self, plans: list[ClaimPlan]) -> list[str]:
+        """The whole nodes the unit may not take because they are kept for large claims, in words
+        for `dralloc explain` ([] when none: always, when keep_whole is off)."""
+        if self.keep_whole.factor <= 0 or not self.scoring:
+            return []
+        kept = self.kept_whole(plans)
+        if not kept:
+            return []
+        names = [self.inv.node_names[r] for r in iter_bits(kept)]
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        return [
+            f"kept whole for large claims: node{'s' if len(names) > 1 else ''} {shown} (in proportion to the large claims placed on "
+            "nodes of their kind recently; a smaller claim does not break them, and waits)"
+        ]
+
     # --- nodes -------------------------------------------------------------------------
 
     def order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
