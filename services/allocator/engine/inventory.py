@@ -82,7 +82,8 @@ class DeviceRec:
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
     multi: bool  # allowMultipleAllocations
     binds_to_node: bool
-    _attrs: dict[str | tuple[str], Any] | None = None  # the attribute memo, made on first lookup
+    memo: AttributeMemo | None = None
+    """The inventory's memo of attribute lookups (None: look up every time)."""
     key: tuple[str, str, str] = ("", "", "")
     """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
     consume_totals: tuple[tuple[CounterKey, int], ...] = ()
@@ -106,13 +107,14 @@ class DeviceRec:
     def attribute(self, qualified: str) -> AttrValue | None:
         """Look an attribute up the way Kubernetes constraints do: the fully-qualified
         name first, then the bare name when the domain is the device's driver."""
-        memo = self._attrs
+        memo = self.memo
         if memo is None:
-            memo = self._attrs = {}
-        hit = memo.get(qualified, _MISSING)
+            return lookup_attribute(self, qualified)
+        column = memo.column(qualified, self.id)
+        hit = column[self.id]
         if hit is _MISSING:
-            hit = memo[qualified] = lookup_attribute(self, qualified)
-        found: AttrValue | None = hit  # (what `lookup_attribute` cached under a name)
+            hit = column[self.id] = memo.share(lookup_attribute(self, qualified))
+        found: AttrValue | None = hit  # (what `lookup_attribute` gave for this name)
         return found
 
     def values(self, qualified: str) -> tuple[AttrValue, ...] | None:
@@ -120,11 +122,9 @@ class DeviceRec:
         a scalar is a one-element set, a list its distinct entries in list order, each typed
         (("int", 1) never equals ("string", "1")); None when the device lacks the attribute.
         A tuple, not a set: candidate order tries values in a deterministic order."""
-        key = (qualified,)  # cached beside `attribute`, under a key no attribute name can be
-        memo = self._attrs
-        if memo is None:
-            memo = self._attrs = {}
-        hit = memo.get(key, _MISSING)
+        memo = self.memo
+        column = memo.column((qualified,), self.id) if memo is not None else None  # beside `attribute`'s, under a key no name can be
+        hit: Any = column[self.id] if column is not None else _MISSING
         if hit is _MISSING:
             attr = self.attribute(qualified)
             if attr is None:
@@ -134,9 +134,49 @@ class DeviceRec:
                 hit = tuple(dict.fromkeys((kind, v) for v in attr[1]))
             else:
                 hit = (attr,)
-            memo[key] = hit
-        found: tuple[AttrValue, ...] | None = hit  # (what this cached under the (name,) key)
+            if column is not None and memo is not None:
+                hit = column[self.id] = memo.share(hit)
+        found: tuple[AttrValue, ...] | None = hit  # (the value set of that attribute)
         return found
+
+
+class AttributeMemo:
+    """What `DeviceRec.attribute` and `values` found, per attribute name a list indexed by device
+    id, and each distinct answer kept once: a fleet's devices repeat a few values (productName,
+    NVLink domains of 8), so the memo costs a list slot per device and name looked up, not a dict
+    per device. Ids are never reused (inventory.py), so a removed device's slot is never read."""
+
+    __slots__ = ("_columns", "_shared")
+
+    def __init__(self) -> None:
+        self._columns: dict[str | tuple[str], list[Any]] = {}
+        self._shared: dict[Any, Any] = {}
+
+    def column(self, key: str | tuple[str], device: int) -> list[Any]:
+        """The name's list, long enough to hold `device` (new slots: not looked up yet)."""
+        column = self._columns.get(key)
+        if column is None:
+            column = self._columns[key] = []
+        if len(column) <= device:
+            column.extend([_MISSING] * (device + 1 - len(column) + (len(column) >> 3)))
+        return column
+
+    def share(self, value: Any) -> Any:
+        """The one instance kept of an equal answer (answers are tuples of typed values; an
+        unhashable one is kept as it is). Forgotten past MEMO_SHARED distinct answers."""
+        if value is None:
+            return None
+        try:
+            same = self._shared.setdefault(value, value)
+        except TypeError:
+            return value
+        if len(self._shared) > MEMO_SHARED:
+            self._shared.clear()
+        return same
+
+
+MEMO_SHARED = 1_000_000
+"""Distinct attribute answers `AttributeMemo` keeps one instance of before it starts over."""
 
 
 def lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
@@ -340,6 +380,7 @@ class Inventory:
         """Node -> (stamp, the same as a fleet-wide bitset): the most recently used NODE_MASKS_KEPT only
         (a node's bitset is as long as the fleet's highest id: one per node would grow with nodes x devices)."""
         self._next_id = 0
+        self.attribute_memo = AttributeMemo()
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
         self.taint_rules: dict[str, DeviceTaintRule] = {}
@@ -568,6 +609,7 @@ class Inventory:
                     capacity=_capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),
+                    memo=self.attribute_memo,
                 )
                 self._next_id += 1
                 self.devices.append(rec)
