@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from kube_emulator import ApiServer
-from test_kube_e2e import CLASS, SLICE, allocation_of, claim
+from kube_objects import CLASS, claim
+from test_kube_e2e import SLICE, allocation_of
 
 from dralloc.allocator import service as allocator
 from dralloc.bus import Bus
