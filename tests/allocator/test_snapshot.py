@@ -237,7 +237,7 @@ async def test_a_leader_stopped_cleanly_leaves_a_snapshot_that_its_successor_loa
     for i in range(6):
         await bus.publish(claim_event(f"s{i}"))
     async with asyncio.timeout(60):  # the leader decides them from CLAIMS
-        while (await jetstream(bus).stream_info("ALLOCATIONS")).state.messages < 6:
+        while (await bus.stream_state("ALLOCATIONS")).messages < 6:
             await asyncio.sleep(0.05)
     stop.set()  # SIGTERM: the term ends, the snapshot covers every decision (the count trigger was far)
     await leading

@@ -59,7 +59,7 @@ async def test_publish_is_deduplicated_by_content_identity(bus: Bus):
     assert (first.seq, first.duplicate) == (1, None)
     assert (again.seq, again.duplicate) == (1, True)
     assert (other.seq, other.duplicate) == (2, None)
-    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1  # CLAIMS keeps the latest per claim
+    assert (await bus.stream_state("CLAIMS")).messages == 1  # CLAIMS keeps the latest per claim
 
 
 async def test_publish_carries_msg_id_and_trace_context(bus: Bus):
@@ -151,7 +151,7 @@ async def test_permanent_failure_and_exhausted_retries_are_dead_lettered(bus: Bu
 
     task = asyncio.create_task(bus.consume("CLAIMS", record, stop, durable="w", max_deliver=3))
     async with asyncio.timeout(10):
-        while (await jetstream(bus).stream_info("DEADLETTER")).state.messages < 2:
+        while (await bus.stream_state("DEADLETTER")).messages < 2:
             await asyncio.sleep(0.05)
     stop.set()
     await task
@@ -187,7 +187,7 @@ async def test_replay_returns_the_current_value_per_subject(bus: Bus):
 async def test_ensure_streams_is_idempotent(bus: Bus):
     await bus.publish(claim("a"))
     await bus.ensure_streams()
-    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
+    assert (await bus.stream_state("CLAIMS")).messages == 1
 
 
 async def test_embedded_server_leaves_nothing_behind():
@@ -239,7 +239,7 @@ async def test_a_message_that_kills_its_consumer_every_time_is_dead_lettered(bus
     stop = asyncio.Event()
     task = asyncio.create_task(bus.consume("CLAIMS", record, stop, durable="worker", ack_wait=0.5, max_deliver=2))
     async with asyncio.timeout(10):
-        while not handled or not (await jetstream(bus).stream_info("DEADLETTER")).state.messages:
+        while not handled or not (await bus.stream_state("DEADLETTER")).messages:
             await asyncio.sleep(0.05)
     stop.set()
     await task

@@ -31,7 +31,7 @@ async def send_all(bus: Bus, events: list[ev.Event]) -> None:
 
 
 async def claims_stored(bus: Bus) -> int:
-    return (await jetstream(bus).stream_info("CLAIMS")).state.messages
+    return (await bus.stream_state("CLAIMS")).messages
 
 
 async def until_stored(bus: Bus, count: int, within: float = 15.0) -> None:

@@ -12,7 +12,6 @@ import pytest
 from discovery_checks import slice_problems
 
 from dralloc.bus import Bus
-from dralloc.bus.raw import jetstream
 from dralloc.discovery import attributes as A
 from dralloc.discovery.nvml import read_inventory
 from dralloc.discovery.replay import ReplaySource
@@ -31,7 +30,7 @@ async def current(bus: Bus) -> tuple[dict[str, ev.ResourceSlicePublished], list[
 
 
 async def last_seq(bus: Bus) -> int:
-    return (await jetstream(bus).stream_info("INVENTORY")).state.last_seq
+    return (await bus.stream_state("INVENTORY")).last_sequence
 
 
 async def until(predicate, timeout: float = 10.0) -> None:

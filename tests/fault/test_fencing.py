@@ -16,7 +16,7 @@ from dralloc.schemas import events as ev
 
 
 async def stored(bus: Bus) -> list[ev.Event]:
-    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
     return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 

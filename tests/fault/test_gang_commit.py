@@ -57,7 +57,7 @@ def gang(name: str, size: int, gpus: int = 4, domain: str | None = None) -> list
 
 
 async def stored(bus: Bus) -> list[tuple[ev.Event, dict[str, str]]]:
-    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
     found = []
     for seq in range(1, last + 1):
         msg = await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)
@@ -270,7 +270,7 @@ async def test_a_batch_cut_off_before_its_commit_stores_nothing(bus: Bus):
     connection(sender).publish = publish  # type: ignore[method-assign]
     with pytest.raises(ConnectionError):
         await sender.send_batch(events, first={"Nats-Expected-Last-Sequence": "0"})
-    assert (await jetstream(bus).stream_info("ALLOCATIONS")).state.messages == 0
+    assert (await bus.stream_state("ALLOCATIONS")).messages == 0
     ack = await (await bus.send_batch(events, first={"Nats-Expected-Last-Sequence": "0"}))
     assert (ack.seq, ack.batch_size) == (2, 2)
 

@@ -15,7 +15,7 @@ from dralloc.schemas import events as ev
 
 
 async def stored_keys(bus: Bus) -> list[str]:
-    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
     return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data).key for seq in range(1, last + 1)]
 
 

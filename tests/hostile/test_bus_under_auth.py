@@ -57,7 +57,7 @@ async def test_max_deliveries_advisory_dead_letters_under_auth(secured):
         task = asyncio.create_task(allocator.consume("CLAIMS", dies, stop, durable="allocator", ack_wait=0.5, max_deliver=2))
         try:
             async with asyncio.timeout(10):
-                while not (await jetstream(allocator).stream_info("DEADLETTER")).state.messages:
+                while not (await allocator.stream_state("DEADLETTER")).messages:
                     await asyncio.sleep(0.1)
         finally:
             stop.set()

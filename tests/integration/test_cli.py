@@ -50,12 +50,12 @@ async def test_submit_publishes_the_good_objects_and_names_each_bad_one(bus: Bus
     assert "over the server's message limit" in problems[2]
     published = json.loads(out.stdout)["published"]
     assert [(p["object"], p["duplicate"]) for p in published] == [("ResourceClaim/ml/good", False)]
-    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
+    assert (await bus.stream_state("CLAIMS")).messages == 1
 
     again = await asyncio.to_thread(dralloc, "submit", "-f", str(tmp_path / "a.yaml"), url=nats_url)
     assert again.returncode == 2  # the YAML error is still there
     assert "ResourceClaim/ml/good" in again.stdout and "unchanged" in again.stdout
-    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
+    assert (await bus.stream_state("CLAIMS")).messages == 1
 
 
 async def test_each_service_runs_alone_as_its_own_process(bus: Bus, nats_url: str, tmp_path: Path):

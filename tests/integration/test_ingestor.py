@@ -8,7 +8,6 @@ from pathlib import Path
 import msgspec
 
 from dralloc.bus import Bus
-from dralloc.bus.raw import jetstream
 from dralloc.ingestor import service as ingestor
 from dralloc.ingestor.sources import FileSource
 from dralloc.manifest_events import changes, events_from_manifests, with_identity
@@ -135,9 +134,9 @@ async def test_ingestor_publishes_examples_once(bus: Bus):
     classes, _ = await bus.replay("INVENTORY", "dra.deviceclasses.>")
     assert {e.device_class.metadata.name for e in classes} >= {"gpu.nvidia.com"}
     # Running it again publishes nothing new: every event is deduplicated by its identity.
-    before = (await jetstream(bus).stream_info("CLAIMS")).state.messages
+    before = (await bus.stream_state("CLAIMS")).messages
     await ingestor.serve(bus, config, asyncio.Event())
-    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == before
+    assert (await bus.stream_state("CLAIMS")).messages == before
 
 
 async def test_watching_file_source_sees_a_deleted_file(tmp_path: Path):

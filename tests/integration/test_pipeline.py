@@ -48,7 +48,7 @@ def submitted(text: str) -> list[ev.ClaimSubmitted]:
 async def decisions(bus: Bus) -> list[ev.Event]:
     """Every event in ALLOCATIONS, in order."""
     found = []
-    for seq in range(1, (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq + 1):
+    for seq in range(1, (await bus.stream_state("ALLOCATIONS")).last_sequence + 1):
         found.append(ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data))
     return found
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import msgspec
 
 from dralloc.bus import Bus
-from dralloc.bus.raw import jetstream
 from dralloc.statuswriter.sinks import ClaimStatus
 
 DRALLOC = str(Path(sys.executable).parent / "dralloc")
@@ -81,7 +80,7 @@ async def test_submit_refuses_poison_and_bad_names_with_a_reason_each_and_publis
     assert "field metadata.name: 'b/c' is not a DNS subdomain" in problems[8]
     published = json.loads(out.stdout)["published"]
     assert [p["object"] for p in published] == ["ResourceClaim/ml/good"]
-    assert (await jetstream(bus).stream_info("CLAIMS")).state.messages == 1
+    assert (await bus.stream_state("CLAIMS")).messages == 1
 
 
 def test_a_claim_made_from_a_pods_template_with_a_name_the_api_server_refuses_is_reported_not_published():

@@ -64,7 +64,7 @@ async def test_a_claim_and_its_decision_share_a_trace_when_nothing_records(bus: 
     async with demo.running(nats_url, paths=[], services=("allocator",)):
         await bus.publish(claim_event("lonely"))  # no inventory at all: the decision is a failure, written all the same
         async with asyncio.timeout(15):
-            while (await jetstream(bus).stream_info("ALLOCATIONS")).state.messages < 1:
+            while (await bus.stream_state("ALLOCATIONS")).messages < 1:
                 await asyncio.sleep(0.05)
     claim = await jetstream(bus).get_msg("CLAIMS", seq=1)
     decision = await jetstream(bus).get_msg("ALLOCATIONS", seq=1)

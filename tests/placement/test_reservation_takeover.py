@@ -55,7 +55,7 @@ def deleted(event: ev.ClaimSubmitted) -> ev.ClaimDeleted:
 
 
 async def decisions(bus: Bus) -> list[ev.Event]:
-    last = (await jetstream(bus).stream_info("ALLOCATIONS")).state.last_seq
+    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
     return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 
