@@ -3,8 +3,8 @@
 A request alternative's candidates on a node are the devices left after each
 filter of `FILTERS`, in that order. The first four are bitsets the engine
 keeps anyway ("pool": usable devices, "class" and "selectors": the verdicts,
-"node": the node's devices); `candidates` starts from their intersection
-(`matched`) and runs the device stages of `STAGES`, each a list-to-list
+"node": the node's devices); `candidates` starts from the verdict's matches
+on the node and runs the device stages of `STAGES`, each a list-to-list
 function that keeps what it lets through, in candidate order. The search asks
 for the list alone; `explain` also reads how many devices each stage left
 (`Candidates.left`: the lengths, so counting costs nothing extra) and the
@@ -117,8 +117,8 @@ FILTERS = ("pool", "class", "selectors", "node", *(name for name, _ in STAGES))
 @dataclass(slots=True, eq=False)
 class Candidates:
     """What `candidates` found: the devices in candidate order, what each shared one would
-    consume, why the list is short ("" when it is not), and with `explain` the devices left
-    after each stage and a note."""
+    consume, why the list is short ("" when it is not), the devices left after each stage
+    (not for All), and with `explain` a note."""
 
     recs: list[DeviceRec]
     consumed: dict[int, dict[str, int]]
