@@ -170,6 +170,7 @@ class Allocator:
             await self._allocate_run(run)
 
     async def _decide_taken_alone(self, taken: Taken) -> None:
+        """A claim that is not plain (or delivered again), decided on its own in its own trace context."""
         event = taken.event
         token = otel_context.attach(taken.context)
         try:
@@ -188,10 +189,10 @@ class Allocator:
         while run:
             try:
                 results = await self._engine_work(self._allocate_each, [(t.event.claim, t.context) for t in run])
-            except Exception as exc:
-                for taken in run:
-                    taken.settle(None, exc)
-                return
+            except Exception as exc:  # the first claim's engine work raised: it alone is handed back
+                run[0].settle(None, exc)
+                run = run[1:]
+                continue
             for taken, (outcome, commit, start, end) in zip(run, results):
                 claim = taken.event.claim
                 attributes = {"dralloc.claim": claim.key, "dralloc.outcome": outcome.status}
@@ -213,11 +214,18 @@ class Allocator:
     def _allocate_each(self, claims: list[tuple[ResourceClaim, Context]]) -> list[tuple[Outcome, ev.AllocationCommitted | None, int, int]]:
         """In the engine's thread: `Decisions.allocate` for each claim in turn, with when it began and
         ended (ns, for its span). Stops after a claim that may now hold a reservation: the claims
-        after it are decided once that is in force, as one at a time they would be."""
+        after it are decided once that is in force, as one at a time they would be; and before a
+        claim whose engine work raises (unless it is the first: then it raises), so what the claims
+        before it hold is written."""
         out = []
         for claim, context in claims:
             start = time.time_ns()
-            outcome, commit = self.book.allocate(claim, context)
+            try:
+                outcome, commit = self.book.allocate(claim, context)
+            except Exception:
+                if not out:
+                    raise
+                break
             out.append((outcome, commit, start, time.time_ns()))
             if commit is None and outcome.status == "unsatisfiable" and self.book.may_hold(claim):
                 break
