@@ -217,7 +217,7 @@ class Allocator:
         after it are decided once that is in force, as one at a time they would be; and before a
         claim whose engine work raises (unless it is the first: then it raises), so what the claims
         before it hold is written."""
-        out = []
+        out: list[tuple[Outcome, ev.AllocationCommitted | None, int, int]] = []
         for claim, context in claims:
             start = time.time_ns()
             try:
