@@ -614,12 +614,17 @@ class Inventory:
                 self._next_id += 1
                 self.devices.append(rec)
                 pool.devices.append(rec)
-                self._index(rec)
+                self._index(rec, live=False)
+        if pool.devices:  # the pool's ids are consecutive: one fleet-wide OR, not one per device
+            first = pool.devices[0].id
+            self.live |= ((1 << (self._next_id - first)) - 1) << first
 
-    def _index(self, rec: DeviceRec) -> None:
+    def _index(self, rec: DeviceRec, *, live: bool = True) -> None:
+        """Index a new device; `live` False: the caller marks it live (a pool's ids at once)."""
         bit = 1 << rec.id
         self.by_key[rec.key] = rec
-        self.live |= bit
+        if live:
+            self.live |= bit
         if rec.multi:
             self.multi_bits |= bit
         if rec.local_node is not None:

@@ -859,15 +859,15 @@ class KindIndex:
             self.most_claims_first = sorted((n for n, ranks in self.by_claims.items() if ranks), reverse=True)
 
     def _rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
-        inv, used = self.inv, self.ledger.used_bits
+        inv, used = self.inv, self.ledger.used_ids
         for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:  # type: ignore[attr-defined]
             counts: dict[tuple[str, str], int] = {}
             totals: dict[tuple[str, str], int] = {}
-            for i in iter_bits(inv.local.get(node, 0)):
+            for i in inv.local.ids(node):
                 rec = inv.devices[i]
                 if rec is not None and not rec.multi:
                     kind = kind_of(rec)
-                    counts[kind] = counts.get(kind, 0) + (not (used >> i) & 1)
+                    counts[kind] = counts.get(kind, 0) + (i not in used)  # (a set: no fleet-wide shift per device)
                     totals[kind] = totals.get(kind, 0) + 1
             for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
                 self.total.setdefault(kind, {})[node] = totals.get(kind, 0)
