@@ -42,7 +42,9 @@ long: `latency_claims_without_record` says how many), never left out. Phases:
   records stored per second in the steady window (`sustained_window`: from the
   phase's first record plus a quarter, the warm-up, to the last of its claims
   entering CLAIMS; the drain after it, without the submitter's load, is left
-  out); `cpu_s_in_window` per process (sampled every 0.5 s),
+  out); `cpu_s_in_window` per process (sampled every 0.5 s) and
+  `runqueue_wait_s_in_window` (seconds its threads were runnable but waited
+  for a CPU: a process starved by the machine, not idle on its own),
   `cpu_ms_per_claim_by_process`: each one's CPU over the claims it finished
   in the window (the submitter: claims into CLAIMS, which run ahead of the
   rest when offered above capacity; the allocator: commits; the status
@@ -799,10 +801,42 @@ def sustained_window(submitted: dict[str, float], records: dict[str, Record], na
 CpuSample = tuple[float, dict[str, float]]
 
 
-async def sample_cpu(pids: dict[str, int | None], stop: asyncio.Event, samples: list[CpuSample], every: float = 0.5) -> None:
-    """Every `every` seconds until `stop`: (wall time, CPU seconds so far of each process and of this one)."""
+def runqueue_seconds(schedstats: Iterable[str]) -> float:
+    """Seconds a process's threads spent runnable but waiting for a CPU, from each thread's
+    ``/proc/<pid>/task/<tid>/schedstat`` (on-CPU ns, runqueue-wait ns, timeslices); lines that do
+    not parse count as 0. On a shared machine this tells a process starved of CPU (long waits)
+    from one idle on its own (waiting for I/O or a lock: neither runs nor waits here)."""
+    total = 0
+    for text in schedstats:
+        fields = text.split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            total += int(fields[1])
+    return total / 1e9
+
+
+def process_runqueue_seconds(pid: int | None) -> float:
+    """`runqueue_seconds` of a live process (Linux /proc); 0.0 once it is gone, or without schedstat."""
+    if pid is None:
+        return 0.0
+    texts = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                texts.append((task / "schedstat").read_text())
+    return runqueue_seconds(texts)
+
+
+async def sample_cpu(
+    pids: dict[str, int | None], stop: asyncio.Event, samples: list[CpuSample], every: float = 0.5, waits: list[CpuSample] | None = None
+) -> None:
+    """Every `every` seconds until `stop`: (wall time, CPU seconds so far of each process and of this
+    one) into `samples`, and the same processes' `process_runqueue_seconds` so far into `waits`."""
+    everyone = pids | {"bench": os.getpid()}
     while True:
-        samples.append((time.time(), {name: process_cpu_seconds(pid) for name, pid in pids.items()} | {"bench": time.process_time()}))
+        now = time.time()
+        samples.append((now, {name: process_cpu_seconds(pid) for name, pid in pids.items()} | {"bench": time.process_time()}))
+        if waits is not None:
+            waits.append((now, {name: process_runqueue_seconds(pid) for name, pid in everyone.items()}))
         if stop.is_set():
             return
         with contextlib.suppress(TimeoutError):
@@ -861,8 +895,9 @@ async def run(options: Options) -> dict[str, Any]:
             pids = {name: service.pid for name, service in stack.services.items()}
             pids |= {f"nats-server-{i}": pid for i, pid in enumerate(server_pids(stack.nats))}
             samples: list[CpuSample] = []
+            waits: list[CpuSample] = []
             sampled = asyncio.Event()
-            sampler = asyncio.create_task(sample_cpu(pids, sampled, samples))
+            sampler = asyncio.create_task(sample_cpu(pids, sampled, samples, waits=waits))
             await submitter.offer(sustained, options.sustain_rate, options.mig_every, first_index=len(paced))
             await wait_for_records(bus, DEFAULT_BUCKET, len(everything) + 1, options.settle_timeout)
             sampled.set()
@@ -889,6 +924,7 @@ async def run(options: Options) -> dict[str, Any]:
     latencies = latencies_ms(submitter.offered, records, paced, read_at)
     cpu = cpu_between(samples, warm, end)
     cpu_window = cpu[2] if cpu is not None else {}
+    waited = cpu_between(waits, warm, end)
     per_claim = cpu_ms_per_claim(cpu, handled_times(submitted, committed, records, sustained))
     per_claim_total = sum(v for v in per_claim.values() if v is not None) if per_claim and None not in per_claim.values() else None
     states: dict[str, int] = {}
@@ -924,6 +960,7 @@ async def run(options: Options) -> dict[str, Any]:
         "leader_terms": terms,
         "nats_servers": options.cluster,
         "cpu_s_in_window": cpu_window,
+        "runqueue_wait_s_in_window": waited[2] if waited is not None else {},
         "cpu_ms_per_claim_by_process": per_claim,
         "cpu_ms_per_claim_in_window": None if per_claim_total is None else round(per_claim_total, 3),
         "claims_per_cpu_second": round(1000 / per_claim_total, 1) if per_claim_total else None,

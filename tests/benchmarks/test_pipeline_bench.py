@@ -7,7 +7,9 @@ inputs; the ceiling against a real nats-server; the whole benchmark once, small,
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -164,3 +166,33 @@ def test_bench_pipeline_refuses_nonsense():
     assert result.exit_code == 2 and "--sustain" in result.stderr
     result = CliRunner().invoke(app, ["bench", "pipeline", "--mig-every", "-1"])
     assert result.exit_code == 2 and "--mig-every" in result.stderr
+
+
+def test_runqueue_seconds_sums_each_threads_wait_and_skips_what_does_not_parse():
+    # schedstat: on-CPU ns, runqueue-wait ns, timeslices; the wait is the second field.
+    assert pipeline.runqueue_seconds(["900 1500000000 3\n", "7 250000000 1\n"]) == 1.75
+    assert pipeline.runqueue_seconds(["", "garbage", "1 -5 2", "1 2.5 3"]) == 0.0
+
+
+def test_process_runqueue_seconds_reads_this_process_and_is_zero_for_none_or_a_gone_pid():
+    before = pipeline.process_runqueue_seconds(os.getpid())
+    assert before >= 0.0
+    assert pipeline.process_runqueue_seconds(os.getpid()) >= before  # a running total
+    assert pipeline.process_runqueue_seconds(None) == 0.0
+    assert pipeline.process_runqueue_seconds(2**22 + 1) == 0.0  # above Linux's pid_max: no such process
+
+
+def test_sample_cpu_records_the_runqueue_wait_of_each_process_and_of_the_bench():
+    async def once() -> tuple[list[pipeline.CpuSample], list[pipeline.CpuSample]]:
+        samples: list[pipeline.CpuSample] = []
+        waits: list[pipeline.CpuSample] = []
+        stop = asyncio.Event()
+        stop.set()  # one sample, then return
+        await pipeline.sample_cpu({"me": os.getpid(), "gone": None}, stop, samples, waits=waits)
+        return samples, waits
+
+    samples, waits = asyncio.run(once())
+    assert len(samples) == len(waits) == 1
+    assert samples[0][0] == waits[0][0]  # taken together: the same window applies to both
+    assert set(waits[0][1]) == {"me", "gone", "bench"}
+    assert waits[0][1]["gone"] == 0.0
