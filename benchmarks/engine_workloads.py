@@ -351,6 +351,9 @@ def frontier(nodes: int = FRONTIER_NODES, fill: float = 0.9, seed: int = 7) -> W
     return Workload(name, objects, claims, gpus, seed=seed, shape="frontier scale: mixed shapes, GB200 NVL72 racks", extra={"nodes": nodes})
 
 
+PROGRESS_EVERY = 5_000
+"""Claims between progress lines on stderr, for workloads of at least four times as many."""
+
 WORKLOADS = {"kube-perf-500": kube_perf_500, "gpu-fleet-10k": gpu_fleet_10k, "churn-mixed": churn_mixed, "frontier-250k": frontier}
 DEFAULT_SEED = 7
 
@@ -411,6 +414,10 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
             cold_start, cold_start_cpu = t1 - built, time.process_time() - built_cpu
         latencies.append(t1 - t0)
         statuses[outcome.status] += 1
+        if i % PROGRESS_EVERY == 0 and len(workload.claims) >= PROGRESS_EVERY * 4:
+            # a long run (frontier-250k: tens of minutes on a busy machine) shows it is moving;
+            # stderr, so the JSON on stdout stays one object
+            print(f"{workload.name}: claim {i:,} of {len(workload.claims):,}, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         if outcome.allocation is not None:
             running.append(claim.key)
     finished, finished_cpu = time.perf_counter(), time.process_time()
