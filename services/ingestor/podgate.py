@@ -253,7 +253,7 @@ class PodGate:
             body = to_builtins(wanted)
             body["metadata"].pop("name", None)
             # the client sends a dict body as is; the stub names the model only
-            sent = self.resource.create_namespaced_resource_claim(pod.metadata.namespace or "default", body, _preload_content=False)  # type: ignore[arg-type]
+            sent = self.resource.create_namespaced_resource_claim(pod.metadata.namespace or "default", body, _preload_content=False)  # type: ignore[arg-type]  # a dict body (see above)
             created = msgspec.json.decode(await body_of(sent), type=ResourceClaim)
             name = created.metadata.name
             log.info("Pod %s/%s: created extended-resource claim %s", pod.metadata.namespace, pod.metadata.name, name)

@@ -384,7 +384,7 @@ class Engine:
                     if not (alt.admin or alt.all_mode):
                         failed &= ~used
                     if failed:
-                        first = min(iter_bits(failed), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
+                        first = min(iter_bits(failed), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
                         text = verdict.errors[first]
                         if text.startswith("class "):
                             return text
@@ -421,7 +421,7 @@ class Engine:
                         if alt.group:
                             hit = _has_group(inv, matched, alt)
                         elif alt.constraint_attributes:
-                            hit = any(all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]
+                            hit = any(all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
                         else:
                             hit = matched
                     if hit:

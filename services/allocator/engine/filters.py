@@ -138,7 +138,7 @@ def node_devices(inv: Inventory, node: str | None) -> tuple[int, list[int]]:
         rec = inv.devices[i]
         if rec is not None and rec.all_nodes:
             bits |= 1 << i
-    return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]
+    return bits, sorted(iter_bits(bits), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
 
 
 def candidates(
@@ -197,9 +197,9 @@ def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list
     low = (mask & -mask).bit_length() - 1
     if mask.bit_length() - low <= SPAN_MAX:
         local = matched >> low
-        return [devices[i] for i in order if (local >> (i - low)) & 1]  # type: ignore[misc]
+        return [devices[i] for i in order if (local >> (i - low)) & 1]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
     wanted = set(iter_bits(matched))
-    return [devices[i] for i in order if i in wanted]  # type: ignore[misc]
+    return [devices[i] for i in order if i in wanted]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
 
 
 def _all_devices(rq: Request, recs: list[DeviceRec], node: str | None) -> Candidates:

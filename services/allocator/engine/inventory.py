@@ -450,7 +450,7 @@ class Inventory:
                 x ^= low
                 if rec is not None and (rec.all_nodes or node_selector_matches(rec.node_selector, node, labels)):
                     bits |= low
-        ids = sorted(iter_bits(bits), key=lambda i: self.devices[i].order)  # type: ignore[union-attr]
+        ids = sorted(iter_bits(bits), key=lambda i: self.devices[i].order)  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
         self._node_ids[node] = (stamp, ids)
         self._keep_bits(node, stamp, bits)
         return bits, ids

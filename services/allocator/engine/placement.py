@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import TYPE_CHECKING
 
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, iter_bits
 from dralloc.allocator.engine.keep_whole import Group, KeepWhole
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.topology import (
@@ -121,7 +121,7 @@ class Placement:
         ranks = 0
         if devices:
             inv = self.inv
-            nodes = {inv.devices[i].local_node for i in iter_bits(devices) if inv.devices[i] is not None}  # type: ignore[union-attr]
+            nodes = {inv.devices[i].local_node for i in iter_bits(devices) if inv.devices[i] is not None}  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
             for node in nodes:
                 if node is not None and node in inv.node_rank:
                     ranks |= 1 << inv.node_rank[node]
@@ -162,7 +162,7 @@ class Placement:
             taken = matched & used
             if beat is not None and (1 if taken else 0, taken.bit_count() - matched.bit_count()) >= beat:
                 return None
-            holders = {holder.get(devices[i].key) for i in iter_bits(taken) if devices[i] is not None}  # type: ignore[union-attr]
+            holders = {holder.get(devices[i].key) for i in iter_bits(taken) if devices[i] is not None}  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
             return (len(holders), taken.bit_count() - matched.bit_count(), rank[node], matched)
 
         if members <= 1:
@@ -431,7 +431,7 @@ class Placement:
         if len(demand) > 1 or (demand and demand[0][1] >= 2):
             level = self._masked_level(topo, node, demand, free_only)
             if level is not _PER_DEVICE:
-                return level  # type: ignore[return-value]
+                return level  # type: ignore[return-value]  # not the _PER_DEVICE sentinel: an int or None
         counts = self._counts(topo, node, demand, free_only)
         if counts is None:
             return None
@@ -578,17 +578,19 @@ class Placement:
                 for g, n in alike.items():
                     counts[g[pos]] = counts.get(g[pos], 0) + n
                 ok = {gid for gid, n in counts.items() if n >= need}
-                holds[pos] = ok if holds[pos] is None else holds[pos] & ok  # type: ignore[operator]
+                held = holds[pos]
+                holds[pos] = ok if held is None else held & ok
                 total = totals[pos]
                 for gid, n in counts.items():
                     total[gid] = total.get(gid, 0) + n
         named = topo.names[NVLINK]
         holds[NVLINK] = {gid for gid in holds[NVLINK] or () if gid in named}
+        holding = [h if h is not None else set() for h in holds]  # a level no slot demands holds nothing
         far = ((1, 1, 1, 1, 1), 0, (), 0)
         memo: dict[tuple[int, ...], _SortKey] = {}
 
         def prefix(g: tuple[int, ...]) -> _SortKey:
-            vector = tuple(0 if g[pos] in holds[pos] else 1 for pos in levels)  # type: ignore[operator]
+            vector = tuple(0 if g[pos] in holding[pos] else 1 for pos in levels)
             tight = vector.index(0) if 0 in vector else NODE
             fit = totals[tight][g[tight]] if tight != NODE else 0
             # best fit outward: the fullest NVLink domain, NUMA node, root, switch, GPU
@@ -858,9 +860,9 @@ class KindIndex:
             # a count gained its first node or lost its last: only then does the list change
             self.most_claims_first = sorted((n for n, ranks in self.by_claims.items() if ranks), reverse=True)
 
-    def _rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
+    def _rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         inv, used = self.inv, self.ledger.used_ids
-        for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:  # type: ignore[attr-defined]
+        for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:
             counts: dict[tuple[str, str], int] = {}
             totals: dict[tuple[str, str], int] = {}
             for i in inv.local.ids(node):
@@ -876,7 +878,7 @@ class KindIndex:
         for rec in old_devices:
             if (was := self.held.pop(rec.key, None)) is not None:
                 self._hold(*was, -1)
-        for rec in pool.devices:  # type: ignore[attr-defined]
+        for rec in pool.devices:
             claim = self.ledger.exclusive.get(rec.key)
             if claim is not None and not rec.multi and rec.local_node is not None and rec.key not in self.held:
                 self.held[rec.key] = (rec.local_node, claim)

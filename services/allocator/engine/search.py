@@ -335,7 +335,7 @@ def _elements(rec: DeviceRec, attr: str) -> tuple[AttrValue, ...]:
     a = rec.attribute(attr)
     if a is None:
         return ()
-    return rec.values(attr) if a[0] in LIST_KINDS else (a,)  # type: ignore[return-value]
+    return rec.values(attr) if a[0] in LIST_KINDS else (a,)  # type: ignore[return-value]  # values is None only when the attribute is absent: `a` says it is present
 
 
 def _enough(cands: list[DeviceRec], count: int) -> bool:

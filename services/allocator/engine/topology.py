@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, lookup_attribute
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, lookup_attribute
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
@@ -267,9 +267,9 @@ class Topology:
         row is built once, not once per slice."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
 
-    def _pool_rebuilt(self, pool: object, old_devices: list[DeviceRec]) -> None:
+    def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         inv = self.inv
-        touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}  # type: ignore[attr-defined]
+        touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}
         for node in touched:
             bit = 1 << inv._see_node(node)
             devices = (inv.devices[i] for i in inv.local.ids(node))
@@ -363,12 +363,12 @@ def level_of(topo: NodeTopology, ids: list[int]) -> int:
     The NVLink level counts only when every device has an NVLink domain."""
     if not ids:
         return NODE
-    groups = [topo.groups.get(i) for i in ids]
-    if any(g is None for g in groups):
+    groups = [g for i in ids if (g := topo.groups.get(i)) is not None]
+    if len(groups) != len(ids):
         return NODE
     for pos, level in enumerate(GROUP_LEVELS):
-        first = groups[0][pos]  # type: ignore[index]
-        if all(g[pos] == first for g in groups):  # type: ignore[index]
+        first = groups[0][pos]
+        if all(g[pos] == first for g in groups):
             if level == NVLINK and first not in topo.names[pos]:
                 continue  # one device alone "in" no domain
             return level

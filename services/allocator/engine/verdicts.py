@@ -238,7 +238,7 @@ class Verdicts:
         compiled = [cel.compile_selector(e) for e in exprs]
         while compiled and (driver := compiled[0].driver) is not None:
             # `device.driver == "x"`, the usual class selector: no CEL environment needed
-            keep = [i for i in iter_bits(todo) if devices[i].driver == driver]  # type: ignore[union-attr]
+            keep = [i for i in iter_bits(todo) if devices[i].driver == driver]  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
             exprs, compiled = exprs[1:], compiled[1:]
             offset += 1
             if not exprs:
@@ -264,7 +264,7 @@ class Verdicts:
                     raise Interrupted("selector evaluation interrupted")
                 if deadline is not None and deadline[0]() > deadline[1]:
                     raise SelectorBudgetExceeded(_out_of_time(owner, len(done)))
-                rec: DeviceRec = devices[i]  # type: ignore[assignment]
+                rec: DeviceRec = devices[i]  # type: ignore[assignment]  # ids from a live bitset name live devices (None marks only a removed id)
                 env = envs.get(i)
                 ok = True
                 for n, selector in enumerate(compiled):
