@@ -39,6 +39,8 @@ class Config:
     `dralloc.dev/max-wait` says otherwise; 0: only claims that say so."""
     snapshot: Policy = Policy()
     """When the leader writes the snapshot of its live decisions (snapshot_store.py)."""
+    keep_whole: float = 0.0
+    """Whole nodes kept for large claims per unit of recent large demand (engine/keep_whole.py); 0: off."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
@@ -52,6 +54,7 @@ class Config:
             cel_seconds=_cel_seconds(env.get("DRALLOC_CEL_BUDGET_SECONDS", str(DEFAULT_CEL_SECONDS))),
             max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
             snapshot=_snapshot_policy(env.get("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", str(Policy.every))),
+            keep_whole=_keep_whole(env.get("DRALLOC_ALLOCATOR_KEEP_WHOLE", "0")),
         )
         return overridden(config, overrides)
 
@@ -66,6 +69,16 @@ def _snapshot_policy(text: str) -> Policy:
     if not (text.isascii() and text.isdigit() and 0 < len(text) <= 9 and int(text) > 0):
         raise ValueError(f"DRALLOC_ALLOCATOR_SNAPSHOT_EVERY must be a positive whole number of decisions, not {text[:40]!r}")
     return Policy(every=int(text))
+
+
+def _keep_whole(text: str) -> float:
+    try:
+        factor = float(text) if text.isascii() else math.nan  # float() also reads other scripts' digits
+    except ValueError:
+        factor = math.nan
+    if not 0 <= factor <= 10:  # NaN fails too
+        raise ValueError(f"DRALLOC_ALLOCATOR_KEEP_WHOLE must be a factor in [0, 10] (0: off), not {text[:40]!r}")
+    return factor
 
 
 def _cel_seconds(text: str) -> float:

@@ -21,7 +21,9 @@ snapshots, at least; default 1000), ``DRALLOC_ALLOCATOR_MAX_WAIT`` (how long a
 large waiting claim or gang holds a reservation unless its ``dralloc.dev/max-wait`` says; "600",
 "10m"; default 0: only claims that say so; reservations.py), ``DRALLOC_CEL_BUDGET`` (cost units a claim's
 selector evaluations may spend, default 5,000,000; engine.py), ``DRALLOC_CEL_BUDGET_SECONDS``
-(CPU seconds of the engine thread they may take, default 2: time spent waiting for a busy CPU does not count).
+(CPU seconds of the engine thread they may take, default 2: time spent waiting for a busy CPU does not count),
+``DRALLOC_ALLOCATOR_KEEP_WHOLE`` (whole nodes kept for large claims per unit of recent large demand, 0 to 10;
+default 0: off; engine/keep_whole.py).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
         while await lease.acquire(stop):
             # The CEL time budget on the engine thread's own CPU clock, not the wall clock: a starved
             # allocator (a busy machine) must not fail good claims for time it spent waiting to run.
-            engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.thread_time, config.cel_seconds))
+            engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.thread_time, config.cel_seconds), keep_whole=config.keep_whole)
             allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:

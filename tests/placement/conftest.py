@@ -23,8 +23,8 @@ NIC_CLASS = msgspec.convert(
 )
 
 
-def make_engine(spec: list[tuple[str, int]], *, scoring: bool = True) -> Engine:
-    engine = Engine(scoring=scoring)
+def make_engine(spec: list[tuple[str, int]], *, scoring: bool = True, keep_whole: float = 0.0) -> Engine:
+    engine = Engine(scoring=scoring, keep_whole=keep_whole)
     for node in fleet_nodes(spec):
         engine.apply(node)
     for item in load_paths([EXAMPLES / "deviceclasses.yaml"]).objects:

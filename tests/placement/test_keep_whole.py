@@ -49,8 +49,7 @@ def test_off_by_default_a_small_claim_breaks_the_last_whole_node():
 
 
 def test_on_the_last_whole_node_is_kept_for_the_large_claims_seen():
-    engine = make_engine([("l40s-pcie", 2)])
-    engine.placement.keep_whole.factor = 1.0
+    engine = make_engine([("l40s-pcie", 2)], keep_whole=1.0)  # as the allocator builds it from DRALLOC_ALLOCATOR_KEEP_WHOLE
     assert allocated(engine, "big", 8) is not None  # a large placement: this group keeps one whole node
     engine.release("default/big")
     assert allocated(engine, "a", 4) is not None

@@ -111,6 +111,7 @@ class Engine:
         scoring: bool = True,
         cel_budget: int | None = DEFAULT_CEL_BUDGET,
         cel_seconds: tuple[Callable[[], float], float] | None = None,
+        keep_whole: float = 0.0,
     ) -> None:
         self.inventory = Inventory()
         self.ledger = Ledger(self.inventory)
@@ -127,6 +128,7 @@ class Engine:
         """Whether it also reports nodes not tried (too few free or matching devices), after the tried ones."""
         # node and candidate order: topology/best-fit scoring, or Kubernetes' order (placement.py)
         self.placement = Placement(self.inventory, self.ledger, self.verdicts, scoring=scoring, learn=self._learn)
+        self.placement.keep_whole.factor = keep_whole  # whole nodes kept for large claims (keep_whole.py; 0: off)
         self.misfits = Misfits(self.inventory, self.ledger)
         """Failures per (claim shape, node), valid until the node changes: repeated attempts cost a lookup."""
         self._observer: Observer | None = None  # made by the first `snapshot`
