@@ -72,20 +72,22 @@ def _snapshot_policy(text: str) -> Policy:
 
 
 def _keep_whole(text: str) -> float:
-    try:
-        factor = float(text) if text.isascii() else math.nan  # float() also reads other scripts' digits
-    except ValueError:
-        factor = math.nan
+    factor = _float(text) if text.isascii() else math.nan  # float() also reads other scripts' digits
     if not 0 <= factor <= 10:  # NaN fails too
         raise ValueError(f"DRALLOC_ALLOCATOR_KEEP_WHOLE must be a factor in [0, 10] (0: off), not {text[:40]!r}")
     return factor
 
 
 def _cel_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
+    seconds = _float(text)
     if not 0 < seconds <= 3600:
         raise ValueError(f"DRALLOC_CEL_BUDGET_SECONDS must be a number of seconds in (0, 3600], not {text[:40]!r}")
     return seconds
+
+
+def _float(text: str) -> float:
+    """`text` as a float, NaN when it is not one (every range check refuses NaN)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
