@@ -484,6 +484,10 @@ class Engine:
                 raise _Failure(f"claim {plan.key}: number of requested devices {minimum} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}", Why.UNIT_ERROR)
         if infeasible:
             raise _Failure(infeasible)
+        if len(plans) == 1 and len(options) == 1 and len(options[0]) == 1 and not plans[0].constraints:
+            quick = self._take_first(options[0][0], node, steps)
+            if quick is not None:
+                return [quick]
         last = "no combination of the candidate devices satisfies the constraints, counters and capacity together"
         for choice in itertools.product(*options):
             totals: dict[int, int] = {}
@@ -517,6 +521,22 @@ class Engine:
             if solved:
                 return [[s for s in slots if s.claim == ci] for ci in range(len(plans))]
         raise _Failure(last)
+
+    def _take_first(self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], node: str | None, steps: list[int]) -> list[Slot] | None:
+        """The usual unit: one claim, one request, one feasible alternative, no constraints. When
+        no candidate is shared or consumes counters, every candidate can be taken whatever else is
+        taken, so the search would take the first `count` in placement's order, one step each:
+        that answer without building the search. None: the search is needed (or the step budget
+        would run out on the way, where the search raises it)."""
+        _, alt, cands, consumed = option
+        count = alt.count
+        if alt.all_mode or steps[0] + count > self.budget or any(rec.multi or rec.consumes for rec in cands):
+            return None
+        slot = Slot(claim=0, alt=alt, cands=list(cands), consumed=consumed)
+        self.placement.order_slots([slot], node)
+        slot.chosen = slot.cands[:count]
+        steps[0] += count
+        return [slot]
 
     # --- results -------------------------------------------------------------------------
 

@@ -159,7 +159,14 @@ def candidates(
     also notes the first taint that dropped a device; the devices found are the same."""
     mask, order = devices_of_node
     recs = _in_order(inv, verdict.matched & mask, mask, order)
-    rq = Request(inv=inv, ledger=ledger, alt=alt, covering=[c for c in plan.constraints if c.covers(alt)], explain=explain)
+    covering = [c for c in plan.constraints if c.covers(alt)] if plan.constraints else []
+    if not explain and not alt.all_mode:
+        # the search's case: every stage in one pass (the same devices: each stage is a test of
+        # one device, independent of the others); the counts per stage only when the list is short
+        kept, consumed = _passing(ledger, alt, covering, recs)
+        if len(kept) >= alt.count:
+            return Candidates(recs=kept, consumed=consumed, problem="")
+    rq = Request(inv=inv, ledger=ledger, alt=alt, covering=covering, explain=explain)
     if alt.all_mode:
         return _all_devices(rq, recs, node)
     out = recs
@@ -180,6 +187,38 @@ def candidates(
     else:
         found.problem = f"only {dict(left)[found.emptied_by]} device(s) left after the '{found.emptied_by}' filter, {need} wanted"
     return found
+
+
+def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[DeviceRec]) -> tuple[list[DeviceRec], dict[int, dict[str, int]]]:
+    """The devices of `recs` every stage of STAGES keeps, in order, and what each shared one would
+    consume: the stages' tests fused (same order, same results), for a request not for All."""
+    admin = alt.admin
+    used, shares, room, cap_used = ledger.used_ids, ledger.shares, ledger.counter_room, ledger.cap_used
+    defaults = not alt.capacity
+    tolerations = alt.tolerations
+    names = [c.attribute for c in covering]
+    out: list[DeviceRec] = []
+    consumed: dict[int, dict[str, int]] = {}
+    for rec in recs:
+        if not admin:
+            rid = rec.id
+            if rid in used:
+                continue  # in use
+            if rec.consumes and not shares.get(rec.key) and not room(rec):
+                continue  # counters
+        use = rec.default_use if defaults and rec.default_use is not NOT_YET else consumed_capacity(alt, rec)
+        if use is None:
+            continue  # capacity
+        if rec.multi and not admin and not _room(cap_used.get(rec.id, {}), use, rec):
+            continue  # capacity
+        if rec.taints and not all(tolerated(t, tolerations) for t in rec.taints):
+            continue  # taints
+        if names and not all(rec.attribute(a) is not None for a in names):
+            continue  # constraints
+        if rec.multi:
+            consumed[rec.id] = use
+        out.append(rec)
+    return out, consumed
 
 
 SPAN_MAX = 4096
