@@ -317,22 +317,28 @@ class Placement:
         counted and nothing is known whole. `need`: the devices of the kind the unit takes;
         among partly used nodes those it would leave with a useful hole come first (`_hole_order`)."""
         whole = 0
+        of, members = self.topology.domains()
+        sums: dict[str, int] | None = None
         if kind is not None and kind in self.kinds.ge:
             free_ge, free = self.kinds.ge[kind], self.kinds.free[kind]
             whole = self.kinds.whole.get(kind, 0)
+            # the free devices per domain are kept as the ledger changes (`KindIndex.domain_free`):
+            # summing every member's count per claim was a pass over every node in a domain
+            sums = self.kinds.domain_free(kind, of) if of else None
         else:
             free_ge, free = self.ledger.free_ge, self.ledger.free_local
-        of, members = self.topology.domains()
         if not of:
             parts = [viable]
         else:
             bits = self.topology.domain_bits()
-            inside = 0
-            for b in bits.values():
-                inside |= b
+            inside = self.topology.domain_union()
             rank = self.inv.node_rank
             touched = [d for d, b in bits.items() if viable & b]
-            touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
+            if sums is not None:
+                summed = sums
+                touched.sort(key=lambda d: (summed.get(d, 0), rank[members[d][0]]))
+            else:
+                touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
             parts = [viable & ~inside, *(viable & bits[d] for d in touched)]
         if whole:
             for part in parts:
@@ -386,9 +392,27 @@ class Placement:
         return (r for r in iter_bits(ranks) if names[r] in known)
 
     def _any_free(self, node: str, alt: Alt) -> bool:
+        topo = self.topology.node(node) if not self.inv.nonlocal_bits else None
+        if topo is not None:
+            return bool(self.local_verdict(topo, alt)[0] & ~self.kinds.used_on(node, topo.lo))
         mask, _ = self.inv.node_mask(node)
         matched = self.verdicts.get(alt, mask).matched & mask
         return matched != matched & self.ledger.used_bits
+
+    def local_verdict(self, topo: NodeTopology, alt: Alt) -> tuple[int, int]:
+        """(matched, failed): the devices of `alt`'s selector verdict among the node's own
+        (node-local) devices, shifted by `topo.lo`; evaluated on the node's devices if they
+        were not yet. Kept on the node's topology (`NodeTopology.verdicts`): the verdict's
+        bitsets span the fleet, and cutting the node's part out of them (`& mask`) cost a
+        fleet-wide operation per node and claim; this is one per node and selector set."""
+        hit = topo.verdicts.get(alt.verdict_key)
+        if hit is None:
+            mask, _ = self.inv.node_mask(topo.node)
+            verdict = self.verdicts.get(alt, mask)
+            lo, span = topo.lo, topo.span
+            failed = ((verdict.failed & mask) >> lo) & span if verdict.failed else 0
+            hit = topo.verdicts[alt.verdict_key] = (((verdict.matched & mask) >> lo) & span, failed)
+        return hit
 
     def _locality_order(self, plans: list[ClaimPlan], demand: Demand, viable: int) -> Iterator[str]:
         names = self.inv.node_names
@@ -442,13 +466,11 @@ class Placement:
         `&` and `bit_count()` (groups of one device cannot hold a demand of two). Shared and
         counter-consuming devices do not count one bit each: `_PER_DEVICE` says to count them
         one by one (`_counts`)."""
-        mask, _ = self.inv.node_mask(node)
-        lo = topo.lo
-        # device bitsets span the fleet: cut them down to the node (`& mask`) before anything else
-        free = topo.span & ~((self.ledger.used_bits & mask) >> lo) if free_only else topo.span
+        # the node's own bits only (shifted by `lo`): nothing here is as wide as the fleet
+        free = topo.span & ~self.kinds.used_on(node, topo.lo) if free_only else topo.span
         items: list[tuple[int, int]] = []
         for alt, count in demand:
-            bits = ((self.verdicts.get(alt, mask).matched & mask) >> lo) & free
+            bits = self.local_verdict(topo, alt)[0] & free
             if bits & topo.special:
                 return _PER_DEVICE
             if alt.constraint_attributes:
@@ -498,14 +520,12 @@ class Placement:
     def _counts(self, topo: NodeTopology, node: str, demand: Demand, free_only: bool) -> list[list[dict[int, int]]] | None:
         """Per demand item, per level: group -> free matching devices (shared devices count as enough)."""
         inv, ledger = self.inv, self.ledger
-        mask, _ = inv.node_mask(node)
         lo = topo.lo
-        used = ledger.used_bits if free_only else 0
+        used = self.kinds.used_on(node, lo) if free_only else 0
         out = []
         for alt, count in demand:
-            verdict = self.verdicts.get(alt, mask)
-            matched = verdict.matched & mask
-            bits = (matched ^ (matched & used)) >> lo
+            matched = self.local_verdict(topo, alt)[0]
+            bits = matched ^ (matched & used)
             needs = alt.constraint_attributes
             per_level: list[dict[int, int]] = [{} for _ in GROUP_LEVELS]
             total = 0
@@ -806,22 +826,46 @@ class KindIndex:
         """n >= 1 -> the node ranks with exactly n claims holding devices there."""
         self.most_claims_first: list[int] = []
         """The keys of `by_claims` with a node, largest first."""
+        self.used_local: dict[str, tuple[int, int]] = {}
+        """Node -> (lo, its node-local devices in exclusive use as a bitset shifted by lo): the
+        ledger's `used_bits` cut down to the node, kept per charge (`used_on`)."""
+        self._domain_of: dict[str, str] | None = None
+        self._domain_free: dict[tuple[str, str], dict[str, int]] = {}
+        """Per kind: multi-node domain -> free devices of the kind on its nodes, for the domains of
+        `_domain_of` (`domain_free`); kept in step by `_set`."""
         ledger.on_charge.append(self._charge)
         inventory.on_pool_rebuilt.append(self._rebuilt)  # after the ledger's own (registered first)
 
+    def used_on(self, node: str, lo: int) -> int:
+        """The node's local devices in exclusive use (the ledger's `used_bits` of the node),
+        shifted by `lo` (the node's lowest device id): O(the node), not O(the fleet)."""
+        hit = self.used_local.get(node)
+        if hit is None:
+            return 0
+        at, bits = hit
+        return bits << (at - lo) if at >= lo else bits >> (lo - at)
+
     def _charge(self, rec: DeviceRec, sign: int) -> None:
-        if rec.multi or rec.local_node is None:
+        node = rec.local_node
+        if node is None:
+            return
+        at, bits = self.used_local.get(node) or (self.inv.local.span(node)[0], 0)
+        if rec.id < at:  # (a node's ids only grow, but keep it right if one did not)
+            bits, at = bits << (at - rec.id), rec.id
+        bit = 1 << (rec.id - at)
+        self.used_local[node] = (at, bits | bit if sign > 0 else bits & ~bit)
+        if rec.multi:
             return
         kind = kind_of(rec)
-        self._set(kind, rec.local_node, self.free.get(kind, {}).get(rec.local_node, 0) - sign)
+        self._set(kind, node, self.free.get(kind, {}).get(node, 0) - sign)
         # the ledger names the holder before it charges a device and forgets it before it frees one
         if sign > 0:
             claim = self.ledger.exclusive.get(rec.key)
             if claim is not None:
-                self.held[rec.key] = (rec.local_node, claim)
-                self._hold(rec.local_node, claim, +1)
+                self.held[rec.key] = (node, claim)
+                self._hold(node, claim, +1)
                 if self.keep is not None and self.keep.factor > 0:
-                    self._seen(kind, rec.local_node, claim)
+                    self._seen(kind, node, claim)
         elif (was := self.held.pop(rec.key, None)) is not None:
             self._hold(*was, -1)
 
@@ -865,6 +909,8 @@ class KindIndex:
         for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:
             counts: dict[tuple[str, str], int] = {}
             totals: dict[tuple[str, str], int] = {}
+            lo = inv.local.span(node)[0]
+            self.used_local[node] = (lo, sum(1 << (i - lo) for i in inv.local.ids(node) if i in used))  # the ledger's, again
             for i in inv.local.ids(node):
                 rec = inv.devices[i]
                 if rec is not None and not rec.multi:
@@ -884,10 +930,30 @@ class KindIndex:
                 self.held[rec.key] = (rec.local_node, claim)
                 self._hold(rec.local_node, claim, +1)
 
+    def domain_free(self, kind: tuple[str, str], of: dict[str, str]) -> dict[str, int]:
+        """Domain -> free devices of `kind` on its nodes, for the domains `of` (node -> domain,
+        `Topology.domains`). Summed once per kind and domain map (a new map when the inventory
+        changes), then kept by `_set` as devices are taken and freed: O(1) per claim."""
+        if self._domain_of is not of:
+            self._domain_of, self._domain_free = of, {}
+        sums = self._domain_free.get(kind)
+        if sums is None:
+            sums = self._domain_free[kind] = {}
+            for node, n in self.free.get(kind, {}).items():
+                domain = of.get(node)
+                if domain is not None:
+                    sums[domain] = sums.get(domain, 0) + n
+        return sums
+
     def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
         free = self.free.setdefault(kind, {})
         old = free.get(node, 0)
         free[node] = new
+        if new != old and self._domain_of is not None:
+            domain = self._domain_of.get(node)
+            sums = self._domain_free.get(kind)
+            if domain is not None and sums is not None:
+                sums[domain] = sums.get(domain, 0) + new - old
         if new == old and not force:
             return
         # bitsets over thousands of node ranks: flip a bit only where it changes (each

@@ -26,7 +26,8 @@ any node label a gang names); its components are the domains gangs stay in.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
@@ -95,6 +96,11 @@ class NodeTopology:
     shape: int
     """The serial of the node's structure (`Shape`): nodes of one hardware profile share it,
     so an order worked out for one (by device position) holds for the others."""
+    verdicts: dict[Any, tuple[int, int]] = field(default_factory=dict)
+    """Selector verdict key -> (matched, failed) of the node's devices (shifted by `lo`):
+    placement's cache (`Placement.local_verdict`). A node's verdict does not change while its
+    devices do not (the key names the class version and selectors), and this topology is
+    rebuilt when they change, so the cache goes with it."""
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
@@ -256,6 +262,7 @@ class Topology:
         self._shapes: dict[ShapeKey, Shape] = {}
         self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
+        self._unions: dict[str | None, tuple[dict[str, int], int]] = {}
         self.nvlink_ranks = 0
         """Ranks of the nodes with at least one device on an NVLink domain (kept as pools change)."""
         self.eager = False
@@ -354,7 +361,22 @@ class Topology:
         rank = self.inv.node_rank
         bits = {d: sum(1 << rank[n] for n in nodes) for d, nodes in members.items()}
         self._bits[label] = (members, bits)
+        union = 0
+        for b in bits.values():
+            union |= b
+        self._unions[label] = (bits, union)
         return bits
+
+    def domain_union(self, label: str | None = None) -> int:
+        """The node ranks in any multi-node domain (the union of `domain_bits`), kept with it."""
+        bits = self.domain_bits(label)
+        hit = self._unions.get(label)
+        if hit is None or hit[0] is not bits:
+            union = 0
+            for b in bits.values():
+                union |= b
+            hit = self._unions[label] = (bits, union)
+        return hit[1]
 
 
 def level_of(topo: NodeTopology, ids: list[int]) -> int:
