@@ -25,20 +25,24 @@ before, start recording SDK spans. ``OTEL_SERVICE_NAME`` and
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
 log = logging.getLogger("dralloc.telemetry")
@@ -159,7 +163,6 @@ class _Tracer(trace.Tracer):
             return NonRecordingSpan(SpanContext(parent.trace_id, _ids.generate_span_id(), False, parent.trace_flags, parent.trace_state))
         return NonRecordingSpan(SpanContext(_ids.generate_trace_id(), _ids.generate_span_id(), False, _NEW_TRACE_FLAGS))
 
-    @contextlib.contextmanager
     def start_as_current_span(  # type: ignore[override]  # the API's own decorator (_AgnosticContextManager) is private
         self,
         name: str,
@@ -171,10 +174,42 @@ class _Tracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
-    ) -> Iterator[Span]:
+    ) -> AbstractContextManager[Span]:
         span = self.start_span(name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception)
-        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception, set_status_on_exception=set_status_on_exception):
-            yield span
+        return use_span(span, end_on_exit=end_on_exit, record_exception=record_exception, set_status_on_exception=set_status_on_exception)
+
+
+def use_span(span: Span, *, end_on_exit: bool = False, record_exception: bool = True, set_status_on_exception: bool = True) -> AbstractContextManager[Span]:
+    """`opentelemetry.trace.use_span`; for a span that records nothing, a plain context switch (the
+    API's generator-based manager cost ~10 us a span, two spans per message and service)."""
+    if span.is_recording():
+        return trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception, set_status_on_exception=set_status_on_exception)
+    return _Current(span)
+
+
+class _Current:
+    """The current span for a block, for a span that records nothing (so has no exception to record
+    and nothing to end)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.token: object = None
+
+    def __enter__(self) -> Span:
+        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, *exc: object) -> None:
+        otel_context.detach(self.token)  # type: ignore[arg-type]
+
+
+def recording() -> bool:
+    """Whether spans are recorded now (a span processor was added, or another provider is installed):
+    a span's attributes are worth building only then (a consumer skips them per message otherwise)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, PropagatingTracerProvider) or provider.sdk is not None
 
 
 @functools.cache
@@ -186,10 +221,60 @@ def tracer() -> trace.Tracer:
 
 def inject(headers: dict[str, str]) -> dict[str, str]:
     """Add ``traceparent`` (and ``tracestate``) for the current span to message headers."""
+    if _w3c_only():
+        context = trace.get_current_span().get_span_context()
+        if not baggage.get_all():  # (baggage: the propagators' own path)
+            if context.is_valid:
+                headers["traceparent"] = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+                if context.trace_state:
+                    headers["tracestate"] = context.trace_state.to_header()
+            return headers
     propagate.inject(headers)
     return headers
 
 
 def extract(headers: Mapping[str, str] | None):  # -> opentelemetry.context.Context
     """The trace context a message carries (an empty context when it carries none)."""
+    if _w3c_only() and headers is not None and "baggage" not in headers:
+        return _extract_w3c(headers)
     return propagate.extract(dict(headers or {}))
+
+
+_TRACEPARENT = TraceContextTextMapPropagator._TRACEPARENT_HEADER_FORMAT_RE
+
+
+def _extract_w3c(headers: Mapping[str, str]) -> Context:
+    """`TraceContextTextMapPropagator.extract`, read straight from the headers (what the default
+    propagators do when a message carries no baggage), without copying them or going through the
+    composite propagator: every message a consumer reads is extracted."""
+    header = headers.get("traceparent")
+    if not header or len(header) > TraceContextTextMapPropagator._TRACEPARENT_MAXIMUM_LENGTH:
+        return propagate.extract(dict(headers)) if header else Context()  # (too long: the propagator warns)
+    match = _TRACEPARENT.search(header)
+    if not match:
+        return Context()
+    version, trace_id, span_id, flags, rest = match.groups()
+    if trace_id == "0" * 32 or span_id == "0" * 16 or version == "ff" or (version == "00" and rest):
+        return Context()
+    state = headers.get("tracestate")
+    if state is not None:
+        return propagate.extract(dict(headers))  # (its length limit and parsing are the propagator's)
+    parent = SpanContext(trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)), trace_state=None)
+    return trace.set_span_in_context(NonRecordingSpan(parent), Context())
+
+
+@functools.cache
+def _w3c_for(textmap: object) -> bool:
+    propagators = getattr(textmap, "_propagators", None)
+    return (
+        type(textmap) is CompositePropagator
+        and propagators is not None
+        and [type(p) for p in propagators] in ([TraceContextTextMapPropagator, W3CBaggagePropagator], [TraceContextTextMapPropagator])
+    )
+
+
+def _w3c_only() -> bool:
+    """The process propagates W3C trace context (and baggage) only: OpenTelemetry's default, unless
+    ``OTEL_PROPAGATORS`` or a program named others. Then `inject` and `extract` read and write the
+    headers themselves; otherwise the configured propagators do."""
+    return _w3c_for(propagate.get_global_textmap())

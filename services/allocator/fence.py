@@ -23,8 +23,9 @@ stored: then that sequence is this term's own last write.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from opentelemetry.context import Context
 
@@ -60,28 +61,28 @@ class Fence:
         """This term's mark on its writes' message ids."""
         self.last_id: str | None = None
         """The message id of this term's last write sent (None before the first)."""
-        self.tail: asyncio.Task[None] | None = None
+        self.tail: asyncio.Future[None] | None = None
         """The last write sent: done once it (and so every write before it) is stored."""
 
-    def headers(self, what: str) -> dict[str, str]:
+    def headers(self, events: Sequence[ev.AllocationEvent]) -> dict[str, str]:
         """The headers every write of this term carries; raises `Fenced` once the term is over."""
         if self.term.is_set():
-            raise Fenced(f"term over: {what} not written")
+            raise Fenced(f"term over: {_what(events)} not written")
         if self.lease is None:
             return {}
         if not self.lease.held:
             self.term.set()
-            raise Fenced(f"lease lost (epoch {self.lease.epoch}): {what} not written")
+            raise Fenced(f"lease lost (epoch {self.lease.epoch}): {_what(events)} not written")
         return {"Dralloc-Epoch": str(self.lease.epoch)}
 
     async def write(self, event: ev.AllocationEvent) -> None:
         """Publish a decision behind the fence and wait until it is stored; raises `Fenced` when refused."""
         await (await self.send(event))
 
-    async def send(self, event: ev.AllocationEvent, began: float | None = None) -> asyncio.Task[None]:
+    async def send(self, event: ev.AllocationEvent, began: float | None = None) -> asyncio.Future[None]:
         """Send a decision behind the fence; returns the task that completes once it is stored and
         raises `Fenced` when it was refused. `began`: when the claim was taken up."""
-        headers = {**self.headers(event.subject), "Nats-Expected-Last-Sequence": str(self.last_seq)}
+        headers = {**self.headers((event,)), "Nats-Expected-Last-Sequence": str(self.last_seq)}
         if self.last_id is not None:
             headers["Nats-Expected-Last-Msg-Id"] = self.last_id
         # The sequence it will take in the id too (as in a batch): the same decision written again
@@ -89,38 +90,70 @@ class Fence:
         msg_id = f"{event.msg_id}@{self.token}:{self.last_seq + 1}"
         ack = await self.bus.send(event, headers=headers, msg_id=msg_id)
         expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + 1, msg_id
-        self.tail = asyncio.ensure_future(self._stored((event,), ack, expected, began))
-        return self.tail
+        return self._follow((event,), ack, expected, began)
 
-    async def send_batch(self, events: list[ev.AllocationEvent], began: float | None = None, traces: list[Context | None] | None = None) -> asyncio.Task[None]:
+    async def send_batch(
+        self, events: list[ev.AllocationEvent], began: float | None = None, traces: list[Context | None] | None = None
+    ) -> asyncio.Future[None]:
         """`send` for decisions stored all or none (one atomic batch; `traces`: the one each continues).
         Only once every write before it is stored: its one fence, ``Nats-Expected-Last-Sequence``,
         then names this term's own write."""
         if self.tail is not None:
             await self.tail
-        headers = self.headers(f"{len(events)} decisions of a gang")
+        headers = self.headers(events)
         first = {"Nats-Expected-Last-Sequence": str(self.last_seq)}
         # The sequence each will take in the ids too: a member given back and committed again in one
         # term is a new message, not a duplicate (which would refuse the whole batch).
         msg_ids = [f"{event.msg_id}@{self.token}:{self.last_seq + i}" for i, event in enumerate(events, start=1)]
         ack = await self.bus.send_batch(events, headers=headers, first=first, msg_ids=msg_ids, traces=traces)
         expected, self.last_seq, self.last_id = self.last_seq, self.last_seq + len(events), msg_ids[-1]
-        self.tail = asyncio.ensure_future(self._stored(events, ack, expected, began))
-        return self.tail
+        return self._follow(events, ack, expected, began)
 
-    async def _stored(self, events: Sequence[ev.AllocationEvent], ack: Awaitable[PubAck], expected: int, began: float | None) -> None:
-        what = events[0].subject if len(events) == 1 else f"{len(events)} decisions of a gang"
-        try:
-            stored = await ack
-        except ApiError as exc:
-            self.term.set()
-            if exc.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
-                raise Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {what} not written") from None
-            raise
-        except BaseException:
+    def _follow(self, events: Sequence[ev.AllocationEvent], ack: asyncio.Future[PubAck], expected: int, began: float | None) -> asyncio.Future[None]:
+        """The new `tail`: a future settled by a callback on the write's ack (`_stored`), not a task per
+        write. Cancelling it (an awaiting task cancelled) cancels the ack's wait too, as with a task."""
+        tail: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ack.add_done_callback(functools.partial(self._stored, tail, events, expected, began))
+        tail.add_done_callback(functools.partial(_cancel_with, ack))
+        self.tail = tail
+        return tail
+
+    def _stored(
+        self, tail: asyncio.Future[None], events: Sequence[ev.AllocationEvent], expected: int, began: float | None, ack: asyncio.Future[PubAck]
+    ) -> None:
+        """The write's ack came (or failed): `tail` is done, or raises `Fenced` or the ack's error; a
+        write that may not be stored ends the term."""
+        if tail.done():  # (cancelled meanwhile)
             self.term.set()  # stored or not, nobody can tell now: the next term reads the stream
-            raise
+            return
+        if ack.cancelled():
+            self.term.set()
+            tail.cancel()
+            return
+        if (error := ack.exception()) is not None:
+            self.term.set()  # stored or not, nobody can tell now: the next term reads the stream
+            if isinstance(error, ApiError) and error.err_code in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+                error = Fenced(f"ALLOCATIONS moved past sequence {expected} (another leader, or a lost ack): {_what(events)} not written")
+            tail.set_exception(error)
+            return
+        stored = ack.result()
         if stored.duplicate or stored.seq != expected + len(events):
             self.term.set()  # a write of this term already stored it: this term's view is not the stream's
-            raise Fenced(f"{what} was already stored (sequence {stored.seq}): the term's view is stale")
-        self.on_stored(expected + 1, events, began)
+            tail.set_exception(Fenced(f"{_what(events)} was already stored (sequence {stored.seq}): the term's view is stale"))
+            return
+        try:
+            self.on_stored(expected + 1, events, began)
+        except Exception as exc:  # noqa: BLE001 - the write is stored; whoever waits on it hears what went wrong after
+            tail.set_exception(exc)
+            return
+        tail.set_result(None)
+
+
+def _what(events: Sequence[ev.AllocationEvent]) -> str:
+    """What a write holds, for a message (made only when one is needed: a subject costs microseconds)."""
+    return events[0].subject if len(events) == 1 else f"{len(events)} decisions of a gang"
+
+
+def _cancel_with(ack: asyncio.Future[PubAck], tail: asyncio.Future[None]) -> None:
+    if tail.cancelled():
+        ack.cancel()

@@ -92,7 +92,7 @@ class Allocator:
         return self.fence.last_seq
 
     @property
-    def tail(self) -> asyncio.Task[None] | None:
+    def tail(self) -> asyncio.Future[None] | None:
         """The last write sent: done once it (and every write before it) is stored."""
         return self.fence.tail
 
@@ -193,13 +193,15 @@ class Allocator:
                 run[0].settle(None, exc)
                 run = run[1:]
                 continue
+            recording = telemetry.recording()  # (else the span is context only, and nothing continues it)
             for taken, (outcome, commit, start, end) in zip(run, results):
                 claim = taken.event.claim
-                attributes = {"dralloc.claim": claim.key, "dralloc.outcome": outcome.status}
-                if outcome.node:
-                    attributes["dralloc.node"] = outcome.node
-                span = telemetry.tracer().start_span("allocate", context=taken.context, start_time=start, attributes=attributes)
-                span.end(end_time=end)
+                if recording:
+                    attributes = {"dralloc.claim": claim.key, "dralloc.outcome": outcome.status}
+                    if outcome.node:
+                        attributes["dralloc.node"] = outcome.node
+                    span = telemetry.tracer().start_span("allocate", context=taken.context, start_time=start, attributes=attributes)
+                    span.end(end_time=end)
                 token = otel_context.attach(taken.context)
                 try:
                     await self._write_outcome(claim, outcome, commit, taken.began)
@@ -327,7 +329,7 @@ class Allocator:
         finally:
             self.engine_busy = False
 
-    def _undo_unless_stored(self, write: asyncio.Task[None], event: ev.AllocationCommitted) -> None:
+    def _undo_unless_stored(self, write: asyncio.Future[None], event: ev.AllocationCommitted) -> None:
         if write.cancelled() or write.exception() is not None:
             if self.engine_busy:  # a callback, not holding the lock: the engine's thread may be in it
                 asyncio.ensure_future(self._undo_locked(event))

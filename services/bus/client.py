@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -31,6 +32,22 @@ from dralloc.schemas.events import Event
 
 log = logging.getLogger("dralloc.bus")
 
+
+class _Ack(msgspec.Struct):
+    """JetStream's answer to a publish (what `Bus._on_reply` reads of it): an ack, or an error."""
+
+    stream: str | None = None
+    seq: int | None = None
+    domain: str | None = None
+    duplicate: bool | None = None
+    batch: str | None = None
+    count: int | None = None
+    val: str | None = None
+    error: dict[str, Any] | None = None
+
+
+_ACK_DECODER = msgspec.json.Decoder(_Ack)
+
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
 INITIAL_REFUSALS = 3
@@ -46,8 +63,8 @@ class Bus:
         self.name = name
         self._reply_prefix = ""
         self._reply_tokens = itertools.count()
-        self._replies: dict[str, asyncio.Future[PubAck]] = {}
-        """`send`'s acks still to come, by the token ending their reply subject."""
+        self._replies: dict[str, tuple[asyncio.Future[PubAck], asyncio.TimerHandle]] = {}
+        """`send`'s acks still to come (and the timer that gives up on each), by the token ending their reply subject."""
         self.tombstone_ttl = tombstone_ttl if tombstone_ttl is not None else tombstone_ttl_from_env()
         """Seconds a tombstone this bus publishes stays stored (`TOMBSTONE_TTL_S`)."""
         self.closed = asyncio.Event()
@@ -202,7 +219,7 @@ class Bus:
         after = f"{last.seq}" if last is not None else f"empty-{uuid.uuid4().hex}"
         return await self._js.publish(subject, data, headers={**headers, "Nats-Msg-Id": f"{base}:after:{after}"})
 
-    async def send(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
+    async def send(self, event: Event, *, headers: dict[str, str] | None = None, msg_id: str | None = None, timeout: float = 5.0) -> asyncio.Future[PubAck]:
         """Publish without waiting for the store: returns once the message is on its way (messages
         leave in call order), with an awaitable for JetStream's ack (raising as `publish` does, or
         `TimeoutError` after `timeout` seconds without an answer). Several may be in flight at once."""
@@ -218,7 +235,7 @@ class Bus:
         msg_ids: Sequence[str] | None = None,
         traces: Sequence[Context | None] | None = None,
         timeout: float = 5.0,
-    ) -> Awaitable[PubAck]:
+    ) -> asyncio.Future[PubAck]:
         """`send` for events stored all or none (an atomic batch); the awaitable gives the ack of the
         batch's last message (``seq``: its sequence, ``batch_size``: how many were stored) or raises
         the server's refusal, and then none was stored. A batch cut off before its last message (the
@@ -244,41 +261,60 @@ class Bus:
         subject, data, marks = outgoing[-1]
         return await self.send_bytes(subject, data, headers=marks, timeout=timeout)
 
-    async def send_bytes(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None, timeout: float = 5.0) -> Awaitable[PubAck]:
+    async def send_bytes(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None, timeout: float = 5.0) -> asyncio.Future[PubAck]:
         """`send` for a payload that is not an event (e.g. a KV bucket's ``$KV.<bucket>.<key>``)."""
         # Our own replies, not nats-py's publish_async: that one loses a refusal (its reply handler
-        # raises the server's error instead of handing it to the waiting future).
+        # raises the server's error instead of handing it to the waiting future). The ack is a bare
+        # future with one timer, settled by `_on_reply` (no task or wait_for per message: at
+        # thousands of messages a second those were a visible share of a service's CPU).
         if not self._reply_prefix:
             self._reply_prefix = self._nc.new_inbox()
             await self._nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
         token = str(next(self._reply_tokens))
-        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
-        self._replies[token] = future
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[PubAck] = loop.create_future()
         try:
             await self._nc.publish(subject, data, reply=f"{self._reply_prefix}.{token}", headers=headers)
         except BaseException:
-            del self._replies[token]
+            future.cancel()
             raise
-        return self._answer(token, future, timeout)
+        self._replies[token] = (future, loop.call_later(timeout, self._expire, token, timeout))
+        return future
 
-    async def _answer(self, token: str, future: asyncio.Future[PubAck], timeout: float) -> PubAck:
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            self._replies.pop(token, None)
+    def _expire(self, token: str, timeout: float) -> None:
+        """No answer to a send within its timeout: its ack raises `TimeoutError`."""
+        pending = self._replies.pop(token, None)
+        if pending is not None and not pending[0].done():
+            pending[0].set_exception(TimeoutError(f"no answer from JetStream within {timeout:g}s"))
 
     async def _on_reply(self, msg: Msg) -> None:
-        future = self._replies.get(msg.subject.rpartition(".")[2])
-        if future is None or future.done():
+        pending = self._replies.pop(msg.subject.rpartition(".")[2], None)
+        if pending is None:
+            return
+        future, timer = pending
+        timer.cancel()
+        if future.done():
             return
         if msg.headers and msg.headers.get("Status") == "503":
             future.set_exception(nats.js.errors.NoStreamResponseError())
             return
         try:
-            answer = json.loads(msg.data)
-            if "error" in answer:
-                nats.js.errors.APIError.from_error(answer["error"])  # raises the error's own class
-            future.set_result(PubAck.from_response(answer))
+            answer = _ACK_DECODER.decode(msg.data)
+            if answer.error is not None:
+                nats.js.errors.APIError.from_error(answer.error)  # raises the error's own class
+            if answer.stream is None or answer.seq is None:
+                raise nats.js.errors.APIError(description=f"not a JetStream ack: {msg.data[:200]!r}")
+            future.set_result(
+                PubAck(
+                    stream=answer.stream,
+                    seq=answer.seq,
+                    domain=answer.domain,
+                    duplicate=answer.duplicate,
+                    batch_id=answer.batch,
+                    batch_size=answer.count,
+                    val=answer.val,
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - whatever the answer is wrong with, the sender hears it
             future.set_exception(exc)
 

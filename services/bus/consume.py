@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
+from opentelemetry.util.types import Attributes
 
 from dralloc import telemetry
 from dralloc.bus import streamcheck
 from dralloc.bus.deadletter import dead_letter, exhausted
 from dralloc.bus.errors import Permanent
+from dralloc.bus.pull import Puller
 from dralloc.bus.streams import FETCH_WAIT_S
 from dralloc.schemas import events
 from dralloc.schemas.events import Event, EventDecodeError
@@ -35,8 +38,11 @@ Handler = Callable[[Event], Awaitable[Awaitable[Any] | None]]
 durable (e.g. a `Bus.send` ack), and the message is acked only then: the consumer goes on with
 the next messages meanwhile (see `Bus.consume`)."""
 
-MAX_IN_FLIGHT = 256
+MAX_IN_FLIGHT = 1024
 """Messages a consumer has handled but not yet acked (their effects not yet durable), at most."""
+
+FETCH_BATCH = 256
+"""Messages asked for in one pull request, at most (fewer when fewer are waiting)."""
 
 
 async def consume(
@@ -51,7 +57,7 @@ async def consume(
     start_seq: int | None = None,
     max_deliver: int = 5,
     ack_wait: float = 30.0,
-    batch: int = 64,
+    batch: int = FETCH_BATCH,
 ) -> None:
     """`Bus.consume`: process the stream's messages with `handler` until `stop` is set (see the
     `dralloc.bus` docstring)."""
@@ -76,16 +82,17 @@ async def consume(
             await exhausted(bus, advisory, stream, consumer_name)
 
         advisories = await bus._nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}", cb=on_exhausted)
-    in_flight: set[asyncio.Task[None]] = set()
+    puller = Puller(sub, batch, FETCH_WAIT_S)
+    settler = _Settler(bus, stream, consumer_name, max_deliver)
+    settling = asyncio.ensure_future(settler.run())
     try:
         while not stop.is_set():
             bus.pulses[consumer_name] = time.monotonic()
             try:
                 # A short long-poll, never cancelled: a cancelled fetch leaves a pull request on the
-                # server that strands messages until ack_wait, so a stop waits for it (<= 1 s).
-                messages = await sub.fetch(batch, timeout=FETCH_WAIT_S)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
+                # server that strands messages until ack_wait; at a stop `Puller.close` waits for it
+                # to end (<= 1 s) and hands back what it still delivers.
+                messages = await puller.fetch()
             except nats.errors.Error as exc:
                 if stop.is_set():
                     break
@@ -96,16 +103,20 @@ async def consume(
                 if stop.is_set():
                     await msg.nak()  # fetched but not started: hand it back at once
                     continue
-                finishing = await _process(bus, msg, handler, stream, consumer_name, max_deliver)
-                if finishing is not None:
-                    in_flight.add(finishing)
-                    finishing.add_done_callback(in_flight.discard)
-                    if len(in_flight) >= MAX_IN_FLIGHT:
-                        await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                await _process(bus, msg, handler, stream, consumer_name, max_deliver, settler)
+                if settler.pending >= MAX_IN_FLIGHT:
+                    await settler.below(MAX_IN_FLIGHT)
+        # A stop (not a cancellation: a process dying hands nothing back): the open request ends first.
+        with contextlib.suppress(nats.errors.Error):
+            await puller.close()
     finally:
         bus.pulses.pop(consumer_name, None)
-        if in_flight:  # every handled message is acked or handed back before the consumer ends
-            await asyncio.wait(in_flight)
+        try:
+            await settler.below(1)  # every handled message is acked or handed back before the consumer ends
+        finally:
+            settling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await settling
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         if advisories is not None:
@@ -113,65 +124,116 @@ async def consume(
                 await advisories.unsubscribe()
 
 
-async def _process(bus: Bus, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int) -> asyncio.Task[None] | None:
-    """Handle one message; returns the task that acks it once its effect is durable, if that is still to come."""
+class _Settler:
+    """Acks (or hands back) handled messages once their effects are durable: one task per consumer,
+    woken by callbacks on the effects, instead of a task per message."""
+
+    def __init__(self, bus: Bus, stream: str, consumer: str, max_deliver: int) -> None:
+        self.bus, self.stream, self.consumer, self.max_deliver = bus, stream, consumer, max_deliver
+        self.pending = 0
+        """Messages handled and not yet settled."""
+        self.ready: deque[tuple[Msg, Exception | None, Event, Span]] = deque()
+        self.wake = asyncio.Event()
+        self.changed = asyncio.Event()
+
+    def follow(self, msg: Msg, durable: Awaitable[Any], event: Event, span: Span) -> None:
+        """Settle `msg` once `durable` completes (acked, or retried / dead-lettered if it raised; if it
+        is cancelled, nothing: JetStream redelivers after ack_wait)."""
+        self.pending += 1
+        future = asyncio.ensure_future(durable)
+        future.add_done_callback(functools.partial(self._done, msg, event, span))
+
+    def settle_now(self, msg: Msg, failure: Exception | None, event: Event, span: Span) -> None:
+        self.pending += 1
+        self.ready.append((msg, failure, event, span))
+        self.wake.set()
+
+    def _done(self, msg: Msg, event: Event, span: Span, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            span.end()
+            self.pending -= 1
+            self.changed.set()
+            return
+        error = future.exception()
+        if error is not None and not isinstance(error, Exception):
+            span.end()
+            self.pending -= 1
+            self.changed.set()
+            return
+        self.ready.append((msg, error, event, span))
+        self.wake.set()
+
+    async def below(self, limit: int) -> None:
+        """Return once fewer than `limit` messages are handled and unsettled."""
+        while self.pending >= limit:
+            self.changed.clear()
+            await self.changed.wait()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while self.ready:
+                msg, failure, event, span = self.ready.popleft()
+                try:
+                    await _settle(self.bus, msg, failure, event, self.stream, self.consumer, self.max_deliver, span)
+                except Exception as exc:  # noqa: BLE001 - one message's settling never stops the others'
+                    log.warning("%s: could not settle %s: %s", self.consumer, msg.subject, exc)
+                finally:
+                    self.pending -= 1
+            self.changed.set()
+
+
+async def _process(bus: Bus, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int, settler: _Settler) -> None:
+    """Handle one message; it is settled (`settler`) at once, or once its effect is durable."""
     bus.pulses[consumer] = time.monotonic()
     try:
         event = events.decode(msg.data)
     except EventDecodeError as exc:
         await dead_letter(bus, msg, stream, consumer, str(exc))
-        return None
+        return
     if (problem := streamcheck.misplaced(stream, msg.subject, event)) is not None:
         await dead_letter(bus, msg, stream, consumer, problem)  # forged or misfiled: never acted on
-        return None
-    span = telemetry.tracer().start_span(
-        f"process {msg.subject}",
-        context=telemetry.extract(msg.headers),
-        kind=SpanKind.CONSUMER,
-        attributes={
+        return
+    headers = msg.headers or {}
+    attributes: Attributes = (
+        {
             "messaging.system": "nats",
             "messaging.operation.type": "process",
             "messaging.destination.name": msg.subject,
             "messaging.consumer.group.name": consumer,
-            "messaging.message.id": (msg.headers or {}).get("Nats-Msg-Id", ""),
+            "messaging.message.id": headers.get("Nats-Msg-Id", ""),
             "dralloc.event": type(event).__name__,
             "dralloc.delivery": msg.metadata.num_delivered,
-        },
+        }
+        if telemetry.recording()
+        else None  # (nothing records them: not built per message)
     )
-    with trace.use_span(span, end_on_exit=False):
+    span = telemetry.tracer().start_span(f"process {msg.subject}", context=telemetry.extract(headers), kind=SpanKind.CONSUMER, attributes=attributes)
+    with telemetry.use_span(span):
         try:
             durable = await handler(event)
         except Exception as exc:
-            await _settle(bus, msg, exc, event, stream, consumer, max_deliver, span)
-            return None
+            settler.settle_now(msg, exc, event, span)
+            return
         except BaseException:
             span.end()
             raise
     if durable is None:
-        await _settle(bus, msg, None, event, stream, consumer, max_deliver, span)
-        return None
-    return asyncio.create_task(_finish(bus, msg, durable, event, stream, consumer, max_deliver, span))
-
-
-async def _finish(bus: Bus, msg: Msg, durable: Awaitable[Any], event: Event, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
-    """Settle a handled message once its effect (`durable`) is stored, or failed to be."""
-    try:
-        await durable
-    except Exception as exc:  # noqa: BLE001 - settled as a failing handler is: retried, then dead-lettered
-        await _settle(bus, msg, exc, event, stream, consumer, max_deliver, span)
+        settler.settle_now(msg, None, event, span)
     else:
-        await _settle(bus, msg, None, event, stream, consumer, max_deliver, span)
+        settler.follow(msg, durable, event, span)
 
 
 async def _settle(bus: Bus, msg: Msg, failure: Exception | None, event: Event, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
     """Ack a handled message, or dead-letter it (`Permanent`, or the last delivery) or hand it back for a retry."""
-    delivered = msg.metadata.num_delivered
     try:
         if failure is None:
             await msg.ack()
         elif isinstance(failure, Permanent):
             await dead_letter(bus, msg, stream, consumer, str(failure))
         else:
+            delivered = msg.metadata.num_delivered
             if delivered >= max_deliver:
                 await dead_letter(bus, msg, stream, consumer, f"failed {delivered} times, last: {failure}")
             else:
