@@ -85,6 +85,7 @@ async def consume(
     puller = Puller(sub, batch, FETCH_WAIT_S)
     settler = _Settler(bus, stream, consumer_name, max_deliver)
     settling = asyncio.ensure_future(settler.run())
+    unstarted: list[Msg] = []
     try:
         while not stop.is_set():
             bus.pulses[consumer_name] = time.monotonic()
@@ -99,16 +100,17 @@ async def consume(
                 log.warning("%s: fetching from %s failed: %s; retrying", consumer_name, stream, exc)
                 await asyncio.sleep(0.5)
                 continue
-            for msg in messages:
+            for i, msg in enumerate(messages):
                 if stop.is_set():
-                    await msg.nak()  # fetched but not started: hand it back at once
-                    continue
+                    unstarted = messages[i:]  # fetched but not started: handed back below
+                    break
                 await _process(bus, msg, handler, stream, consumer_name, max_deliver, settler)
                 if settler.pending >= MAX_IN_FLIGHT:
                     await settler.below(MAX_IN_FLIGHT)
-        # A stop (not a cancellation: a process dying hands nothing back): the open request ends first.
+        # A stop (not a cancellation: a process dying hands nothing back): the open request ends,
+        # then what it delivered and was not handled is handed back.
         with contextlib.suppress(nats.errors.Error):
-            await puller.close()
+            await puller.close(unstarted)
     finally:
         bus.pulses.pop(consumer_name, None)
         try:

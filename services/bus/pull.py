@@ -76,23 +76,26 @@ class Puller:
             await asyncio.sleep(0.05)  # (the server refused the request: do not ask again at once)
         return messages
 
-    async def close(self) -> None:
-        """Wait for the open request to end (at most `wait` seconds) and hand back (nak) every message
-        it still delivers, and any delivered but not fetched."""
+    async def close(self, unstarted: list[Msg] | None = None) -> None:
+        """Wait for the open request to end (at most `wait` seconds), then hand back (nak) every message
+        it delivered meanwhile, those delivered but not fetched, and `unstarted` (fetched, not handled).
+        Only then: a message handed back while the request is open is delivered on it again at once,
+        each time counting a delivery."""
+        held = list(unstarted or [])
         while True:
             while not self._queue.empty():
-                left: list[Msg] = []
-                self._take(self._queue.get_nowait(), left)
-                for msg in left:
-                    await msg.nak()
+                self._take(self._queue.get_nowait(), held)
             remaining = self.ends_at + GRACE_S - time.monotonic()
             if self.open <= 0 or remaining <= 0:
-                return
+                break
             try:
                 msg = await asyncio.wait_for(self._queue.get(), remaining)
             except TimeoutError:
-                return
-            self._queue.put_nowait(msg)  # (taken and handed back by the loop above)
+                break
+            self._queue.put_nowait(msg)  # (taken by the loop above)
+        self.open = 0
+        for msg in held:
+            await msg.nak()
 
     async def _request(self) -> None:
         expires = int(self.wait * 1e9)
