@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dralloc.bus import Bus, NatsError, PublishRefused
+from dralloc.ingestor.publishing import publish_events
 from dralloc.ingestor.sources import ClaimSource, FileSource, SourceEvent
 from dralloc.schemas import events as ev
 from dralloc.settings import env_flag, env_seconds, one_of, overridden
@@ -100,9 +101,6 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, source: ClaimS
     source = source or make_source(config)
     if (seed := getattr(source, "seed", None)) is not None:
         await seed(bus)  # a source that can resume skips what the bus already has
-    published = 0
-    async for event in source.events(stop):
-        if not await publish_until_stored(bus, event, stop):
-            break
-        published += 1
+    # Pipelined: many events on their way at once, each retried until stored (publishing.py).
+    published = await publish_events(bus, source.events(stop), stop, lambda event: publish_until_stored(bus, event, stop), _report)
     log.info("ingestor: published %d events", published)
