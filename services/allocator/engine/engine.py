@@ -131,6 +131,7 @@ class Engine:
         self.placement.keep_whole.factor = keep_whole  # whole nodes kept for large claims (keep_whole.py; 0: off)
         self.misfits = Misfits(self.inventory, self.ledger)
         """Failures per (claim shape, node), valid until the node changes: repeated attempts cost a lookup."""
+        self.placement.note_misfit = self.misfits.note  # nodes placement leaves out as certain misfits
         self._observer: Observer | None = None  # made by the first `snapshot`
         self.planner = Planner(cel.compile_selector, cel.CelCompileError)
         """Claims checked and flattened (plan.py), remembered per spec: a fleet's claims repeat a few."""
@@ -365,7 +366,7 @@ class Engine:
             free_ge = self.ledger.free_ge
             viable &= free_ge[need] if need < len(free_ge) else 0
         skipped = viable & self.misfits.known(plans) if skip_misfits else 0
-        yield from self.placement.order_nodes(plans, viable ^ skipped)
+        yield from self.placement.order_nodes(plans, viable ^ skipped, skip_short=skip_misfits)
         if skipped:  # nothing else fit: one of them, so that the refusal still says why (a recall)
             yield inv.node_names[(skipped & -skipped).bit_length() - 1]
 
@@ -592,15 +593,28 @@ def _has_group(inv: Inventory, matched: int, alt: Alt) -> bool:
     """Whether `alt.group` of the `matched` devices (free or not) have every constraint attribute
     and share one value of each match attribute: a matchAttribute over NVLink domains of two
     cannot hold a claim for four, however free the node is."""
-    counts: list[dict[object, int]] = [{} for _ in alt.match_attributes]
+    attributes, need = alt.match_attributes, alt.group
+    if not attributes:
+        return True
+    if matched.bit_count() < need:
+        return False  # a device adds one to a value at most: no value reaches the group
+    counts: list[dict[object, int]] = [{} for _ in attributes]
+    reached = [False] * len(attributes)
+    left = len(attributes)
     for i in iter_bits(matched):
         rec = inv.devices[i]
         if rec is None or any(rec.attribute(a) is None for a in alt.constraint_attributes):
             continue
-        for n, attribute in enumerate(alt.match_attributes):
+        for n, attribute in enumerate(attributes):
+            per = counts[n]
             for value in rec.values(attribute) or ():
-                counts[n][value] = counts[n].get(value, 0) + 1
-    return all(any(c >= alt.group for c in per.values()) for per in counts)
+                c = per[value] = per.get(value, 0) + 1
+                if c >= need and not reached[n]:
+                    reached[n] = True
+                    left -= 1
+        if not left:
+            return True  # every attribute has a group already: the rest cannot undo it
+    return False
 
 
 def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfiguration]:
@@ -609,8 +623,12 @@ def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfigu
     that apply to an allocated request (or to all), copied as written; finally, a config
     that names every request of the claim (the chosen subrequest standing for its request)
     carries no `requests` at all, since empty means all."""
-    if not plan.claim.spec.devices.config and not any(slot.alt.cls.spec.config for slot in slots):
-        return []  # the usual claim: nothing to write (and nothing below would add an entry)
+    if not plan.claim.spec.devices.config:
+        for slot in slots:  # (a loop: this runs per allocation)
+            if slot.alt.cls.spec.config:
+                break
+        else:
+            return []  # the usual claim: nothing to write (and nothing below would add an entry)
     chosen: dict[str, Alt] = {}
     for slot in slots:
         chosen.setdefault(slot.alt.base, slot.alt)
@@ -640,17 +658,16 @@ def _node_selector(chosen: list[DeviceRec], node: str | None) -> NodeSelector | 
     """What Kubernetes writes: the node's name when any device is node-local (or
     binds to the node), else the union of the devices' single-term selectors,
     else nothing (usable from every node)."""
-    pin = NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[NodeSelectorRequirement(key="metadata.name", operator="In", values=[node or ""])])])
     fields: list[NodeSelectorRequirement] = []
     expressions: list[NodeSelectorRequirement] = []
     for rec in chosen:
         if rec.local_node is not None or rec.binds_to_node:
-            return pin
+            return _pin(node)
         selector = rec.node_selector
         if selector is None or not selector.node_selector_terms:
             continue
         if len(selector.node_selector_terms) > 1:
-            return pin if node is not None else selector
+            return _pin(node) if node is not None else selector
         term = selector.node_selector_terms[0]
         for source, target in ((term.match_fields, fields), (term.match_expressions, expressions)):
             for requirement in source:
@@ -659,6 +676,11 @@ def _node_selector(chosen: list[DeviceRec], node: str | None) -> NodeSelector | 
     if fields or expressions:
         return NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=fields, match_expressions=expressions)])
     return None
+
+
+def _pin(node: str | None) -> NodeSelector:
+    """The selector naming one node (a new object per result: results are not shared)."""
+    return NodeSelector(node_selector_terms=[NodeSelectorTerm(match_fields=[NodeSelectorRequirement(key="metadata.name", operator="In", values=[node or ""])])])
 
 
 def _node_of(allocation: AllocationResult) -> str | None:

@@ -226,6 +226,15 @@ SPAN_MAX = 4096
 small int; past it (devices of many slices far apart), of a set."""
 
 
+SPARSE = 8
+"""`_in_order` sorts the matched devices instead of filtering the node's order when they are fewer
+than 1/SPARSE of the node's devices."""
+
+
+def _order_key(rec: DeviceRec) -> tuple[bool, str, str, str, str]:
+    return rec.order
+
+
 def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list[DeviceRec]:
     """The devices of `matched` (within the node's `mask`) in the node's candidate `order`.
     Bitsets span the fleet: shifting one per device would copy it each time, so it is shifted
@@ -236,6 +245,10 @@ def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list
     low = (mask & -mask).bit_length() - 1
     if mask.bit_length() - low <= SPAN_MAX:
         local = matched >> low
+        if local.bit_count() * SPARSE < len(order):
+            # a few of many (a node's whole GPUs among its MIG partitions): sorted by the key
+            # `order` is sorted by (a stable sort from ascending ids, as `order` was made)
+            return sorted([devices[low + j] for j in iter_bits(local)], key=_order_key)  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
         return [devices[i] for i in order if (local >> (i - low)) & 1]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
     wanted = set(iter_bits(matched))
     return [devices[i] for i in order if i in wanted]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)

@@ -25,7 +25,7 @@ from dralloc.schemas.resource import (
     DeviceToleration,
     ResourceClaim,
 )
-from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, metadata_errors, validate
+from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, is_dns_label, is_dns_subdomain, validate
 
 VerdictKey = tuple[str, int, tuple[str, ...]]
 """(device class, its version, selector expressions): what a set of selector verdicts is cached under."""
@@ -183,13 +183,13 @@ class Planner:
         self._compile = compile_selector
         self._error = compile_error
         self._memory: OrderedDict[bytes, _Template] = OrderedDict()
+        self._namespaces: set[str] = set()  # namespaces found valid (`_names_valid`)
 
     def plan(self, claim: ResourceClaim, classes: dict[str, DeviceClass], class_versions: dict[str, int]) -> ClaimPlan:
         """The claim's plan, as `plan_claim(claim, classes, class_versions, ...)` makes it."""
         spec = msgspec.msgpack.encode(claim.spec)
         known = self._memory.get(spec)
-        fresh = known is not None and all(classes.get(n) is c and class_versions.get(n, 0) == v for n, v, c in known.classes)
-        if known is not None and fresh and not metadata_errors(claim):
+        if known is not None and self._fresh(known, classes, class_versions) and self._names_valid(claim):
             self._memory.move_to_end(spec)
             origin = known.origin
             return ClaimPlan(claim=claim, key=claim.key, requests=origin.requests, constraints=origin.constraints, shape=origin.shape)
@@ -200,6 +200,30 @@ class Planner:
             if len(self._memory) > PLAN_MEMORY:
                 self._memory.popitem(last=False)
         return plan
+
+    @staticmethod
+    def _fresh(known: _Template, classes: dict[str, DeviceClass], class_versions: dict[str, int]) -> bool:
+        """Whether every class the template resolved is the same object at the same version."""
+        for name, version, cls in known.classes:  # noqa: SIM110 - a loop: this runs per claim (all(<genexpr>) costs a generator)
+            if classes.get(name) is not cls or class_versions.get(name, 0) != version:
+                return False
+        return True
+
+    def _names_valid(self, claim: ResourceClaim) -> bool:
+        """`not metadata_errors(claim)` for a claim: its name a DNS subdomain, its namespace (if
+        any) a DNS label; valid namespaces remembered (a fleet has few, each claim checks one)."""
+        meta = claim.metadata
+        if not is_dns_subdomain(meta.name):
+            return False
+        namespace = meta.namespace
+        if not namespace or namespace in self._namespaces:
+            return True
+        if not is_dns_label(namespace):
+            return False
+        if len(self._namespaces) >= PLAN_MEMORY:
+            self._namespaces.clear()
+        self._namespaces.add(namespace)
+        return True
 
 
 def _compile(expr: str, compile_selector: Any, compile_error: type[Exception]) -> str | None:
