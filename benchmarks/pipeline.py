@@ -45,7 +45,9 @@ long: `latency_claims_without_record` says how many), never left out. Phases:
   out); `cpu_s_in_window` per process (sampled every 0.5 s) and
   `runqueue_wait_s_in_window` (seconds its threads were runnable but waited
   for a CPU: a process starved by the machine, not idle on its own),
-  `cpu_ms_per_claim_by_process`: each one's CPU over the claims it finished
+  `main_thread_cpu_s_in_window` (its main thread's, the event loop: the
+  allocator's engine work runs in another thread, so the difference is the
+  engine's), `cpu_ms_per_claim_by_process`: each one's CPU over the claims it finished
   in the window (the submitter: claims into CLAIMS, which run ahead of the
   rest when offered above capacity; the allocator: commits; the status
   writer, nats-server and the others: records stored), their sum
@@ -826,17 +828,38 @@ def process_runqueue_seconds(pid: int | None) -> float:
     return runqueue_seconds(texts)
 
 
+def main_thread_seconds(pid: int | None) -> float:
+    """Seconds a live process's main thread has been on a CPU (its ``schedstat``'s first field; Linux
+    /proc); 0.0 once it is gone. In a service that is its event loop: the allocator's engine work runs
+    in another thread, so the two tell the shell's CPU from the engine's."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except OSError:
+        return 0.0
+    return int(fields[0]) / 1e9 if fields and fields[0].isdigit() else 0.0
+
+
 async def sample_cpu(
-    pids: dict[str, int | None], stop: asyncio.Event, samples: list[CpuSample], every: float = 0.5, waits: list[CpuSample] | None = None
+    pids: dict[str, int | None],
+    stop: asyncio.Event,
+    samples: list[CpuSample],
+    every: float = 0.5,
+    waits: list[CpuSample] | None = None,
+    loops: list[CpuSample] | None = None,
 ) -> None:
     """Every `every` seconds until `stop`: (wall time, CPU seconds so far of each process and of this
-    one) into `samples`, and the same processes' `process_runqueue_seconds` so far into `waits`."""
+    one) into `samples`, the same processes' `process_runqueue_seconds` so far into `waits`, and their
+    `main_thread_seconds` into `loops`."""
     everyone = pids | {"bench": os.getpid()}
     while True:
         now = time.time()
         samples.append((now, {name: process_cpu_seconds(pid) for name, pid in pids.items()} | {"bench": time.process_time()}))
         if waits is not None:
             waits.append((now, {name: process_runqueue_seconds(pid) for name, pid in everyone.items()}))
+        if loops is not None:
+            loops.append((now, {name: main_thread_seconds(pid) for name, pid in everyone.items()}))
         if stop.is_set():
             return
         with contextlib.suppress(TimeoutError):
@@ -896,8 +919,9 @@ async def run(options: Options) -> dict[str, Any]:
             pids |= {f"nats-server-{i}": pid for i, pid in enumerate(server_pids(stack.nats))}
             samples: list[CpuSample] = []
             waits: list[CpuSample] = []
+            loops: list[CpuSample] = []
             sampled = asyncio.Event()
-            sampler = asyncio.create_task(sample_cpu(pids, sampled, samples, waits=waits))
+            sampler = asyncio.create_task(sample_cpu(pids, sampled, samples, waits=waits, loops=loops))
             await submitter.offer(sustained, options.sustain_rate, options.mig_every, first_index=len(paced))
             await wait_for_records(bus, DEFAULT_BUCKET, len(everything) + 1, options.settle_timeout)
             sampled.set()
@@ -925,6 +949,7 @@ async def run(options: Options) -> dict[str, Any]:
     cpu = cpu_between(samples, warm, end)
     cpu_window = cpu[2] if cpu is not None else {}
     waited = cpu_between(waits, warm, end)
+    looped = cpu_between(loops, warm, end)
     per_claim = cpu_ms_per_claim(cpu, handled_times(submitted, committed, records, sustained))
     per_claim_total = sum(v for v in per_claim.values() if v is not None) if per_claim and None not in per_claim.values() else None
     states: dict[str, int] = {}
@@ -961,6 +986,7 @@ async def run(options: Options) -> dict[str, Any]:
         "nats_servers": options.cluster,
         "cpu_s_in_window": cpu_window,
         "runqueue_wait_s_in_window": waited[2] if waited is not None else {},
+        "main_thread_cpu_s_in_window": looped[2] if looped is not None else {},
         "cpu_ms_per_claim_by_process": per_claim,
         "cpu_ms_per_claim_in_window": None if per_claim_total is None else round(per_claim_total, 3),
         "claims_per_cpu_second": round(1000 / per_claim_total, 1) if per_claim_total else None,

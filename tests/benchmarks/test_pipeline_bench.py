@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,21 @@ def test_sample_cpu_records_the_runqueue_wait_of_each_process_and_of_the_bench()
     assert samples[0][0] == waits[0][0]  # taken together: the same window applies to both
     assert set(waits[0][1]) == {"me", "gone", "bench"}
     assert waits[0][1]["gone"] == 0.0
+
+
+def test_main_thread_seconds_is_this_threads_share_and_zero_for_none_or_a_gone_pid():
+    import threading
+
+    def spin() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    before_main, before_all = pipeline.main_thread_seconds(os.getpid()), pipeline.process_cpu_seconds(os.getpid())
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()
+    main, everything = pipeline.main_thread_seconds(os.getpid()) - before_main, pipeline.process_cpu_seconds(os.getpid()) - before_all
+    assert everything >= 0.25 and main < 0.2  # the other thread's spin is the process's, not the main thread's
+    assert pipeline.main_thread_seconds(None) == 0.0
+    assert pipeline.main_thread_seconds(2**22 + 1) == 0.0
