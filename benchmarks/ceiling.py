@@ -7,8 +7,8 @@ pull fetch and an ack by a consumer that puts a KV record (the status writer).
 Here the same chain runs on the same nats-server with nothing between the
 steps: the payloads are forwarded as they are, nothing is decoded or decided.
 The two consumers are processes of their own (`python ceiling.py relay|sink`),
-as the allocator and the status writer are, fetching in batches of 64 as
-`Bus.consume` does, each acking a message once what it published is stored.
+as the allocator and the status writer are, pulling as `Bus.consume` does
+(`dralloc.bus.pull`), each acking a message once what it published is stored.
 
 The streams and the bucket are copies of the real ones' configuration (file
 storage, replicas, duplicate window) under other names (`CEIL_IN`, `CEIL_OUT`,
@@ -31,12 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dralloc.bus import AckPolicy, Bus, ConsumerConfig, NatsTimeout, die_with_parent
+from dralloc.bus import FETCH_BATCH, AckPolicy, Bus, ConsumerConfig, die_with_parent
+from dralloc.bus.pull import Puller
 from dralloc.bus.raw import jetstream
 
 IN, OUT, BUCKET = "CEIL_IN", "CEIL_OUT", "ceil"
-FETCH = 64
-"""Messages per pull, as `Bus.consume` fetches."""
+FETCH = FETCH_BATCH
+"""Messages per pull request at most, as `Bus.consume` asks for."""
 WINDOW = 512
 """The source's publishes in flight at once (the pipeline's submitter bounds its backlog the same way)."""
 
@@ -65,17 +66,16 @@ async def remove(bus: Bus) -> None:
 
 async def relay(url: str, source: str, target: str, count: int) -> None:
     """Consume `source` with a durable pull consumer; each message's payload published to
-    `target`.<n> (a KV bucket: `$KV.<bucket>.<n>`), acked once stored. Ends after `count`."""
+    `target`.<n> (a KV bucket: `$KV.<bucket>.<n>`), acked once stored. Ends after `count`. Pulls as
+    `Bus.consume` does (`dralloc.bus.pull.Puller`, up to `FETCH` a request)."""
     bus = await Bus.connect(url, name=f"ceiling-{source}")
     try:
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5)
         sub = await jetstream(bus).pull_subscribe("", durable=f"ceil-{source.lower()}", stream=source, config=config)
+        puller = Puller(sub, FETCH, 1.0)
         done = 0
         while done < count:
-            try:
-                messages = await sub.fetch(FETCH, timeout=1.0)
-            except (NatsTimeout, TimeoutError):
-                continue
+            messages = await puller.fetch()
             stored = []
             for msg in messages:
                 seq = msg.metadata.sequence.stream

@@ -5,7 +5,8 @@ tests/test_architecture.py), so delivery rules live in one place. Its modules, o
 concern each: `server` (starting nats-server), `client` (`Bus`: connecting,
 publishing), `streams` (the streams, creating and checking them), `streamcheck`
 (pure checks of messages and stream configurations), `consume` (the consumer
-loop), `deadletter`, `replay`, `kv`, `lookup` (a subject's last message, a
+loop), `pull` (its pull requests: messages handed out as they arrive), `headers` (nats-py's header
+parser, faster, same answers), `deadletter`, `replay`, `kv`, `lookup` (a subject's last message, a
 stream's state), `read` (a stream's messages read once or followed, nothing acked),
 `lag` (consumer backlog metrics), `run` (`dralloc run <service>`), `errors`, and
 `raw` (a Bus's nats-py handles, for tests and benchmarks that meddle with the server
@@ -106,7 +107,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, Stream
 from nats.js.kv import KeyValue
 
 from dralloc.bus.client import DEFAULT_URL, INITIAL_REFUSALS, Bus
-from dralloc.bus.consume import MAX_IN_FLIGHT, Handler
+from dralloc.bus.consume import FETCH_BATCH, MAX_IN_FLIGHT, Handler
 from dralloc.bus.deadletter import DEAD_LETTER_HEADROOM, DeadLetter, dead_letter_message
 from dralloc.bus.errors import (
     ApiError,
@@ -152,6 +153,7 @@ __all__ = [
     "DEAD_LETTER_HEADROOM",
     "DEFAULT_URL",
     "DUPLICATE_WINDOW_S",
+    "FETCH_BATCH",
     "FETCH_WAIT_S",
     "INITIAL_REFUSALS",
     "LAG_EVERY_S",
