@@ -95,6 +95,9 @@ class Placement:
         self.learn = learn
         """The engine's per-node match memory (`learn(plans, node, mask)`): nodes scored here
         are remembered as the engine's own attempts are, so later units skip those that cannot serve."""
+        self.note_misfit: Callable[[list[ClaimPlan], str], None] | None = None
+        """The engine's memory of failures (`Misfits.note`): a node `order_nodes` leaves out as
+        one the unit must fail on is remembered as such."""
         self.topology = Topology(inventory)
         self.topology.eager = scoring
         self.keep_whole = KeepWhole()
@@ -248,20 +251,52 @@ class Placement:
 
     # --- nodes -------------------------------------------------------------------------
 
-    def order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
-        """Known nodes among the `viable` ranks (-1: all), in the order to try them."""
+    def order_nodes(self, plans: list[ClaimPlan], viable: int, *, skip_short: bool = False) -> Iterator[str]:
+        """Known nodes among the `viable` ranks (-1: all), in the order to try them.
+
+        `skip_short`: leave out the nodes where the unit must fail at the candidate filters
+        (`_short`: too few free matching devices), yielding only the first of them, last, so
+        that a refusal still says why; each is noted as a misfit (`note_misfit`), so later
+        units of the same shape leave it out too until it changes. The order of the rest, and
+        so the node taken, is the same: a node left out is one the engine would have tried and
+        failed on. Not for `explain`, which reports every node."""
         inv = self.inv
         names = inv.node_names
         viable &= (1 << len(names)) - 1
         if self.keep_whole.factor > 0 and self.scoring:
             viable &= ~self.kept_whole(plans)
+        order: Iterator[str]
         if self.reserved_nodes & viable:
             # nodes holding devices reserved for a waiting claim last: a claim takes them only
             # when nothing else fits (each part in the usual order)
-            yield from self._order_nodes(plans, viable & ~self.reserved_nodes)
-            yield from self._order_nodes(plans, viable & self.reserved_nodes)
+            order = chain(self._order_nodes(plans, viable & ~self.reserved_nodes), self._order_nodes(plans, viable & self.reserved_nodes))
+        else:
+            order = self._order_nodes(plans, viable)
+        alt = _single(plans) if skip_short and not inv.nonlocal_bits else None
+        if alt is None:
+            yield from order
             return
-        yield from self._order_nodes(plans, viable)
+        first_short = None
+        for name in order:
+            topo = self.topology.node(name)
+            if topo is not None and self._short(topo, alt):
+                if self.note_misfit is not None:
+                    self.note_misfit(plans, name)
+                first_short = first_short or name
+                continue
+            yield name
+        if first_short is not None:
+            yield first_short
+
+    def _short(self, topo: NodeTopology, alt: Alt) -> bool:
+        """Whether a unit of the one request `alt` (`_single`) must fail on the node at the
+        candidate filters: fewer of its own devices match and are not in use than it wants (the
+        filters only narrow that list), and no selector fails on any of them (a CEL error there
+        is another outcome). The node's verdict is the one the walk read already."""
+        matched, failed = self.local_verdict(topo, alt)
+        if failed:
+            return False
+        return (matched & ~self.kinds.used_on(topo.node, topo.lo)).bit_count() < alt.count
 
     def _order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
         inv = self.inv
@@ -1007,6 +1042,17 @@ def _demand(plans: list[ClaimPlan]) -> Demand:
             if not alt.all_mode and not alt.admin:
                 out.append((alt, alt.count))
     return out
+
+
+def _single(plans: list[ClaimPlan]) -> Alt | None:
+    """The unit's only alternative, when it is one claim of one request with one alternative
+    that takes a count of devices (not All, not admin access); else None."""
+    if len(plans) != 1 or len(plans[0].requests) != 1:
+        return None
+    alts = plans[0].requests[0].alts
+    if len(alts) != 1 or alts[0].all_mode or alts[0].admin:
+        return None
+    return alts[0]
 
 
 def _demand_key(demand: Demand) -> DemandKey:
