@@ -66,3 +66,45 @@ class KeepWhole:
             if group[0] == kind and (k := self.keep(group)) > 0:
                 out.append((group, k))
         return out
+
+
+# --- nodes held for a unit that waits (reservations) ----------------------------------------
+#
+# A reservation is a preference: other units try held nodes last and take them when nothing else
+# fits. Two refinements, measured on `dralloc bench placement` (README "Levers measured"):
+# a held node that is whole again is kept from smaller units outright (a gang waiting for its
+# last node must not lose the ones already whole), and a smaller unit that must take a held node
+# takes the one least likely to drain first.
+
+
+def held_whole(held: int, whole: int, totals: dict[str, int], names: list[str], need: int) -> int:
+    """The node ranks a unit taking `need` devices of a kind may not take: nodes held for a unit
+    that waits (`held`, node ranks) that are whole (`whole`: every device of the kind free) and
+    have more devices of the kind (`totals`: node -> devices of the kind) than the unit takes.
+    A unit as large as the node may take it (the usual order: held nodes last). 0: none."""
+    out = 0
+    both = held & whole
+    while both:
+        low = both & -both
+        both ^= low
+        rank = low.bit_length() - 1
+        if totals.get(names[rank], 0) > need:
+            out |= low
+    return out
+
+
+def drain_last(ranks: int, names: list[str], known: set[str], on: dict[str, dict[str, int]], free: dict[str, int]) -> list[str]:
+    """The held nodes of `ranks` in the order a smaller unit takes them when nothing else fits:
+    the most claims holding devices there first (`on`: node -> claim -> devices; with durations
+    that do not depend on age, each claim is one more departure to wait for, so such a node is
+    the least likely to drain within the wait), then the fewest free (`free`: of the unit's kind;
+    best fit), then rank. Only known nodes."""
+    out = []
+    rest = ranks
+    while rest:
+        low = rest & -rest
+        rest ^= low
+        name = names[low.bit_length() - 1]
+        if name in known:
+            out.append((-len(on.get(name, {})), free.get(name, 0), low.bit_length() - 1, name))
+    return [n for *_, n in sorted(out)]

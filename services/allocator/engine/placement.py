@@ -47,7 +47,7 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, iter_bits
-from dralloc.allocator.engine.keep_whole import Group, KeepWhole
+from dralloc.allocator.engine.keep_whole import Group, KeepWhole, drain_last, held_whole
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.topology import (
     GPU,
@@ -188,6 +188,28 @@ class Placement:
                 choice = (key, bits)
         return choice[1] if choice is not None else 0
 
+    def held_whole(self, plans: list[ClaimPlan]) -> int:
+        """The held node ranks the unit may not take (keep_whole.held_whole): whole again (every
+        device of its kind free) and with more devices of the kind than it takes. 0: none, or
+        the unit's kind not known yet."""
+        if not self.reserved_nodes:
+            return 0
+        demand = _demand(plans)
+        kind = self._kind(demand)
+        if kind is None:
+            return 0
+        return held_whole(self.reserved_nodes, self.kinds.whole.get(kind, 0), self.kinds.total.get(kind, {}), self.inv.node_names, demand[0][1])
+
+    def _held_order(self, plans: list[ClaimPlan], ranks: int) -> Iterator[str]:
+        """Held nodes of `ranks` in the order to try them: for a unit smaller than a node of its
+        kind (scoring on) the least likely to drain first (keep_whole.drain_last), else the usual order."""
+        demand = _demand(plans)
+        kind = self._kind(demand) if self.scoring and ranks else None
+        totals = self.kinds.total.get(kind, {}) if kind is not None else {}
+        if not totals or demand[0][1] >= max(totals.values()):
+            return self._order_nodes(plans, ranks)
+        return iter(drain_last(ranks, self.inv.node_names, self.inv.node_known, self.kinds.claims, self.kinds.free.get(kind, {})))
+
     # --- whole nodes kept for large claims ---------------------------------------------------
 
     def _shape(self, node: str) -> int:
@@ -268,8 +290,10 @@ class Placement:
         order: Iterator[str]
         if self.reserved_nodes & viable:
             # nodes holding devices reserved for a waiting claim last: a claim takes them only
-            # when nothing else fits (each part in the usual order)
-            order = chain(self._order_nodes(plans, viable & ~self.reserved_nodes), self._order_nodes(plans, viable & self.reserved_nodes))
+            # when nothing else fits; one whole again only a unit as large as it, and a smaller
+            # unit the one least likely to drain first (keep_whole.py: held_whole, drain_last)
+            viable &= ~self.held_whole(plans)
+            order = chain(self._order_nodes(plans, viable & ~self.reserved_nodes), self._held_order(plans, viable & self.reserved_nodes))
         else:
             order = self._order_nodes(plans, viable)
         alt = _single(plans) if skip_short and not inv.nonlocal_bits else None
