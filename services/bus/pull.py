@@ -56,24 +56,29 @@ class Puller:
     async def fetch(self) -> list[Msg]:
         """Up to `batch` messages: those already delivered, else the first to come within `wait`
         seconds and every other one delivered by then. [] when none came (the request ended or
-        expired): call again."""
+        expired): call again. Raises nats-py's `APIError` for a status that is an error (e.g. 503:
+        no JetStream) when no message came with it."""
         if self.open <= 0 or time.monotonic() >= self.ends_at + GRACE_S:
             self.open = 0
             if self._queue.empty():
                 await self._request()
         messages: list[Msg] = []
-        conflict = False
+        statuses: list[Msg] = []
         if self._queue.empty():
             try:
                 msg = await asyncio.wait_for(self._queue.get(), max(0.0, self.ends_at + GRACE_S - time.monotonic()))
             except TimeoutError:
                 self.open = 0  # the request's end (408) never came: the next fetch sends another
                 return messages
-            conflict = self._take(msg, messages)
+            self._take(msg, messages, statuses)
         while len(messages) < self.batch and not self._queue.empty():
-            conflict = self._take(self._queue.get_nowait(), messages) or conflict
-        if conflict and not messages:
-            await asyncio.sleep(0.05)  # (the server refused the request: do not ask again at once)
+            self._take(self._queue.get_nowait(), messages, statuses)
+        if not messages and statuses:
+            status = statuses[-1].headers.get("Status") if statuses[-1].headers else None
+            if status not in ENDED:
+                raise nats.js.errors.APIError.from_msg(statuses[-1])
+            if status == "409":
+                await asyncio.sleep(0.05)  # (the server refused the request: do not ask again at once)
         return messages
 
     async def close(self, unstarted: list[Msg] | None = None) -> None:
@@ -84,7 +89,7 @@ class Puller:
         held = list(unstarted or [])
         while True:
             while not self._queue.empty():
-                self._take(self._queue.get_nowait(), held)
+                self._take(self._queue.get_nowait(), held, [])
             remaining = self.ends_at + GRACE_S - time.monotonic()
             if self.open <= 0 or remaining <= 0:
                 break
@@ -102,17 +107,14 @@ class Puller:
         await self.sub._nc.publish(self.sub._nms, json.dumps({"batch": self.batch, "expires": expires}).encode(), self.sub._deliver)
         self.open, self.ends_at = self.batch, time.monotonic() + self.wait
 
-    def _take(self, msg: Msg, into: list[Msg]) -> bool:
-        """One delivered message: a message into `into`, or a status read. True for a conflict (409)."""
+    def _take(self, msg: Msg, into: list[Msg], statuses: list[Msg]) -> None:
+        """One delivered message: a message into `into`, or a status (into `statuses`: any but a
+        heartbeat ends the request)."""
         self.sub._sub._pending_size -= len(msg.data)
         status = msg.headers.get("Status") if msg.headers else None
         if not status:
             into.append(msg)
             self.open -= 1
-            return False
-        if status == HEARTBEAT:
-            return False
-        if status in ENDED:
+        elif status != HEARTBEAT:
             self.open = 0
-            return status == "409"
-        raise nats.js.errors.APIError.from_msg(msg)
+            statuses.append(msg)
