@@ -197,3 +197,47 @@ def test_a_gang_that_waits_holds_the_nodes_of_the_domain_closest_to_holding_it()
     # a member deleted: the gang is no longer all here, and holds nothing
     book.deleted("ml/train-0", members[0].metadata.uid)
     assert book.reservations.held == {} and book.engine.placement.reserved == 0
+
+
+def full_but_clique_a(book: Decisions) -> None:
+    """`gang_fleet`, with clique b filled: only a-0 (1 free) and a-1 (4 free) have room."""
+    for node in ("b-0", "b-1"):
+        assert book.engine.allocate([claim(f"fill-{node}", 3)], node=node)[0].status == "allocated"
+
+
+def test_a_held_node_whole_again_is_kept_from_smaller_claims_but_not_from_one_as_large():
+    control = gang_fleet()
+    full_but_clique_a(control)
+    assert control.allocate(claim("small", 1))[0].node == "a-0"
+    assert control.allocate(claim("small-2", 1))[0].node == "a-1"  # nothing held: it breaks the whole tray
+
+    book = gang_fleet()
+    full_but_clique_a(book)
+    marks = {"dralloc.dev/gang": "train", "dralloc.dev/gang-size": "2", "dralloc.dev/max-wait": "5m"}
+    steps = [book.submitted(claim(f"train-{i}", 4, marks)) for i in range(2)]
+    assert not book.decide_gang(steps[-1]).placed
+    book.reserve_waiting(NOW)
+    assert book.reservations.held["gang:ml/train"].nodes == ("a-0", "a-1")
+    assert book.allocate(claim("small", 1))[0].node == "a-0"  # held, but not whole: taken last, as before
+    # a-1 is whole and held for the gang: a smaller claim is refused (it waits) rather than break it
+    outcome = book.engine.allocate([claim("small-2", 1)], explain=True)[0]
+    assert outcome.status == "unsatisfiable"
+    assert "held whole for a claim that waits: node a-1 (every device free" in " ".join(outcome.explanation.notes)
+    # a claim as large as the tray is not held back (for it the hold is the usual preference)
+    assert book.allocate(claim("tray", 4))[0].node == "a-1"
+
+
+def test_a_smaller_claim_that_must_take_a_held_node_takes_the_one_with_the_most_claims_first():
+    book = book_over([{"profile": "h100-sxm", "count": 3, "prefix": "n"}])
+    engine = book.engine
+    assert engine.allocate([claim("four", 4)], node="n-0")[0].status == "allocated"  # 1 claim, 4 free
+    for i in range(2):
+        assert engine.allocate([claim(f"one-{i}", 1)], node="n-1")[0].status == "allocated"  # 2 claims, 6 free
+        assert engine.allocate([claim(f"half-{i}", 4)], node="n-2")[0].status == "allocated"  # 2 claims, full
+    waiting_big(book)
+    book.allocate(claim("big-2", 8, {"dralloc.dev/max-wait": "10m"}))
+    book.reserve_waiting(NOW)
+    assert book.reservations.held["ml/big"].nodes == ("n-0",) and book.reservations.held["ml/big-2"].nodes == ("n-1",)
+    # only held nodes have room. Best fit alone would take n-0 (4 free, leaving a block of 2); n-1
+    # has two claims to wait for, n-0 one: n-1 is the less likely to drain, so it is taken first
+    assert book.allocate(claim("small", 2))[0].node == "n-1"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from dralloc.allocator.engine.filters import candidates, node_devices
-from dralloc.allocator.engine.gang import reservation_for
+from dralloc.allocator.engine.gang import describe_held_whole, reservation_for
 from dralloc.allocator.engine.placement import demand_of
 
 if TYPE_CHECKING:
@@ -106,6 +106,7 @@ def explain_failure(engine: Engine, plans: list[ClaimPlan], node: str | None, no
         explanation.notes += engine.placement.describe_wait(reservation_for(engine, [plans[0].claim]))
     if node is None:
         explanation.notes += engine.placement.describe_kept(plans)  # whole nodes kept for large claims (keep_whole.py)
+        explanation.notes += describe_held_whole(engine, plans)  # held nodes whole again, kept from smaller claims (reservations)
     k = engine.explain_nodes
     if node is None and engine.explain_untried:
         tried = set(nodes)

@@ -28,12 +28,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dralloc.allocator.engine.inventory import iter_bits
 from dralloc.schemas.gang import GANG, GANG_DOMAIN, GANG_SIZE
 from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine, Outcome
     from dralloc.allocator.engine.ledger import Record
+    from dralloc.allocator.engine.plan import ClaimPlan
 
 
 def gang_of(claim: ResourceClaim) -> tuple[str, int, str | None] | None:
@@ -174,6 +176,20 @@ def reservation_for(engine: Engine, claims: Sequence[ResourceClaim], *, domain_l
     else:
         _, domains = placement.topology.domains(domain_label)
     return placement.closest(plans, len(claims), domains, avoid)
+
+
+def describe_held_whole(engine: Engine, plans: list[ClaimPlan]) -> list[str]:
+    """The nodes held for a claim or gang that waits, whole again, that the unit may not take
+    (`Placement.held_whole`: it is smaller than they are), in words for `dralloc explain`; [] for none."""
+    held = engine.placement.held_whole(plans)
+    if not held:
+        return []
+    names = [engine.inventory.node_names[r] for r in iter_bits(held)]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return [
+        f"held whole for a claim that waits: node{'s' if len(names) > 1 else ''} {shown} (every device free, reserved for a large "
+        "claim or gang waiting for room; a smaller claim does not break it, and waits)"
+    ]
 
 
 def _already(key: str, record: Record) -> Outcome:
