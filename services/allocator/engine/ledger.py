@@ -173,12 +173,11 @@ class Ledger:
                 touched.append(node)
 
     def _charge(self, rec: DeviceRec, sign: int) -> None:
-        bit = 1 << rec.id
         if sign > 0:
-            self.used_bits |= bit
+            self.used_bits |= 1 << rec.id
             self.used_ids.add(rec.id)
-        else:
-            self.used_bits &= ~bit
+        elif rec.id in self.used_ids:
+            self.used_bits ^= 1 << rec.id  # (the bit is set: no fleet-sized `~bit`)
             self.used_ids.discard(rec.id)
         if not rec.multi and rec.local_node is not None:
             self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - sign)

@@ -156,11 +156,12 @@ class Verdicts:
         else:
             self._recent.move_to_end(alt.verdict_key)
         full = self._entry(alt.verdict_key)
-        if mask & full.evaluated == mask:
+        seen = mask & full.evaluated
+        if seen == mask:
             # the usual case, and the cheap test: bitsets span the fleet, and `~evaluated`
             # would make a new fleet-sized int on every call
             return full
-        todo = mask & self.inv.live & ~full.evaluated
+        todo = (mask ^ seen) & self.inv.live
         if todo:
             try:
                 self._ensure(spec, todo)
@@ -183,7 +184,7 @@ class Verdicts:
 
     def _ensure(self, spec: _Spec, todo: int) -> None:
         full = self._entry(spec.key)
-        todo &= ~full.evaluated
+        todo ^= todo & full.evaluated  # (not `&= ~evaluated`: `~` makes a fleet-sized int)
         if not todo:
             return
         cls = self._entry(spec.class_key)
@@ -230,7 +231,7 @@ class Verdicts:
 
     def _evaluate(self, entry: Verdict, todo: int, exprs: tuple[str, ...], owner: str) -> None:
         """Evaluate `exprs` on the devices in `todo` not yet evaluated for `entry`."""
-        todo &= ~entry.evaluated
+        todo ^= todo & entry.evaluated
         if not todo:
             return
         devices = self.inv.devices
@@ -241,12 +242,13 @@ class Verdicts:
             keep = [i for i in iter_bits(todo) if devices[i].driver == driver]  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
             exprs, compiled = exprs[1:], compiled[1:]
             offset += 1
+            kept = todo if len(keep) == todo.bit_count() else bits_of(keep)  # (usually every device: no new bitset)
             if not exprs:
                 entry.evaluated |= todo
-                entry.matched |= bits_of(keep)
+                entry.matched |= kept
                 return
-            entry.evaluated |= todo & ~bits_of(keep)
-            todo = bits_of(keep)
+            entry.evaluated |= todo ^ kept
+            todo = kept
         shapes = [projection.fields_of(e) for e in exprs]
         memos = [None if shape is None else entry.shared.setdefault(e, {}) for e, shape in zip(exprs, shapes)]
         envs = self._envs
@@ -315,9 +317,12 @@ class Verdicts:
         finally:  # what was evaluated stays known, also when the budget ends the unit part way
             if timer is not None:
                 self.timer = (timer[0], timer[1] - (timer[0]() - began))
-            entry.evaluated |= todo if len(done) == todo.bit_count() else bits_of(done)
-            entry.matched |= bits_of(matched)
-            entry.failed |= bits_of(failed)
+            whole = len(done) == todo.bit_count()
+            entry.evaluated |= todo if whole else bits_of(done)
+            if matched:
+                entry.matched |= todo if whole and len(matched) == len(done) else bits_of(matched)
+            if failed:
+                entry.failed |= bits_of(failed)
 
 
 def _reason(message: str, rec: DeviceRec) -> Outcome | None:
