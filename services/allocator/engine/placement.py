@@ -206,7 +206,7 @@ class Placement:
         demand = _demand(plans)
         kind = self._kind(demand) if self.scoring and ranks else None
         totals = self.kinds.total.get(kind, {}) if kind is not None else {}
-        if not totals or demand[0][1] >= max(totals.values()):
+        if kind is None or not totals or demand[0][1] >= max(totals.values()):
             return self._order_nodes(plans, ranks)
         return iter(drain_last(ranks, self.inv.node_names, self.inv.node_known, self.kinds.claims, self.kinds.free.get(kind, {})))
 
