@@ -4,7 +4,10 @@ A seeded churn trace (claims arrive and leave) over a mixed fleet of 68
 simulated nodes (discovery's hardware profiles), run through the same engine
 three times:
 
-- **dralloc**: the engine with scoring, over the whole fleet;
+- **dralloc**: the engine with scoring, over the whole fleet, with reservations for
+  the large claims that wait (`gang.reservation_for`; held nodes are tried last, a
+  held node whole again is kept from smaller claims, and a smaller claim that must
+  take a held node takes the one with the most claims first: placement.py);
 - **baseline: Kubernetes as it runs**. kube-scheduler finds the nodes where
   the DRA allocator can allocate the pod's claims and picks one by its score;
   the DynamicResources plugin scores only `firstAvailable` sub-requests (flat
