@@ -26,12 +26,12 @@ import msgspec
 from dralloc.allocator.engine import adoption, cel
 from dralloc.allocator.engine.explanations import Explanation, explain_failure, explain_success, grouped
 from dralloc.allocator.engine.filters import candidates, node_devices
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, iter_bits
+from dralloc.allocator.engine.inventory import AttrValue, DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.misfits import Misfits
 from dralloc.allocator.engine.placement import Placement
-from dralloc.allocator.engine.plan import Alt, ClaimPlan, Planner
-from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot
+from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, Planner
+from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot, elements
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdict, Verdicts
 from dralloc.schemas.quantity import format_quantity, parse_quantity
@@ -485,11 +485,14 @@ class Engine:
                 raise _Failure(f"claim {plan.key}: number of requested devices {minimum} exceeds the claim limit of {ALLOCATION_RESULTS_MAX}", Why.UNIT_ERROR)
         if infeasible:
             raise _Failure(infeasible)
-        if len(plans) == 1 and len(options) == 1 and len(options[0]) == 1 and not plans[0].constraints:
-            quick = self._take_first(options[0][0], node, steps)
-            if quick is not None:
-                return [quick]
         last = "no combination of the candidate devices satisfies the constraints, counters and capacity together"
+        if len(plans) == 1 and len(options) == 1 and len(options[0]) == 1:
+            if not plans[0].constraints:
+                quick = self._take_first(options[0][0], node, steps)
+                if quick is not None:
+                    return [quick]
+            elif len(plans[0].constraints) == 1 and self._no_group(options[0][0], plans[0].constraints[0], steps):
+                raise _Failure(last)
         for choice in itertools.product(*options):
             totals: dict[int, int] = {}
             for ci, alt, cands, _ in choice:
@@ -538,6 +541,29 @@ class Engine:
         slot.chosen = slot.cands[:count]
         steps[0] += count
         return [slot]
+
+    def _no_group(self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], constraint: Constraint, steps: list[int]) -> bool:
+        """The usual misfit of a multi-device claim: one request, one feasible alternative, one
+        matchAttribute over it, candidates that consume no counters, and no value of the attribute
+        held by `count` of them (an NVLink pair for a claim of four). The search would try each
+        value once (one step each) and fail: True, with those steps charged. False: the search
+        decides (a group exists, or the step budget would run out on the way, where it raises)."""
+        _, alt, cands, _ = option
+        if not constraint.match or alt.all_mode or not constraint.covers(alt):
+            return False
+        counts: dict[AttrValue, int] = {}
+        attribute, need = constraint.attribute, alt.count
+        for rec in cands:
+            if rec.consumes:
+                return False  # the search's counter bound runs first and may end it with no step
+            for value in elements(rec, attribute):
+                n = counts[value] = counts.get(value, 0) + 1
+                if n >= need:
+                    return False
+        if steps[0] + len(counts) > self.budget:
+            return False
+        steps[0] += len(counts)
+        return True
 
     # --- results -------------------------------------------------------------------------
 

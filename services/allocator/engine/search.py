@@ -163,7 +163,7 @@ class Search:
         rank = self.rank
         merged = sorted((rec for i in covered for rec in cands[i]), key=(lambda r: (rank.get(r.id, len(rank)), r.order)) if rank else (lambda r: r.order))
         for rec in merged:
-            for v in _elements(rec, attr):
+            for v in elements(rec, attr):
                 if forced is None or v in forced:
                     seen.setdefault(v, None)
         order = list(seen)
@@ -174,7 +174,7 @@ class Search:
         for i in covered:
             by_value: dict[AttrValue, list[DeviceRec]] = {}
             for rec in saved[i]:
-                for v in _elements(rec, attr):
+                for v in elements(rec, attr):
                     by_value.setdefault(v, []).append(rec)
             groups[i] = by_value
         for value in order:
@@ -263,7 +263,7 @@ class Search:
                     return False
         for cid, constraint in slot.distinct:
             seen = self.distinct.get(cid)
-            if seen and any(v in seen for v in _elements(rec, constraint.attribute)):
+            if seen and any(v in seen for v in elements(rec, constraint.attribute)):
                 return False
         return True
 
@@ -285,7 +285,7 @@ class Search:
             self.busy.setdefault(rid, []).append(slot.claim)
         for cid, constraint in slot.distinct:
             seen = self.distinct.setdefault(cid, {})
-            for value in _elements(rec, constraint.attribute):
+            for value in elements(rec, constraint.attribute):
                 seen[value] = seen.get(value, 0) + 1
         slot.chosen.append(rec)
 
@@ -298,7 +298,7 @@ class Search:
             del self.holders[rid]
         for cid, constraint in slot.distinct:
             seen = self.distinct[cid]
-            for value in _elements(rec, constraint.attribute):
+            for value in elements(rec, constraint.attribute):
                 seen[value] -= 1
                 if not seen[value]:
                     del seen[value]
@@ -329,7 +329,7 @@ class Search:
 LIST_KINDS = frozenset(("strings", "ints", "bools", "versions"))
 
 
-def _elements(rec: DeviceRec, attr: str) -> tuple[AttrValue, ...]:
+def elements(rec: DeviceRec, attr: str) -> tuple[AttrValue, ...]:
     """The typed values a device's attribute holds: one for a scalar (without the cached set
     lookup: scalars are the common case), a list's distinct entries, none when it lacks it."""
     a = rec.attribute(attr)

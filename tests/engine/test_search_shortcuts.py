@@ -1,0 +1,73 @@
+"""The engine answers the usual one-request unit without building the search (engine.py
+`_take_first`, `_no_group`): the answers, the messages and the search steps charged must be the
+search's own, so a step budget runs out exactly where the search would have run out."""
+
+from __future__ import annotations
+
+import msgspec
+
+from dralloc.allocator.engine import Engine
+from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
+
+
+def _engine(devices: list[dict], *, budget: int = 500_000) -> Engine:
+    engine = Engine(budget=budget)
+    node = msgspec.convert({"metadata": {"name": "node-1", "labels": {"kubernetes.io/hostname": "node-1"}}}, Node)
+    cls = msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}, DeviceClass)
+    spec = {"driver": "gpu.example.com", "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1}, "nodeName": "node-1", "devices": devices}
+    for obj in (node, cls, msgspec.convert({"metadata": {"name": "node-1-gpus"}, "spec": spec}, ResourceSlice)):
+        engine.apply(obj)
+    return engine
+
+
+def _claim(name: str, count: int, match: str | None = None) -> ResourceClaim:
+    devices: dict = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count}}]}
+    if match:
+        devices["constraints"] = [{"matchAttribute": match}]
+    return msgspec.convert({"metadata": {"name": name, "namespace": "ns"}, "spec": {"devices": devices}}, ResourceClaim)
+
+
+def _gpus(domains: list[str]) -> list[dict]:
+    """GPUs with a model every one shares and an NVLink domain each."""
+    return [{"name": f"gpu-{i}", "attributes": {"model": {"string": "h100"}, "gpu.example.com/nvlink": {"string": domain}}} for i, domain in enumerate(domains)]
+
+
+def _devices(outcome) -> list[str]:
+    return [r.device for r in outcome.allocation.devices.results]
+
+
+def test_a_claim_without_constraints_takes_what_the_search_takes():
+    # the same claims with a matchAttribute every device satisfies go through the search
+    domains = ["a", "a", "b", "b", "b", "b", "c", "c"]
+    plain, searched = _engine(_gpus(domains)), _engine(_gpus(domains))
+    for i, count in enumerate([1, 2, 1, 3]):
+        (p,) = plain.allocate([_claim(f"c{i}", count)])
+        (s,) = searched.allocate([_claim(f"c{i}", count, match="gpu.example.com/model")])
+        assert p.status == s.status == "allocated"
+        assert _devices(p) == _devices(s)
+
+
+def test_a_claim_without_constraints_is_charged_one_step_per_device():
+    (enough,) = _engine(_gpus(["a"] * 4), budget=3).allocate([_claim("c", 3)])
+    assert enough.status == "allocated"
+    (short,) = _engine(_gpus(["a"] * 4), budget=2).allocate([_claim("c", 3)])
+    assert short.status == "error"
+    assert "search budget of 2 steps exhausted" in short.message
+
+
+def test_no_group_of_the_matched_attribute_is_refused_as_the_search_refuses():
+    (pairs,) = _engine(_gpus(["p0", "p0", "p1", "p1"])).allocate([_claim("c", 4, match="gpu.example.com/nvlink")])
+    assert pairs.status == "unsatisfiable"
+    assert "on node node-1: no combination of the candidate devices satisfies the constraints, counters and capacity together" in pairs.message
+    (two,) = _engine(_gpus(["p0", "p0", "p1", "p1"])).allocate([_claim("c", 2, match="gpu.example.com/nvlink")])
+    assert two.status == "allocated"
+    assert _devices(two) in (["gpu-0", "gpu-1"], ["gpu-2", "gpu-3"])  # one NVLink pair
+
+
+def test_no_group_is_charged_one_step_per_value_tried():
+    # the search tries each of the two NVLink domains once before it fails: two steps
+    (within,) = _engine(_gpus(["p0", "p0", "p1", "p1"]), budget=2).allocate([_claim("c", 4, match="gpu.example.com/nvlink")])
+    assert within.status == "unsatisfiable"
+    (over,) = _engine(_gpus(["p0", "p0", "p1", "p1"]), budget=1).allocate([_claim("c", 4, match="gpu.example.com/nvlink")])
+    assert over.status == "error"
+    assert "search budget of 1 steps exhausted" in over.message
