@@ -219,17 +219,18 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer("dralloc")
 
 
-def inject(headers: dict[str, str]) -> dict[str, str]:
-    """Add ``traceparent`` (and ``tracestate``) for the current span to message headers."""
+def inject(headers: dict[str, str], span: Span | None = None) -> dict[str, str]:
+    """Add ``traceparent`` (and ``tracestate``) for `span` (default: the current span) to message
+    headers, with the current context's baggage if any."""
     if _w3c_only():
-        context = trace.get_current_span().get_span_context()
+        context = (span or trace.get_current_span()).get_span_context()
         if not baggage.get_all():  # (baggage: the propagators' own path)
             if context.is_valid:
                 headers["traceparent"] = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
                 if context.trace_state:
                     headers["tracestate"] = context.trace_state.to_header()
             return headers
-    propagate.inject(headers)
+    propagate.inject(headers, context=trace.set_span_in_context(span) if span is not None else None)
     return headers
 
 

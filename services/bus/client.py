@@ -328,27 +328,29 @@ class Bus:
         current one) whose context the headers carry."""
         subject = event.subject
         msg_id = msg_id or event.msg_id
-        with telemetry.tracer().start_as_current_span(
-            f"send {subject}",
-            context=trace_context,
-            kind=SpanKind.PRODUCER,
-            attributes={
+        data = events.encode(event)
+        marks = {**(headers or {}), "Nats-Msg-Id": msg_id}
+        if isinstance(event, TOMBSTONES):  # the subject empties once every consumer has seen it
+            marks["Nats-TTL"] = f"{max(1, round(self.tombstone_ttl))}s"
+        if telemetry.recording():
+            attributes = {
                 "messaging.system": "nats",
                 "messaging.operation.type": "send",
                 "messaging.destination.name": subject,
                 "messaging.message.id": msg_id,
                 "dralloc.event": type(event).__name__,
-            },
-        ):
-            data = events.encode(event)
-            marks = {**(headers or {}), "Nats-Msg-Id": msg_id}
-            if isinstance(event, TOMBSTONES):  # the subject empties once every consumer has seen it
-                marks["Nats-TTL"] = f"{max(1, round(self.tombstone_ttl))}s"
-            marks = telemetry.inject(marks)
-            # The server's limit is on body and headers together, and a message over it makes the
-            # server close the connection: refuse it here instead.
-            if (size := len(data) + header_bytes(marks)) > self._nc.max_payload:
-                raise PublishRefused(
-                    f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self._nc.max_payload} bytes"
-                )
-            return subject, data, marks
+            }
+            with telemetry.tracer().start_as_current_span(f"send {subject}", context=trace_context, kind=SpanKind.PRODUCER, attributes=attributes):
+                return subject, data, self._fits(event, subject, data, telemetry.inject(marks))  # (a refusal is the span's error)
+        # Nothing records: a span that only carries context, its ids into the headers, nothing made current.
+        span = telemetry.tracer().start_span("send", context=trace_context, kind=SpanKind.PRODUCER)
+        return subject, data, self._fits(event, subject, data, telemetry.inject(marks, span))
+
+    def _fits(self, event: Event, subject: str, data: bytes, marks: dict[str, str]) -> dict[str, str]:
+        """`marks`, once the message is known to fit: the server's limit is on body and headers together,
+        and a message over it makes the server close the connection, so it is refused here instead."""
+        if (size := len(data) + header_bytes(marks)) > self._nc.max_payload:
+            raise PublishRefused(
+                f"{type(event).__name__} on {subject} is {size} bytes with its headers, over the server's message limit of {self._nc.max_payload} bytes"
+            )
+        return marks

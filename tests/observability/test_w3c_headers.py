@@ -65,3 +65,11 @@ def test_inject_without_a_span_or_with_baggage():
     finally:
         otel_context.detach(token)
     assert ours == theirs == {"baggage": "claim=a"}
+
+
+def test_inject_a_given_span_without_making_it_current():
+    span = NonRecordingSpan(SpanContext(int(TRACE, 16), int(SPAN, 16), is_remote=False, trace_flags=TraceFlags(1)))
+    theirs: dict[str, str] = {}
+    propagate.inject(theirs, context=trace.set_span_in_context(span))
+    assert telemetry.inject({}, span) == theirs == {"traceparent": f"00-{TRACE}-{SPAN}-01"}
+    assert not trace.get_current_span().get_span_context().is_valid  # (nothing was made current)
