@@ -31,6 +31,12 @@ LISTED = [
     (f'has({D}.cc) && {D}.cc.isGreaterThan(semver("8.0.0")) || device.driver == "x"', [("attributes", "gpu.example.com", "cc"), ("driver",)]),
     (f"cel.bind(m, {D}.memory, m > 1 && m < 9)", [("attributes", "gpu.example.com", "memory")]),
     (f'["a", "b"].exists(x, {D}.model == x)', [("attributes", "gpu.example.com", "model")]),
+    # a domain map bound by cel.bind: its named fields are what is read
+    (f'cel.bind(m, {D}, m.model == "h100")', [("attributes", "gpu.example.com", "model")]),
+    (f'cel.bind(m, {D}, "model" in m && has(m.cc) && m["arch"] == "x")', [("attributes", "gpu.example.com", n) for n in ("arch", "cc", "model")]),
+    (f'cel.bind(m, {D}, cel.bind(n, m, n.model == "x"))', [("attributes", "gpu.example.com", "model")]),
+    (f"cel.bind(m, {D}, [1].exists(m, m > 0) && m.model == 1)", [("attributes", "gpu.example.com", "model")]),  # shadowed, then back
+    (f"cel.bind(m, {D}, cel.bind(m, 1, m > 0))", []),  # rebound to a value: not the map
     # `device` bound by a macro or cel.bind is not the device
     ("[1, 2].exists(device, device > 1)", []),
     ("cel.bind(device, 3, device > 1)", []),
@@ -41,8 +47,9 @@ DYNAMIC = [
     f"size({D}) > 0",  # the whole domain map
     f'{D}.exists(k, k == "model")',  # iterated
     f"{D} == {{}}",  # compared
-    f'cel.bind(m, {D}, m.model == "h100")',  # bound, then used as a map
-    f'cel.bind(m, {D}, "model" in m)',
+    f"cel.bind(m, {D}, size(m) > 0)",  # a domain map bound, then used whole
+    f'cel.bind(m, {D}, m.exists(k, k == "model"))',
+    f"cel.bind(m, {D}, m == {{}})",
     '"gpu.example.com" in device.attributes',  # a domain's presence
     "has(device.attributes.gpu)",
     "size(device.attributes) > 0",
@@ -227,6 +234,31 @@ def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monk
         name = shared.inventory.devices[i].name
         assert f"on device gpu.example.com/node-a/{name}:" in message and f"(device gpu.example.com/{name})" in message
         assert set(re.findall(r"gpu-[0-9]+", message)) == {name}  # that device and no other
+
+
+def test_a_bound_domain_map_shares_verdicts_as_the_map_itself_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIXED written with cel.bind: the same verdicts and errors as evaluating on every device,
+    one environment per shape."""
+    bound = f'cel.bind(a, {D}, a.model == "h100" && a.memoryGiB >= 80)'
+    built: list[str] = []
+    real_env = cel.device_env
+
+    def counting_env(driver: str, device: Device) -> cel.DeviceEnv:
+        built.append(device.name)
+        return real_env(driver, device)
+
+    monkeypatch.setattr(cel, "device_env", counting_env)
+    shared = _engine(16)
+    (outcome,) = shared.allocate([claim("c", bound)], node="node-a")
+    assert len(built) == 3
+    assert outcome.status == "error" and "no such key: memoryGiB" in outcome.message
+    monkeypatch.setattr(projection, "fields_of", lambda expression: None)
+    built.clear()
+    alone = _engine(16)
+    (outcome_alone,) = alone.allocate([claim("c", bound)], node="node-a")
+    assert len(built) == 16
+    assert (outcome_alone.status, outcome_alone.message) == (outcome.status, outcome.message)
+    assert _verdicts(shared) == _verdicts(alone)
 
 
 def test_a_reused_verdict_costs_no_budget() -> None:

@@ -51,7 +51,7 @@ def fields(ast: Node) -> tuple[Field, ...] | None:
     `device` shadowed by a comprehension or `cel.bind` variable is not the device."""
     found: set[Field] = set()
     try:
-        _walk(ast, frozenset(), found)
+        _walk(ast, frozenset(), found, {})
     except (_Dynamic, RecursionError):
         return None
     return tuple(sorted(found))
@@ -67,8 +67,15 @@ def _is_device(node: Node, bound: frozenset[str]) -> bool:
     return isinstance(node, Ident) and node.name == "device" and "device" not in bound
 
 
-def _domain_map(node: Node, bound: frozenset[str]) -> tuple[str, str] | None:
-    """(outer, domain) when `node` is `device.attributes["domain"]` (or `.domain`; capacity alike)."""
+Aliases = dict[str, tuple[str, str]]
+"""A `cel.bind` variable bound to a domain map -> (outer, domain) of that map."""
+
+
+def _domain_map(node: Node, bound: frozenset[str], aliases: Aliases) -> tuple[str, str] | None:
+    """(outer, domain) when `node` is `device.attributes["domain"]` (or `.domain`; capacity alike),
+    or a `cel.bind` variable bound to one (`aliases`)."""
+    if isinstance(node, Ident):
+        return aliases.get(node.name)
     if isinstance(node, Index) and not node.optional and isinstance(node.index, Lit) and node.index.kind == "string":
         outer, domain = node.operand, node.index.value
     elif isinstance(node, Select) and not node.optional:
@@ -80,19 +87,26 @@ def _domain_map(node: Node, bound: frozenset[str]) -> tuple[str, str] | None:
     return None
 
 
-def _walk(node: Node, bound: frozenset[str], found: set[Field]) -> None:
+def _walk(node: Node, bound: frozenset[str], found: set[Field], aliases: Aliases) -> None:
     if _is_device(node, bound):
         raise _Dynamic  # `device` itself, not one of its fields
+    if isinstance(node, Ident) and node.name in aliases:
+        raise _Dynamic  # a bound domain map used whole (iterated, compared, passed on)
     if isinstance(node, Select) and _is_device(node.operand, bound):
         if node.optional or node.field not in _SCALARS:
             raise _Dynamic  # a whole attributes/capacity map, or a field no device has
         found.add((node.field,))
         return
     # a literal name inside a domain map: its presence and value are all that is read
-    if isinstance(node, (Select, Has)) and (dm := _domain_map(node.operand, bound)) is not None:
+    if isinstance(node, (Select, Has)) and (dm := _domain_map(node.operand, bound, aliases)) is not None:
         found.add((*dm, node.field))
         return
-    if isinstance(node, Index) and isinstance(node.index, Lit) and node.index.kind == "string" and (dm := _domain_map(node.operand, bound)) is not None:
+    if (
+        isinstance(node, Index)
+        and isinstance(node.index, Lit)
+        and node.index.kind == "string"
+        and (dm := _domain_map(node.operand, bound, aliases)) is not None
+    ):
         found.add((*dm, node.index.value))
         return
     if (
@@ -100,23 +114,31 @@ def _walk(node: Node, bound: frozenset[str], found: set[Field]) -> None:
         and node.op == "in"
         and isinstance(node.left, Lit)
         and node.left.kind == "string"
-        and (dm := _domain_map(node.right, bound)) is not None
+        and (dm := _domain_map(node.right, bound, aliases)) is not None
     ):
         found.add((*dm, node.left.value))
         return
     if isinstance(node, Comp):
-        _walk(node.range, bound, found)
-        inner = bound | {node.var} | ({node.var2} if node.var2 else set())
-        _walk(node.pred, inner, found)
+        _walk(node.range, bound, found, aliases)
+        names = {node.var} | ({node.var2} if node.var2 else set())
+        inner = bound | names
+        scoped = {k: v for k, v in aliases.items() if k not in names}  # shadowed inside
+        _walk(node.pred, inner, found, scoped)
         if node.transform is not None:
-            _walk(node.transform, inner, found)
+            _walk(node.transform, inner, found, scoped)
         return
     if isinstance(node, Bind):
-        _walk(node.init, bound, found)
-        _walk(node.body, bound | {node.var}, found)
+        # `cel.bind(a, device.attributes["d"], body)`: `a.name` in the body reads that one field
+        dm = _domain_map(node.init, bound, aliases)
+        if dm is None:
+            _walk(node.init, bound, found, aliases)
+            scoped = {k: v for k, v in aliases.items() if k != node.var}
+        else:
+            scoped = {**aliases, node.var: dm}
+        _walk(node.body, bound | {node.var}, found, scoped)
         return
     for child in children(node):
-        _walk(child, bound, found)
+        _walk(child, bound, found, aliases)
 
 
 _ABSENT = b""
