@@ -265,7 +265,7 @@ class Decisions:
         that still does not fit)."""
         unit = unit_key(claim)
         if status == "unsatisfiable":
-            message += self.reservations.words(unit)
+            message += self.reservations.words(unit) + self.reservations.kept_from(claim)
         if (problem := self.reservations.problems.get(claim.key)) is not None:
             message += f"; {problem}"
         failure = failure_event(claim, status, message, self._pod_of(claim.key), reserved=self.reservations.shown(unit))

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.gang import reservation_for
+from dralloc.allocator.engine.gang import describe_held_whole, reservation_for
 from dralloc.allocator.engine.inventory import iter_bits
 from dralloc.schemas.resource import ResourceClaim
 
@@ -156,6 +156,15 @@ class Reservations:
                 if rec is not None and rec.local_node is not None:
                     out[rec.local_node] = out.get(rec.local_node, 0) + 1
         return out
+
+    def kept_from(self, claim: ResourceClaim) -> str:
+        """For the failure message of a claim refused for now: the held nodes, whole again, that it
+        may not take because it is smaller than they are (`gang.describe_held_whole`); "" for none."""
+        engine = self.engine
+        if not engine.placement.reserved_nodes:
+            return ""
+        lines = describe_held_whole(engine, [engine._plan(claim)])
+        return "; " + lines[0] if lines else ""
 
     def next_deadline(self) -> float | None:
         """When the next reservation held ends (None: none held)."""

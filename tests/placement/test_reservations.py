@@ -223,6 +223,10 @@ def test_a_held_node_whole_again_is_kept_from_smaller_claims_but_not_from_one_as
     outcome = book.engine.allocate([claim("small-2", 1)], explain=True)[0]
     assert outcome.status == "unsatisfiable"
     assert "held whole for a claim that waits: node a-1 (every device free" in " ".join(outcome.explanation.notes)
+    refused = claim("small-3", 1)
+    refused_outcome, _ = book.allocate(refused)
+    failure = book.failure(refused, refused_outcome.status, refused_outcome.message)  # what `dralloc get claims` shows
+    assert refused_outcome.status == "unsatisfiable" and "; held whole for a claim that waits: node a-1" in failure.message
     # a claim as large as the tray is not held back (for it the hold is the usual preference)
     assert book.allocate(claim("tray", 4))[0].node == "a-1"
 
