@@ -386,11 +386,13 @@ class Placement:
             sums = self.kinds.domain_free(kind, of) if of else None
         else:
             free_ge, free = self.ledger.free_ge, self.ledger.free_local
-        if not of:
-            parts = [viable]
-        else:
+        parts = [viable if not of else viable & ~self.topology.domain_union()]
+
+        def in_domains() -> None:
+            """Append the domains' parts of `viable` to `parts`, fullest domain first. Only once
+            the walk gets past the nodes outside any domain: the usual claim stops there, and
+            this is a bitset operation per domain (100 NVL72 racks at 250,000 GPUs)."""
             bits = self.topology.domain_bits()
-            inside = self.topology.domain_union()
             rank = self.inv.node_rank
             touched = [d for d, b in bits.items() if viable & b]
             if sums is not None:
@@ -398,8 +400,24 @@ class Placement:
                 touched.sort(key=lambda d: (summed.get(d, 0), rank[members[d][0]]))
             else:
                 touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
-            parts = [viable & ~inside, *(viable & bits[d] for d in touched)]
+            parts.extend(viable & bits[d] for d in touched)
+
+        def each_part() -> Iterator[int]:
+            yield parts[0]
+            if of and len(parts) == 1:
+                in_domains()
+            yield from parts[1:]
+
         if whole:
+            for part in each_part():
+                yield from self._buckets(part ^ (part & whole), free_ge, need, with_none=False)
+            for part in each_part():
+                yield from self._buckets(part & whole, free_ge, need, with_none=False)
+            rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
+            yield from self._known(rest)
+            return
+        for part in each_part():
+            yield from self._buckets(part, free_ge, need)
             for part in parts:
                 yield from self._buckets(part ^ (part & whole), free_ge, need, with_none=False)
             for part in parts:
@@ -417,11 +435,17 @@ class Placement:
         with none free (they may still have shared devices)."""
         top = len(free_ge)
         by_claims, by_claims_first = self.kinds.by_claims, self.kinds.most_claims_first
+        # the nodes with a free device not yielded yet: the buckets stop once it is empty (each
+        # is one bitset operation as wide as the fleet's ranks, per part of the walk)
+        left = viable & free_ge[1] if top > 1 else 0
         for k in _hole_order(need, top):  # lazily: the first bucket usually holds the node taken
-            at_least = viable & free_ge[k]
+            if not left:
+                break
+            at_least = left & free_ge[k]
             if not at_least:
                 continue
             bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
+            left ^= bucket
             # equally full: the node with the most claims first. It drains last anyway (every claim
             # on it must leave before it is whole again), so one more claim there delays a whole
             # node least; a node with few claims is the next to become whole for a large claim.
