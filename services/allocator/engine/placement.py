@@ -418,15 +418,6 @@ class Placement:
             return
         for part in each_part():
             yield from self._buckets(part, free_ge, need)
-            for part in parts:
-                yield from self._buckets(part ^ (part & whole), free_ge, need, with_none=False)
-            for part in parts:
-                yield from self._buckets(part & whole, free_ge, need, with_none=False)
-            rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
-            yield from self._known(rest)
-            return
-        for part in parts:
-            yield from self._buckets(part, free_ge, need)
 
     def _buckets(self, viable: int, free_ge: list[int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
