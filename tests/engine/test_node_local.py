@@ -148,3 +148,22 @@ def test_left_out_nodes_never_change_where_claims_go(monkeypatch: pytest.MonkeyP
         results.append(out)
     assert results[0] == results[1]
     assert any(status == "unsatisfiable" for status, _ in results[0])  # some claims were refused: the skip was exercised
+
+
+def test_the_walk_yields_every_node_once_whole_or_not():
+    # two racks (multi-node domains) and two nodes in none: the walk goes past the nodes outside
+    # any domain into the racks, whether or not some node still has every GPU free
+    engine = _fleet()
+    plans = [engine._plan(_claim("probe", 1))]
+    assert sorted(engine.placement.order_nodes(plans, -1)) == NODES  # every node whole
+    for name in NODES[:3]:
+        (outcome,) = engine.allocate([_claim(f"one-{name}", 1)], node=name)
+        assert outcome.status == "allocated"
+    assert sorted(engine.placement.order_nodes(plans, -1)) == NODES  # some whole, some not
+    for name in NODES[3:]:
+        (outcome,) = engine.allocate([_claim(f"one-{name}", 1)], node=name)
+        assert outcome.status == "allocated"
+    walked = list(engine.placement.order_nodes(plans, -1))  # none whole
+    assert sorted(walked) == NODES
+    # the nodes outside any domain first, then rack by rack
+    assert set(walked[:2]) == {"node-4", "node-5"} and {frozenset(walked[2:4]), frozenset(walked[4:])} == {frozenset(NODES[:2]), frozenset(NODES[2:4])}
