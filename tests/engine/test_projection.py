@@ -206,7 +206,8 @@ def _verdicts(engine: Engine) -> list[tuple[int, int, int, dict[int, str]]]:
     return sorted((v.evaluated, v.matched, v.failed, dict(v.errors)) for v in engine.verdicts._cache.values())
 
 
-def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_environments(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the devices a CEL environment is built for, in order, from now on."""
     built: list[str] = []
     real_env = cel.device_env
 
@@ -215,6 +216,11 @@ def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monk
         return real_env(driver, device)
 
     monkeypatch.setattr(cel, "device_env", counting_env)
+    return built
+
+
+def test_shared_verdicts_equal_per_device_ones_and_errors_name_their_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _count_environments(monkeypatch)
     shared = _engine(16)
     (outcome,) = shared.allocate([claim("c", MIXED)], node="node-a")
     # three shapes (a100 / h100 with memoryGiB / h100 without): one environment each, not sixteen
@@ -240,14 +246,7 @@ def test_a_bound_domain_map_shares_verdicts_as_the_map_itself_does(monkeypatch: 
     """MIXED written with cel.bind: the same verdicts and errors as evaluating on every device,
     one environment per shape."""
     bound = f'cel.bind(a, {D}, a.model == "h100" && a.memoryGiB >= 80)'
-    built: list[str] = []
-    real_env = cel.device_env
-
-    def counting_env(driver: str, device: Device) -> cel.DeviceEnv:
-        built.append(device.name)
-        return real_env(driver, device)
-
-    monkeypatch.setattr(cel, "device_env", counting_env)
+    built = _count_environments(monkeypatch)
     shared = _engine(16)
     (outcome,) = shared.allocate([claim("c", bound)], node="node-a")
     assert len(built) == 3

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.inventory import iter_bits
+from dralloc.allocator.engine.placement import nodes_in_words
 from dralloc.schemas.gang import GANG, GANG_DOMAIN, GANG_SIZE
 from dralloc.schemas.resource import ResourceClaim
 
@@ -184,11 +185,9 @@ def describe_held_whole(engine: Engine, plans: list[ClaimPlan]) -> list[str]:
     held = engine.placement.held_whole(plans)
     if not held:
         return []
-    names = [engine.inventory.node_names[r] for r in iter_bits(held)]
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     return [
-        f"held whole for a claim that waits: node{'s' if len(names) > 1 else ''} {shown} (every device free, reserved for a large "
-        "claim or gang waiting for room; a smaller claim does not break it, and waits)"
+        f"held whole for a claim that waits: {nodes_in_words([engine.inventory.node_names[r] for r in iter_bits(held)])} (every "
+        "device free, reserved for a large claim or gang waiting for room; a smaller claim does not break it, and waits)"
     ]
 
 

@@ -264,11 +264,9 @@ class Placement:
         kept = self.kept_whole(plans)
         if not kept:
             return []
-        names = [self.inv.node_names[r] for r in iter_bits(kept)]
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         return [
-            f"kept whole for large claims: node{'s' if len(names) > 1 else ''} {shown} (in proportion to the large claims placed on "
-            "nodes of their kind recently; a smaller claim does not break them, and waits)"
+            f"kept whole for large claims: {nodes_in_words([self.inv.node_names[r] for r in iter_bits(kept)])} (in proportion to "
+            "the large claims placed on nodes of their kind recently; a smaller claim does not break them, and waits)"
         ]
 
     # --- nodes -------------------------------------------------------------------------
@@ -865,6 +863,12 @@ _WORDS = {
     NUMA: "same NUMA node",
     NODE: "spread over the node",
 }
+
+
+def nodes_in_words(names: list[str]) -> str:
+    """`node a`, or `nodes a, b, c, d and 3 more`: nodes as `explain` names them (at most four)."""
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"node{'s' if len(names) > 1 else ''} {shown}"
 
 
 def kind_of(rec: DeviceRec) -> tuple[str, str]:
