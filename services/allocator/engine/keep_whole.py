@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from dralloc.allocator.engine.inventory import iter_bits
+
 HORIZON = 256
 """Claims placed (anywhere) over which a large placement's weight falls to 1/e."""
 CAP = 3
@@ -83,13 +85,9 @@ def held_whole(held: int, whole: int, totals: dict[str, int], names: list[str], 
     have more devices of the kind (`totals`: node -> devices of the kind) than the unit takes.
     A unit as large as the node may take it (the usual order: held nodes last). 0: none."""
     out = 0
-    both = held & whole
-    while both:
-        low = both & -both
-        both ^= low
-        rank = low.bit_length() - 1
+    for rank in iter_bits(held & whole):
         if totals.get(names[rank], 0) > need:
-            out |= low
+            out |= 1 << rank
     return out
 
 
@@ -100,11 +98,8 @@ def drain_last(ranks: int, names: list[str], known: set[str], on: dict[str, dict
     the least likely to drain within the wait), then the fewest free (`free`: of the unit's kind;
     best fit), then rank. Only known nodes."""
     out = []
-    rest = ranks
-    while rest:
-        low = rest & -rest
-        rest ^= low
-        name = names[low.bit_length() - 1]
+    for rank in iter_bits(ranks):
+        name = names[rank]
         if name in known:
-            out.append((-len(on.get(name, {})), free.get(name, 0), low.bit_length() - 1, name))
+            out.append((-len(on.get(name, {})), free.get(name, 0), rank, name))
     return [n for *_, n in sorted(out)]
