@@ -18,17 +18,18 @@ from __future__ import annotations
 import enum
 import itertools
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
 
-from dralloc.allocator.engine import adoption, cel
+from dralloc.allocator.engine import adoption, cel, moves
 from dralloc.allocator.engine.explanations import Explanation, explain_failure, explain_success, grouped
 from dralloc.allocator.engine.filters import candidates, node_devices
 from dralloc.allocator.engine.inventory import AttrValue, DeviceRec, Inventory, iter_bits
 from dralloc.allocator.engine.ledger import Entry, Ledger, Record
 from dralloc.allocator.engine.misfits import Misfits
+from dralloc.allocator.engine.moves import MovePlan
 from dralloc.allocator.engine.placement import Placement
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, Planner
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot, elements
@@ -220,6 +221,15 @@ class Engine:
         (placement.py `Placement.reserve`). Who holds what is the caller's book (gang.py
         `reservation_for` finds the devices closest to fitting a claim)."""
         self.placement.reserve(devices)
+
+    def plan_moves(self, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], *, domain_label: str | None = None) -> MovePlan | None:
+        """A plan to make room for `claims` (one, or a gang's members) by re-placing claims of
+        `movable` that are in the way, fewest first; None if none. Changes nothing (moves.py `plan`)."""
+        return moves.plan(self, claims, movable, domain_label=domain_label)
+
+    def apply_moves(self, plan: MovePlan) -> list[Outcome]:
+        """Commit a plan of `plan_moves` all or nothing (moves.py `apply`; raises moves.StalePlan)."""
+        return moves.apply(self, plan)
 
     def allocation_of(self, claim_key: str) -> AllocationResult | None:
         record = self.ledger.claims.get(claim_key)
@@ -530,11 +540,14 @@ class Engine:
         """The usual unit: one claim, one request, one feasible alternative, no constraints. When
         no candidate is shared or consumes counters, every candidate can be taken whatever else is
         taken, so the search would take the first `count` in placement's order, one step each:
-        that answer without building the search. None: the search is needed (or the step budget
-        would run out on the way, where the search raises it)."""
+        that answer without building the search. So too for one device (a MIG slice, a share):
+        each candidate passed the filters' counter and capacity tests against the ledger alone,
+        which is all the search checks its first take against (its counter bound then holds as
+        well: the least a counter's candidates consume is at most what the first one does). None:
+        the search is needed (or the step budget would run out on the way, where the search raises it)."""
         _, alt, cands, consumed = option
         count = alt.count
-        if alt.all_mode or steps[0] + count > self.budget or any(rec.multi or rec.consumes for rec in cands):
+        if alt.all_mode or steps[0] + count > self.budget or (count > 1 and any(rec.multi or rec.consumes for rec in cands)):
             return None
         slot = Slot(claim=0, alt=alt, cands=list(cands), consumed=consumed)
         self.placement.order_slots([slot], node)

@@ -55,7 +55,8 @@ def gang_of(claim: ResourceClaim) -> tuple[str, int, str | None] | None:
     return f"{meta.namespace or 'default'}/{name}", size, marks.get(GANG_DOMAIN)
 
 
-def _demand(claim: ResourceClaim) -> int:
+def claim_demand(claim: ResourceClaim) -> int:
+    """Devices the claim asks for (an `All` request counts 0; `firstAvailable`: its first)."""
     total = 0
     for request in claim.spec.devices.requests:
         if request.exactly is not None:
@@ -92,7 +93,7 @@ def allocate_gang(
         return [_already(c.key, held[c.key]) for c in claims]
     fixed = {of.get(r.node or "") for r in held.values()}
     candidates = [d for d in domains if not held or d in fixed]
-    need = sum(_demand(c) for c in pending)
+    need = sum(claim_demand(c) for c in pending)
     free = engine.ledger.free_local
     room = {d: sum(free.get(n, 0) for n in domains[d]) for d in candidates}
     rank = inv.node_rank
@@ -107,7 +108,7 @@ def allocate_gang(
             (d for d in candidates if room[d] >= need),
             key=lambda d: (holds_reserved(d), room[d], rank[domains[d][0]]),
         )
-        pending = sorted(pending, key=lambda c: -_demand(c))
+        pending = sorted(pending, key=lambda c: -claim_demand(c))
     else:
         candidates = sorted(
             (d for d in candidates if room[d] >= need),
@@ -171,7 +172,7 @@ def reservation_for(engine: Engine, claims: Sequence[ResourceClaim], *, domain_l
         # only a large claim holds a node for itself: one that takes every device of its kind
         # there (a small one fits in the holes of partly used nodes, which reserving would waste)
         bits = placement.closest(plans, avoid=avoid)
-        return bits if bits and _demand(claims[0]) >= bits.bit_count() else 0
+        return bits if bits and claim_demand(claims[0]) >= bits.bit_count() else 0
     if domain_label == "":
         domains = {"all nodes": engine.inventory.nodes()}
     else:
