@@ -341,6 +341,11 @@ def shared_level(engine: Engine, outcome) -> int:
 
 POLICIES = ("dralloc", "kubernetes", "first_fit")
 """The three placements every trace runs through (see the module docstring)."""
+MOVE_POLICIES = ("dralloc_moves", "dralloc_moves_early")
+"""dralloc with moves (engine/moves.py), run beside the three with `--moves`: a large claim that would be
+refused while its family has enough free GPUs gets room by moving the small claims in its way.
+`dralloc_moves`: at the end of its wait (or at once when it may not wait); `dralloc_moves_early`: as
+soon as it starts waiting, and again when the wait ends."""
 
 
 @dataclass(slots=True)
@@ -365,6 +370,13 @@ class Result:
     fragmented: list[dict] = field(default_factory=list)
     """Per large refusal with enough free GPUs of the family in total, what the fleet looked like
     (`_why_fragmented`): why placement failed it."""
+    moving: bool = False
+    """A run with moves (`MOVE_POLICIES`): its summary reports them."""
+    moves: int = 0
+    """Move plans applied (each placed one large claim or gang)."""
+    claims_moved: int = 0
+    gpu_minutes_lost: float = 0.0
+    """GPUs x minutes the moved claims had served before their move (a move restarts a workload)."""
     seconds: float = 0.0
     engine_seconds: float = 0.0
 
@@ -407,11 +419,14 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
     wait is over (the same rule for every policy). Only dralloc reserves for what waits: after
     every change each waiting claim, oldest first, holds the node (the gang: the domain's nodes)
     closest to fitting it (`Engine.reserve`), and every other claim tries those nodes last."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    engine = fleet_engine(scoring=policy == "dralloc", keep_whole=keep_whole if policy == "dralloc" else 0.0)
+    if policy not in POLICIES + MOVE_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES + MOVE_POLICIES)}")
+    ours = policy == "dralloc" or policy in MOVE_POLICIES
+    engine = fleet_engine(scoring=ours, keep_whole=keep_whole if ours else 0.0)
     scheduler = random.Random(seed) if policy == "kubernetes" else None
-    reserving = policy == "dralloc"
+    reserving = ours
+    moving = policy in MOVE_POLICIES
+    early = policy == "dralloc_moves_early"
     by_node: dict[str, list] = {}
     total_gpus = 0
     for rec in engine.inventory.devices:
@@ -419,7 +434,7 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
             by_node.setdefault(rec.local_node, []).append(rec)
             if rec.driver == "gpu.nvidia.com" and rec.spec.attributes["type"].string == "gpu":
                 total_gpus += 1
-    result = Result()
+    result = Result(moving=moving)
     used = 0.0
     # (time, 0 departure | 1 end of a wait, order, payload): departures first at the same time
     timeline: list[tuple[float, int, int, object]] = []
@@ -432,17 +447,24 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
     holding: dict[int, set[str]] = {}
     ever_held: dict[int, set[str]] = {}
     intruders: dict[int, list[str]] = {}
+    # for moves: the small claims running (movable: key -> claim, and its job and start) and each
+    # job's current departure (a moved claim restarts: its earlier departure no longer counts)
+    movable: dict[str, ResourceClaim] = {}
+    running: dict[str, tuple[Job, float, float]] = {}
+    departs: dict[int, int] = {}
 
-    def attempt(job: Job, claims: list[ResourceClaim], now: float) -> bool:
-        nonlocal used
-        multi = not job.members and job.gpus + job.nics >= 2
-        optimum = best_level(engine, job, by_node) if multi else None
+    def reserve_others(job: Job) -> None:
         if reserving:
             others = 0
             for index, bits in held.items():
                 if index != job.index:
                     others |= bits
             engine.reserve(others)
+
+    def attempt(job: Job, claims: list[ResourceClaim], now: float) -> bool:
+        multi = not job.members and job.gpus + job.nics >= 2
+        optimum = best_level(engine, job, by_node) if multi else None
+        reserve_others(job)
         t0 = time.perf_counter()
         if job.members:
             outcomes = allocate_gang(engine, claims, name=f"job-{job.index}", domain_label=_domain_label(job))
@@ -453,6 +475,14 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
         result.engine_seconds += time.perf_counter() - t0
         if not outcomes or any(o.status != "allocated" for o in outcomes):
             return False
+        placed(job, claims, outcomes, now)
+        if multi:
+            result.multi_device += 1
+            result.locality_optimal += optimum is not None and shared_level(engine, outcomes[0]) <= optimum
+        return True
+
+    def placed(job: Job, claims: list[ResourceClaim], outcomes: list, now: float) -> None:
+        nonlocal used
         for o in outcomes:
             placed_at[o.claim] = now
             for index, nodes in holding.items():
@@ -461,12 +491,44 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
         weight = sum(_weight(engine.inventory.by_key[(r.driver, r.pool, r.device)]) for o in outcomes for r in o.allocation.devices.results)
         used += weight
         result.gpu_minutes += weight * job.duration
-        heapq.heappush(timeline, (now + job.duration, 0, next(order), (job.family, [o.claim for o in outcomes], weight)))
-        if multi:
-            result.multi_device += 1
-            result.locality_optimal += optimum is not None and shared_level(engine, outcomes[0]) <= optimum
+        departs[job.index] = next(order)
+        heapq.heappush(timeline, (now + job.duration, 0, departs[job.index], (job.family, [o.claim for o in outcomes], weight, job.index)))
+        if moving and not job.large:
+            movable[claims[0].key] = claims[0]
+            running[claims[0].key] = (job, now, weight)
         if job.large:
             result.large_waits.append(now - job.at)
+
+    def enough_free(job: Job) -> bool:
+        """Enough free GPUs of the family in total for the large claim (or gang), if not on one node."""
+        gpu = _wants(job)[0][1]
+        free = sum(1 for recs in by_node.values() for r in recs if gpu(r) and _free(engine, r))
+        return free >= job.gpus * max(1, job.members)
+
+    def move_for(job: Job, claims: list[ResourceClaim], now: float) -> bool:
+        """Moves (engine/moves.py) for a large claim refused with enough free GPUs: the small claims in
+        the way of the cheapest node (or domain) restart elsewhere, the claim takes the node. Locality
+        is not counted for a claim placed so (the oracle saw no node with room)."""
+        if not moving or not job.large or not enough_free(job):
+            return False
+        reserve_others(job)
+        t0 = time.perf_counter()
+        plan = engine.plan_moves(claims, movable, domain_label=_domain_label(job) if job.members else None)
+        outcomes = engine.apply_moves(plan) if plan is not None else []
+        result.engine_seconds += time.perf_counter() - t0
+        if plan is None:
+            return False
+        result.moves += 1
+        result.claims_moved += len(plan.moves)
+        for move in plan.moves:
+            moved, start, weight = running[move.claim]
+            result.gpu_minutes_lost += weight * (now - start)
+            running[move.claim] = (moved, now, weight)
+            placed_at[move.claim] = now
+            departs[moved.index] = next(order)  # it restarts: its whole duration from now
+            heapq.heappush(timeline, (now + moved.duration, 0, departs[moved.index], (moved.family, [move.claim], weight, moved.index)))
+        keys = set(plan.unit)
+        placed(job, claims, [o for o in outcomes if o.claim in keys], now)
         return True
 
     def refuse(job: Job) -> None:
@@ -509,20 +571,26 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
     def advance(until: float) -> None:
         nonlocal used
         while timeline and timeline[0][0] <= until:
-            now, kind, _, payload = heapq.heappop(timeline)
+            now, kind, seq, payload = heapq.heappop(timeline)
             if kind == 0:
-                family, keys, weight = payload  # type: ignore[misc]
+                family, keys, weight, index = payload  # type: ignore[misc]
+                if departs.get(index) != seq:
+                    continue  # a departure a move superseded (the claim restarted)
+                del departs[index]
                 for key in keys:
                     engine.release(key)
+                    movable.pop(key, None)
+                    running.pop(key, None)
                 used -= weight
                 for index, (job, claims) in list(waiting.items()):
                     if job.family == family and attempt(job, claims, now):
                         del waiting[index]
                         held.pop(index, None)
             elif (job := payload).index in waiting:  # type: ignore[union-attr]
-                del waiting[job.index]  # type: ignore[union-attr]
+                claims = waiting.pop(job.index)[1]  # type: ignore[union-attr]
                 held.pop(job.index, None)  # type: ignore[union-attr]
-                refuse(job)  # type: ignore[arg-type]
+                if not move_for(job, claims, now):  # type: ignore[arg-type]
+                    refuse(job)  # type: ignore[arg-type]
                 holding.pop(job.index, None)  # type: ignore[union-attr]
             if reserving and waiting:
                 reserve_for_waiting()
@@ -535,13 +603,13 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
         result.units += 1
         result.large_claims += job.large
         result.small_claims += not job.large
-        if not attempt(job, claims, job.at):
+        if not attempt(job, claims, job.at) and not (early and job.max_wait > 0 and move_for(job, claims, job.at)):
             if job.max_wait > 0:
                 waiting[job.index] = (job, claims)
                 heapq.heappush(timeline, (job.at + job.max_wait, 1, next(order), job))
                 if reserving:
                     reserve_for_waiting()
-            else:
+            elif not move_for(job, claims, job.at):
                 refuse(job)
         result.utilization_samples.append(used / total_gpus)
     advance(float("inf"))  # what still waits is placed or refused
@@ -592,6 +660,7 @@ def summary(r: Result) -> dict:
     """One policy's numbers of one run, as stable JSON."""
     samples = r.utilization_samples
     first = r.utilization_at_first_large_rejection
+    moved = {"moves": r.moves, "claims_moved": r.claims_moved, "gpu_hours_lost_to_moves": round(r.gpu_minutes_lost / 60, 1)} if r.moving else {}
     return {
         "rejected": r.rejected,
         "large_claims_rejected": r.large_claims_rejected,
@@ -602,6 +671,7 @@ def summary(r: Result) -> dict:
         "large_wait_p99_min": _minutes(percentile(r.large_waits, 99)),
         "mean_utilization": round(sum(samples) / len(samples), 4) if samples else 0.0,
         "gpu_hours_served": round(r.gpu_minutes / 60, 1),
+        **moved,
         "multi_device_claims": r.multi_device,
         "locality_optimal_fraction": round(r.locality_optimal / r.multi_device, 4) if r.multi_device else 1.0,
         "utilization_at_first_large_rejection": None if first is None else round(first, 4),
@@ -611,10 +681,17 @@ def summary(r: Result) -> dict:
     }
 
 
-def measure_one(seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0) -> tuple[dict, dict[str, Result]]:
-    """The three policies over one trace: its numbers (one run of the JSON) and the raw results."""
+def policies(moves: bool = False) -> tuple[str, ...]:
+    """The policies a run goes through: the three, and with `moves` dralloc with moves (`MOVE_POLICIES`)."""
+    return POLICIES + MOVE_POLICIES if moves else POLICIES
+
+
+def measure_one(
+    seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0, moves: bool = False
+) -> tuple[dict, dict[str, Result]]:
+    """The policies over one trace: its numbers (one run of the JSON) and the raw results."""
     work = trace(seed, jobs, load, max_wait)
-    results = {policy: run(work, policy, seed=seed, keep_whole=keep_whole) for policy in POLICIES}
+    results = {policy: run(work, policy, seed=seed, keep_whole=keep_whole) for policy in policies(moves)}
     scored = results["dralloc"]
     out: dict = {
         "seed": seed,
@@ -629,15 +706,16 @@ def measure_one(seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: f
     return out, results
 
 
-def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0) -> dict:
-    """Every seed at every load through the three policies: `runs` (one object per seed and
-    load) and `totals` (counts summed, waits pooled, utilization averaged over the runs, and
-    dralloc against each comparator)."""
+def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0, moves: bool = False) -> dict:
+    """Every seed at every load through the three policies (with `moves`, the two of
+    `MOVE_POLICIES` too): `runs` (one object per seed and load) and `totals` (counts summed,
+    waits pooled, utilization averaged over the runs, and dralloc, with moves too, against each
+    comparator: `vs_kubernetes`, `vs_first_fit`, `dralloc_moves_vs_first_fit`, ...)."""
     runs = []
-    pooled: dict[str, list[Result]] = {p: [] for p in POLICIES}
+    pooled: dict[str, list[Result]] = {p: [] for p in policies(moves)}
     for seed in seeds:
         for load in loads:
-            numbers, results = measure_one(seed, load, jobs, max_wait, keep_whole)
+            numbers, results = measure_one(seed, load, jobs, max_wait, keep_whole, moves)
             runs.append(numbers)
             for policy, r in results.items():
                 pooled[policy].append(r)
@@ -657,28 +735,36 @@ def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: fl
             "mean_utilization": round(sum(summary(r)["mean_utilization"] for r in results) / len(results), 4) if results else 0.0,
             "gpu_hours_served": round(sum(r.gpu_minutes for r in results) / 60, 1),
         }
-    ours = totals["dralloc"]
-    for other in ("kubernetes", "first_fit"):
-        theirs = totals[other]
-        key = f"vs_{other}"
-        totals[key] = {
-            "large_claims_rejected_fewer": round(1 - ours["large_claims_rejected"] / theirs["large_claims_rejected"], 4)
-            if theirs["large_claims_rejected"]
-            else 0.0,
-            "runs_with_more_large_rejected": sum(1 for run_ in runs if run_["dralloc"]["large_claims_rejected"] > run_[other]["large_claims_rejected"]),
-            "small_claims_rejected_more": round(ours["small_claims_rejected"] / theirs["small_claims_rejected"] - 1, 4)
-            if theirs["small_claims_rejected"]
-            else 0.0,
-            "mean_utilization_lower": round(1 - ours["mean_utilization"] / theirs["mean_utilization"], 4) if theirs["mean_utilization"] else 0.0,
-        }
+        if policy in MOVE_POLICIES:
+            totals[policy]["moves"] = sum(r.moves for r in results)
+            totals[policy]["claims_moved"] = sum(r.claims_moved for r in results)
+            totals[policy]["gpu_hours_lost_to_moves"] = round(sum(r.gpu_minutes_lost for r in results) / 60, 1)
+    for mine in ("dralloc", *(MOVE_POLICIES if moves else ())):
+        ours = totals[mine]
+        for other in ("kubernetes", "first_fit"):
+            theirs = totals[other]
+            totals[f"vs_{other}" if mine == "dralloc" else f"{mine}_vs_{other}"] = _versus(runs, mine, other, ours, theirs)
     return {
         "jobs": jobs,
         "max_wait_min": max_wait,
         "keep_whole": keep_whole,
+        "moves": moves,
         "nodes": sum(n for _, n in FLEET),
         "gpus": sum(CAPACITY.values()),
         "runs": runs,
         "totals": totals,
+    }
+
+
+def _versus(runs: list[dict], mine: str, other: str, ours: dict, theirs: dict) -> dict:
+    """One of our policies' totals against a comparator's."""
+    return {
+        "large_claims_rejected_fewer": round(1 - ours["large_claims_rejected"] / theirs["large_claims_rejected"], 4)
+        if theirs["large_claims_rejected"]
+        else 0.0,
+        "runs_with_more_large_rejected": sum(1 for run_ in runs if run_[mine]["large_claims_rejected"] > run_[other]["large_claims_rejected"]),
+        "small_claims_rejected_more": round(ours["small_claims_rejected"] / theirs["small_claims_rejected"] - 1, 4) if theirs["small_claims_rejected"] else 0.0,
+        "mean_utilization_lower": round(1 - ours["mean_utilization"] / theirs["mean_utilization"], 4) if theirs["mean_utilization"] else 0.0,
     }
 
 

@@ -725,6 +725,9 @@ def bench_placement(
         "--keep-whole",
         help="dralloc keeps round(FACTOR x recent large placements) whole nodes per node group for large claims (0: off, as the engine's default).",
     ),
+    moves: bool = typer.Option(
+        False, "--moves", help="Also run dralloc with moves: small claims in a refused large claim's way restart elsewhere (at the wait's end; and early)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: every run and the totals."),
 ) -> None:
     """Seeded churn traces over a 68-node mixed fleet, each run with dralloc's placement, as
@@ -738,24 +741,25 @@ def bench_placement(
         fail(f"bench placement: {exc}")
     if jobs < 1 or max_wait < 0 or not 0 <= keep_whole <= 10:
         fail("--jobs must be at least 1, --max-wait not negative and --keep-whole in [0, 10]")
-    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait, keep_whole=keep_whole)
+    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait, keep_whole=keep_whole, moves=moves)
     if as_json:
         _print_bench(result, True, "", [])
         return
-    policies = module.POLICIES
+    policies = module.policies(moves)
     # the table shows numbers; the per-refusal descriptions (`*_why`) are in --json
-    keys = [k for k in result["runs"][0]["dralloc"] if not k.endswith("_why")] if result["runs"] else []
+    keys = [k for k in result["runs"][0][policies[-1]] if not k.endswith("_why")] if result["runs"] else []
     for run_ in result["runs"]:
         title = f"dralloc bench placement: seed {run_['seed']}, load {run_['load']} ({run_['units']} arrivals, {run_['large_claims']} large)"
-        _print_bench(run_, False, title, [(k, *(str(run_[p][k]) for p in policies)) for k in keys], policies)
+        _print_bench(run_, False, title, [(k, *(str(run_[p].get(k, "")) for p in policies)) for k in keys], policies)
     totals = result["totals"]
-    total_keys = list(totals["dralloc"])
-    rows = [(k, *(str(totals[p][k]) for p in policies)) for k in total_keys]
-    rows += [
-        (f"dralloc {k} vs {other}", "", *(str(totals[f"vs_{o}"][k]) if o == other else "" for o in policies[1:]))
-        for other in policies[1:]
-        for k in totals[f"vs_{other}"]
-    ]
+    total_keys = list(totals[policies[-1]])
+    rows = [(k, *(str(totals[p].get(k, "")) for p in policies)) for k in total_keys]
+    # each of ours (dralloc, and with --moves its move policies) against each comparator, in our column
+    comparators = ("kubernetes", "first_fit")
+    for mine in (p for p in policies if p not in comparators):
+        for other in comparators:
+            versus = totals[f"vs_{other}" if mine == "dralloc" else f"{mine}_vs_{other}"]
+            rows += [(f"{k} vs {other}", *(str(versus[k]) if p == mine else "" for p in policies)) for k in versus]
     _print_bench(totals, False, f"dralloc bench placement: totals over {totals['runs']} runs (max wait {max_wait} min)", rows, policies)
 
 
