@@ -12,6 +12,7 @@ from typing import Any
 
 from dralloc.allocator import leader
 from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
+from dralloc.allocator.moving import MODES as MOVE_MODES
 from dralloc.allocator.reservations import parse_wait
 from dralloc.allocator.snapshot import Policy
 from dralloc.settings import overridden
@@ -41,6 +42,8 @@ class Config:
     """When the leader writes the snapshot of its live decisions (snapshot_store.py)."""
     keep_whole: float = 0.0
     """Whole nodes kept for large claims per unit of recent large demand (engine/keep_whole.py); 0: off."""
+    moves: str = "off"
+    """When a large unit that waits gets room by moving small claims (moving.py: off, when-refused, early)."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Config:
@@ -55,6 +58,7 @@ class Config:
             max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
             snapshot=_snapshot_policy(env.get("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", str(Policy.every))),
             keep_whole=_keep_whole(env.get("DRALLOC_ALLOCATOR_KEEP_WHOLE", "0")),
+            moves=_moves(env.get("DRALLOC_ALLOCATOR_MOVES", "off")),
         )
         return overridden(config, overrides)
 
@@ -76,6 +80,12 @@ def _keep_whole(text: str) -> float:
     if not 0 <= factor <= 10:  # NaN fails too
         raise ValueError(f"DRALLOC_ALLOCATOR_KEEP_WHOLE must be a factor in [0, 10] (0: off), not {text[:40]!r}")
     return factor
+
+
+def _moves(text: str) -> str:
+    if text not in MOVE_MODES:
+        raise ValueError(f"DRALLOC_ALLOCATOR_MOVES must be one of {', '.join(MOVE_MODES)}, not {text[:40]!r}")
+    return text
 
 
 def _cel_seconds(text: str) -> float:

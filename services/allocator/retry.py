@@ -60,6 +60,7 @@ async def retry_waiting(allocator: Allocator, stop: asyncio.Event, delay: float)
                         allocator.book.pods_waiting.add(key)
                         log.warning("allocator: retrying Pod %s failed: %s", key, exc)
             try:
+                await allocator.make_moves()  # (opt-in: the large units whose wait is over, moving.py)
                 await allocator.reserve_waiting()
             except Exception as exc:  # the bus is down: the next change tries again
                 log.warning("allocator: writing reservations failed: %s", exc)

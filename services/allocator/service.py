@@ -23,7 +23,8 @@ large waiting claim or gang holds a reservation unless its ``dralloc.dev/max-wai
 selector evaluations may spend, default 5,000,000; engine.py), ``DRALLOC_CEL_BUDGET_SECONDS``
 (CPU seconds of the engine thread they may take, default 2: time spent waiting for a busy CPU does not count),
 ``DRALLOC_ALLOCATOR_KEEP_WHOLE`` (whole nodes kept for large claims per unit of recent large demand, 0 to 10;
-default 0: off; engine/keep_whole.py).
+default 0: off; engine/keep_whole.py), ``DRALLOC_ALLOCATOR_MOVES`` (``off``, the default; ``when-refused``:
+a large claim or gang whose wait is over gets room by moving small claims; ``early``: as soon as it waits; moving.py).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
             # The CEL time budget on the engine thread's own CPU clock, not the wall clock: a starved
             # allocator (a busy machine) must not fail good claims for time it spent waiting to run.
             engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.thread_time, config.cel_seconds), keep_whole=config.keep_whole)
-            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot)
+            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot, moves=config.moves)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
                 await _lead(bus, config, stop, allocator)

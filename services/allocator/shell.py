@@ -37,7 +37,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
-from dralloc.allocator import leader
+from dralloc.allocator import leader, moving
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.fence import Fence
@@ -67,8 +67,11 @@ class Allocator:
         term: asyncio.Event | None = None,
         max_wait: float = 0.0,
         snapshot: Policy | None = None,
+        moves: str = "off",
     ) -> None:
         self.bus = bus
+        self.moves = moves
+        """When large units that wait get room by moving small claims (moving.py `MODES`; "off": never)."""
         self.snapshots = Snapshots(bus, policy=snapshot, epoch=lambda: lease.epoch if lease is not None else 0)
         """The compacted record of this term's decisions, loaded at the rebuild and written now and then."""
         self.book = Decisions(engine, max_gang=MAX_BATCH // 2, max_wait=max_wait)
@@ -365,6 +368,25 @@ class Allocator:
             self.book.batch_refused(plan)
             raise
         self.book.batch_stored(plan)
+
+    async def make_moves(self) -> None:
+        """Moves for the large units whose turn it is (moving.py): each unit's moves and its commits
+        written as one atomic batch; the engine goes back to the stream's state if it is not stored.
+        Called from the retry round, holding `lock`."""
+        for unit in moving.due(self.book, self.moves, time.time()):
+            began = time.perf_counter()
+            with telemetry.tracer().start_as_current_span("move", attributes={"dralloc.claim": unit.key}) as span:
+                moves = await self._engine_work(moving.decide, self.book, unit)
+                span.set_attribute("dralloc.outcome", "moved" if moves is not None else "no plan")
+            if moves is None:
+                continue
+            traces = [self.book.contexts.get(event.key) for event in moves.batch]
+            try:
+                await (await self.fence.send_batch(moves.batch, began, traces))
+            except BaseException:
+                moving.refused(self.book, moves)
+                raise
+            moving.stored(self.book, moves)
 
     async def reserve_waiting(self) -> None:
         """Write the failures of waiting claims whose reservation began, moved or ended (reservations.py)."""
