@@ -17,6 +17,7 @@ for; then the unit's commits. Subscribers and the status store see the moved cla
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
     from dralloc.allocator.decisions import Decisions
+    from dralloc.allocator.engine import Engine
 
 MODES = ("off", "when-refused", "early")
 """`DRALLOC_ALLOCATOR_MOVES`: never; when a large unit's wait is over; as soon as it waits."""
@@ -79,18 +81,39 @@ def due(book: Decisions, mode: str, now: float) -> list[Unit]:
 
 def movable(book: Decisions, unit: Unit) -> dict[str, ResourceClaim]:
     """The committed claims a move may re-place for `unit` (see the module docstring), by key."""
-    smallest = min(claim_demand(c) for c in unit.claims)
-    keys = {c.key for c in unit.claims}
+    return smaller(
+        unit.claims,
+        (c.claim for k, c in book.committed.items() if k not in book.seen and k not in book.made_for and c.allocation is not None),
+    )
+
+
+def smaller(unit: Sequence[ResourceClaim], claims: Iterable[ResourceClaim]) -> dict[str, ResourceClaim]:
+    """Of `claims`, those a move may re-place for `unit`, by key: smaller than each of its claims, not
+    in a gang, not reserved for a Pod (a move there needs the Pod evicted), not the unit's own."""
+    least = min(claim_demand(c) for c in unit)
+    keys = {c.key for c in unit}
     out = {}
-    for key, commit in book.committed.items():
-        claim = commit.claim
-        if key in keys or key in book.seen or key in book.made_for or commit.allocation is None:
+    for claim in claims:
+        if claim.key in keys or (claim.status is not None and claim.status.reserved_for) or gang_of(claim) is not None:
             continue
-        if (claim.status is not None and claim.status.reserved_for) or gang_of(claim) is not None:
-            continue
-        if claim_demand(claim) < smallest:
-            out[key] = claim
+        if claim_demand(claim) < least:
+            out[claim.key] = claim
     return out
+
+
+def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim], domain: str | None = None) -> list[str]:
+    """For `dralloc explain` of a large unit that does not fit: the moves the allocator would make for
+    it with moves on (the claims of `candidates` it may move, `smaller`), in words; [] for none."""
+    if not reservation_for(engine, unit, domain_label=domain):
+        return []  # small: the allocator moves nothing for it
+    plan = engine.plan_moves(list(unit), smaller(unit, candidates), domain_label=domain)
+    if plan is None:
+        return []
+    moves = "; ".join(f"{m.claim} (node {m.before.node or '-'} -> {m.after.node or '-'})" for m in plan.moves)
+    return [
+        f"with moves on (DRALLOC_ALLOCATOR_MOVES), once its wait is over the allocator would move {len(plan.moves)} "
+        f"claim(s) ({plan.devices_moved} devices; each restarts) to make room on node(s) {', '.join(plan.target)}: {moves}"
+    ]
 
 
 def decide(book: Decisions, unit: Unit) -> MoveBatch | None:

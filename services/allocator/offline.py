@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dralloc.allocator import moving
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.explanations import Explanation
 from dralloc.allocator.engine.gang import allocate_gang, gang_of, reservation_for
@@ -200,6 +201,8 @@ def allocate_objects(
         for unit in units:
             outcomes = _allocate_unit(engine, unit, node, explain)
             _note_holders(result, outcomes, explain)
+            if explain and node is None and unit.pod is None:
+                _note_moves(engine, unit, outcomes, result.outcomes, pending, objects)
             result.outcomes += outcomes
     if not loaded.nodes:
         for outcome in result.outcomes:
@@ -215,6 +218,27 @@ def _note_holders(result: Run, outcomes: Sequence[Outcome], explain: bool) -> No
         for outcome in outcomes:
             if outcome.status != "allocated":
                 result.holders[outcome.claim] = snapshot
+
+
+def _note_moves(
+    engine: Engine,
+    unit: _Unit,
+    outcomes: Sequence[Outcome],
+    before: Sequence[Outcome],
+    pending: dict[str, ResourceClaim],
+    objects: Sequence[tuple[Source, Object]],
+) -> None:
+    """A large unit that does not fit: what moves would do for it (moving.py) among the claims that came
+    allocated and those this run placed before it, as the allocator would move its committed claims."""
+    if not any(o.status == "unsatisfiable" for o in outcomes):
+        return
+    came = [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
+    placed = [pending[o.claim] for o in before if o.status == "allocated" and o.claim in pending]
+    notes = moving.describe(engine, unit.claims, [*came, *placed], unit.gang[2] if unit.gang is not None else None)
+    for outcome in outcomes:
+        if notes and outcome.status == "unsatisfiable":
+            outcome.explanation = outcome.explanation or Explanation()
+            outcome.explanation.notes += notes
 
 
 def _units(

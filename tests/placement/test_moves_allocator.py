@@ -171,3 +171,24 @@ def test_claims_reserved_for_a_pod_or_in_a_gang_are_not_moved():
     assert set(moving.movable(book, Unit("ml/big", (submitted("big", 8).claim,)))) == {"ml/small"}
     book.seen.add("ml/small")  # the cluster has shown its allocation: a Kubernetes claim, never moved
     assert moving.movable(book, Unit("ml/big", (submitted("big", 8).claim,))) == {}
+
+
+def test_only_large_units_whose_wait_is_over_are_due():
+    book = Decisions(max_gang=8)
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        book.apply_inventory(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "n"}]):
+        for s in slices:
+            book.apply_inventory(ev.ResourceSlicePublished(slice=s))
+    for name, gpus in (("six-a", 6), ("six-b", 6)):
+        outcome, commit = book.allocate(submitted(name, gpus).claim)
+        assert commit is not None
+        book.commit_written(commit)
+    big, small = submitted("big", 8, {"dralloc.dev/max-wait": "10m"}).claim, submitted("three", 3).claim
+    for claim in (big, small):
+        assert book.allocate(claim)[0].status == "unsatisfiable"
+    book.reserve_waiting(1000.0)
+    assert moving.due(book, "when-refused", 1000.0) == []  # big still waits; three is small
+    assert [u.key for u in moving.due(book, "early", 1000.0)] == ["ml/big"]
+    assert [u.key for u in moving.due(book, "when-refused", 1600.0)] == ["ml/big"]
+    assert moving.due(book, "off", 1600.0) == []
