@@ -196,3 +196,26 @@ def test_plans_are_deterministic_and_nothing_is_planned_for_a_claim_that_fits():
     assert a is not None and b is not None
     assert (a.target, [msgspec.to_builtins(m.after.allocation) for m in a.moves]) == (b.target, [msgspec.to_builtins(m.after.allocation) for m in b.moves])
     assert one.plan_moves([claim("small", 2)], claims) is None  # it fits as it is: nothing in its way is worth moving
+
+
+def test_a_gang_target_skips_a_node_whose_claims_have_nowhere_to_go():
+    # the two cheapest nodes (one 4-GPU claim each) cannot both be emptied: only one 4-GPU hole is
+    # left elsewhere; the 6-GPU claim of h100-sxm-3 can go to h100-sxm-2's six free GPUs instead
+    engine = make_engine([("h100-sxm", 4)])
+    claims = {
+        c.key: c
+        for c in (
+            on(engine, "a", 4, "h100-sxm-0"),
+            on(engine, "b", 4, "h100-sxm-1"),
+            on(engine, "c1", 1, "h100-sxm-2"),
+            on(engine, "c2", 1, "h100-sxm-2"),
+            on(engine, "d", 6, "h100-sxm-3"),
+        )
+    }
+    gang = [claim(f"m-{i}", 8) for i in range(2)]
+    plan = engine.plan_moves(gang, claims, domain_label="")
+    assert plan is not None
+    assert plan.target == ("h100-sxm-0", "h100-sxm-3")
+    assert {m.claim: m.after.node for m in plan.moves} == {"default/a": "h100-sxm-1", "default/d": "h100-sxm-2"}
+    engine.apply_moves(plan)
+    assert_ledger_sound(engine, {**claims, **{c.key: c for c in gang}})

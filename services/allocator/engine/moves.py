@@ -35,8 +35,9 @@ if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine, Outcome
 
 MAX_TARGETS = 32
-"""Candidate targets (single nodes, or per domain the prefixes of its nodes) tried per plan, cheapest
-first: each try is a few engine allocations, and a plan is sought only for a unit that was refused."""
+"""Tries per plan (a candidate node for a claim; for a gang, a node added to a domain's target or the
+gang placed there), cheapest first: each try is a few engine allocations, and a plan is sought only
+for a unit that was refused."""
 
 
 class StalePlan(Exception):
@@ -84,11 +85,9 @@ def plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, 
     movable = {k: c for k, c in movable.items() if k not in keys}
     if _fits(engine, claims, domain_label):
         return None
-    if len(claims) == 1:
-        targets = _single_targets(engine, claims, movable)
-    else:
-        targets = _gang_targets(engine, claims, movable, domain_label)
-    for ranks, blockers in targets[:MAX_TARGETS]:
+    if len(claims) > 1:
+        return _gang_plan(engine, claims, movable, domain_label)
+    for ranks, blockers in _single_targets(engine, claims, movable)[:MAX_TARGETS]:
         found = _try(engine, claims, ranks, blockers, movable)
         if found is not None:
             return found
@@ -174,10 +173,11 @@ def _single_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Ma
     return [t for _, t in sorted(costed, key=lambda c: c[0])]
 
 
-def _gang_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], domain_label: str | None) -> list[Target]:
-    """Per domain, its usable nodes cheapest first (as `_single_targets`, per member's share of the
-    demand) and the shortest prefix of them with room for the whole gang's demand, then one node more
-    (a member may need a node of its own); all domains' candidates, cheapest first."""
+def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], domain_label: str | None) -> MovePlan | None:
+    """The cheapest plan over the domains (fewest claims moved, then devices, then the domain's
+    lowest rank): per domain, a target built node by node, cheapest first (as `_single_targets`,
+    for one member's share of the demand), taking a node only if the claims in the way of every node
+    taken so far can still all be moved off them (a try of the moves alone), until the gang fits."""
     inv = engine.inventory
     if domain_label == "":
         domains = {"all nodes": inv.nodes()}
@@ -185,7 +185,8 @@ def _gang_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapp
         _, domains = engine.placement.topology.domains(domain_label)
     need = sum(claim_demand(c) for c in claims)
     each = max(1, min(claim_demand(c) for c in claims))
-    costed = []
+    best: tuple[tuple[int, int, int], MovePlan] | None = None
+    tries = 0
     for nodes in domains.values():
         usable = []
         for node in nodes:
@@ -195,19 +196,29 @@ def _gang_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapp
             blockers, wanted = found
             usable.append(((len(blockers), _held(engine, blockers), inv.node_rank[node]), node, blockers, wanted))
         usable.sort(key=lambda u: u[0])
-        room = 0
-        for i, (_, _, _, wanted) in enumerate(usable):
-            room += wanted
-            if room < need:
+        if sum(u[3] for u in usable) < need:
+            continue
+        ranks, blockers, room = 0, frozenset[str](), 0
+        for cost, _node, theirs, wanted in usable:
+            if tries >= MAX_TARGETS:
+                break
+            more = blockers | theirs
+            bit = 1 << cost[2]
+            if theirs - blockers:
+                tries += 1
+                if _try(engine, (), ranks | bit, more, movable) is None:
+                    continue  # what is in this node's way has nowhere to go (beside the others')
+            ranks, blockers, room = ranks | bit, more, room + wanted
+            if room < need or not blockers:
                 continue
-            for prefix in (usable[: i + 1], usable[: i + 2]) if i + 1 < len(usable) else (usable[: i + 1],):
-                blockers = frozenset().union(*(u[2] for u in prefix))
-                if not blockers:
-                    continue  # room without moves: the gang's own allocation decides, not a move
-                ranks = sum(1 << inv.node_rank[u[1]] for u in prefix)
-                costed.append(((len(blockers), _held(engine, blockers), min(u[0][2] for u in prefix)), (ranks, blockers)))
-            break
-    return [t for _, t in sorted(costed, key=lambda c: c[0])]
+            tries += 1
+            found_plan = _try(engine, claims, ranks, blockers, movable)
+            if found_plan is not None:
+                key = (len(found_plan.moves), found_plan.devices_moved, min(iter_bits(ranks)))
+                if best is None or key < best[0]:
+                    best = (key, found_plan)
+                break  # (a member may need a node of its own: otherwise one node more, and try again)
+    return best[1] if best is not None else None
 
 
 def _in_way(engine: Engine, claims: Sequence[ResourceClaim], node: str, need: int) -> tuple[frozenset[str], int] | None:
