@@ -35,6 +35,7 @@ undo it with any URL-unquote function.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
 from urllib.parse import unquote
 
@@ -50,14 +51,17 @@ SCHEMA_VERSION = 1
 SUBJECT_PREFIX = "dra"
 
 _UNSAFE = {".": "%2E", "*": "%2A", ">": "%3E", "%": "%25", " ": "%20", "\t": "%09", "\n": "%0A", "\r": "%0D"}
-_UNSAFE_TABLE = str.maketrans(_UNSAFE)  # (str.translate: C speed; every event's subject is made of these)
+_UNSAFE_TABLE = str.maketrans(_UNSAFE)
+_UNSAFE_CHAR = re.compile("[" + re.escape("".join(_UNSAFE)) + "]")
 
 
 def encode_token(text: str) -> str:
     """One subject token from any string, reversibly (percent-encoding of the unsafe characters)."""
     if not text:
         return "%00"  # an empty token is not a valid subject; names are never empty in practice
-    return text.translate(_UNSAFE_TABLE)
+    # Names hold no unsafe character (DNS names): one regex search, not a translate through a dict per
+    # character (~4 x as long; every event's subject is made of these, several times per claim).
+    return text.translate(_UNSAFE_TABLE) if _UNSAFE_CHAR.search(text) else text
 
 
 def decode_token(token: str) -> str:
