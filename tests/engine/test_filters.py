@@ -61,3 +61,19 @@ def test_the_search_and_explain_get_the_same_candidates() -> None:
     assert [r.name for r in quick.recs] == [r.name for r in counted.recs] == ["gpu-3", "gpu-4"]
     assert quick.problem == counted.problem == ""
     assert quick.note == "" and counted.note.startswith(f"device {DRIVER}/p/gpu-1 is tainted")
+
+
+def test_the_search_counts_a_short_list_as_explain_does() -> None:
+    # the search's one-pass filter counts what each stage dropped; explain runs the stages one by one
+    engine = _engine()
+    engine.allocate([_claim("first", 1, False)])
+    plan = engine.planner.plan(_claim("c", 3, True), engine.inventory.classes, engine.inventory.class_versions)
+    alt = plan.requests[0].alts[0]
+    devices = node_devices(engine.inventory, "node-1")
+    verdict = engine.verdicts.get(alt, devices[0])
+    quick = candidates(engine.inventory, engine.ledger, plan, alt, verdict, devices, "node-1")
+    counted = candidates(engine.inventory, engine.ledger, plan, alt, verdict, devices, "node-1", explain=True)
+    assert quick.left == counted.left == [("in use", 4), ("counters", 4), ("capacity", 4), ("taints", 3), ("constraints", 2)]
+    assert quick.emptied_by == counted.emptied_by == "constraints"
+    assert quick.problem == counted.problem == "only 2 device(s) left after the 'constraints' filter, 3 wanted"
+    assert [r.name for r in quick.recs] == [r.name for r in counted.recs] == ["gpu-3", "gpu-4"]

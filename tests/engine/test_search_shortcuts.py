@@ -71,3 +71,66 @@ def test_no_group_is_charged_one_step_per_value_tried():
     (over,) = _engine(_gpus(["p0", "p0", "p1", "p1"]), budget=1).allocate([_claim("c", 4, match="gpu.example.com/nvlink")])
     assert over.status == "error"
     assert "search budget of 1 steps exhausted" in over.message
+
+
+def _partitions_engine(devices: list[dict], counters: list[dict]) -> Engine:
+    engine = _engine([])
+    spec = {
+        "driver": "gpu.example.com",
+        "pool": {"name": "node-1", "generation": 2, "resourceSliceCount": 1},
+        "nodeName": "node-1",
+        "sharedCounters": counters,
+        "devices": devices,
+    }
+    assert engine.apply(msgspec.convert({"metadata": {"name": "node-1-gpus"}, "spec": spec}, ResourceSlice)) == []
+    return engine
+
+
+def _shared_claim(name: str, memory: str, match: str | None = None) -> ResourceClaim:
+    claim = msgspec.to_builtins(_claim(name, 1, match))
+    claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": memory}}
+    return msgspec.convert(claim, ResourceClaim)
+
+
+def test_one_partition_takes_what_the_search_takes():
+    # partitions of one chip of 4 slices: each one taken changes which others still fit; a claim for
+    # one device skips the search, the same claim with a matchAttribute every device has does not
+    counters = [{"name": "chip", "counters": {"slices": {"value": "4"}}}]
+    sizes = [1, 2, 4, 2, 1]
+    devices = [
+        {
+            "name": f"part-{i}",
+            "attributes": {"model": {"string": "h100"}},
+            "consumesCounters": [{"counterSet": "chip", "counters": {"slices": {"value": str(n)}}}],
+        }
+        for i, n in enumerate(sizes)
+    ]
+    plain, searched = _partitions_engine(devices, counters), _partitions_engine(devices, counters)
+    got = []
+    for i in range(5):
+        if i == 4:  # part-1's 2 slices back
+            assert plain.release("ns/c1") and searched.release("ns/c1")
+        (p,) = plain.allocate([_claim(f"c{i}", 1)])
+        (s,) = searched.allocate([_claim(f"c{i}", 1, match="gpu.example.com/model")])
+        assert (p.status, p.message) == (s.status, s.message)
+        got.append(_devices(p) if p.status == "allocated" else p.status)
+        assert got[-1] == (_devices(s) if s.status == "allocated" else s.status)
+    # 1 + 2 slices, then only part-4's 1 fits (part-2 needs 4, part-3 2), then none; part-1 again once freed
+    assert got == [["part-0"], ["part-1"], ["part-4"], "unsatisfiable", ["part-1"]]
+
+
+def test_one_share_takes_what_the_search_takes():
+    memory = {"memory": {"value": "8Gi", "requestPolicy": {"default": "8Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}
+    devices = [{"name": f"gpu-{i}", "attributes": {"model": {"string": "l40s"}}, "allowMultipleAllocations": True, "capacity": memory} for i in range(2)]
+    plain, searched = _engine(devices), _engine(devices)
+    got = []
+    for i, size in enumerate(["3Gi", "6Gi", "5Gi", "4Gi", "2Gi", "1Gi", "4Gi"]):
+        (p,) = plain.allocate([_shared_claim(f"c{i}", size)])
+        (s,) = searched.allocate([_shared_claim(f"c{i}", size, match="gpu.example.com/model")])
+        assert (p.status, p.message) == (s.status, s.message)
+        got.append(_devices(p) if p.status == "allocated" else p.status)
+        assert got[-1] == (_devices(s) if s.status == "allocated" else s.status)
+        if p.status == "allocated":
+            assert p.allocation.devices.results[0].consumed_capacity == {"memory": size}
+    # two devices of 8Gi: 3 and 5 share gpu-0, 6 and 2 gpu-1; 4, 1 and 4 find no room
+    assert got == [["gpu-0"], ["gpu-1"], ["gpu-0"], "unsatisfiable", ["gpu-1"], "unsatisfiable", "unsatisfiable"]

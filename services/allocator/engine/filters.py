@@ -160,24 +160,31 @@ def candidates(
     mask, order = devices_of_node
     recs = _in_order(inv, verdict.matched & mask, mask, order)
     covering = [c for c in plan.constraints if c.covers(alt)] if plan.constraints else []
+    need = alt.count
+    left: list[tuple[str, int]] = []
     if not explain and not alt.all_mode:
         # the search's case: every stage in one pass (the same devices: each stage is a test of
-        # one device, independent of the others); the counts per stage only when the list is short
-        kept, consumed = _passing(ledger, alt, covering, recs)
-        if len(kept) >= alt.count:
+        # one device, independent of the others); what each stage dropped gives the counts
+        # per stage, which only a short list needs
+        kept, consumed, dropped = _passing(ledger, alt, covering, recs)
+        if len(kept) >= need:
             return Candidates(recs=kept, consumed=consumed, problem="")
-    rq = Request(inv=inv, ledger=ledger, alt=alt, covering=covering, explain=explain)
-    if alt.all_mode:
-        return _all_devices(rq, recs, node)
-    out = recs
-    left: list[tuple[str, int]] = []
-    for name, stage in STAGES:
-        out = stage(rq, out)
-        left.append((name, len(out)))
-    need = alt.count
-    use_of = rq.use
-    consumed = {rec.id: use for rec in out if rec.multi and (use := use_of.get(rec.id)) is not None} if use_of else {}
-    found = Candidates(recs=out, consumed=consumed, problem="", left=left, note=rq.note)
+        out, note = kept, ""
+        n = len(recs)
+        for (name, _), gone in zip(STAGES, dropped):
+            n -= gone
+            left.append((name, n))
+    else:
+        rq = Request(inv=inv, ledger=ledger, alt=alt, covering=covering, explain=explain)
+        if alt.all_mode:
+            return _all_devices(rq, recs, node)
+        out = recs
+        for name, stage in STAGES:
+            out = stage(rq, out)
+            left.append((name, len(out)))
+        use_of, note = rq.use, rq.note
+        consumed = {rec.id: use for rec in out if rec.multi and (use := use_of.get(rec.id)) is not None} if use_of else {}
+    found = Candidates(recs=out, consumed=consumed, problem="", left=left, note=note)
     if len(out) >= need:
         return found  # nothing fell short (each stage only narrows: the last count is the least)
     found.emptied_by = next(name for name, n in left if n < need)
@@ -189,9 +196,10 @@ def candidates(
     return found
 
 
-def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[DeviceRec]) -> tuple[list[DeviceRec], dict[int, dict[str, int]]]:
-    """The devices of `recs` every stage of STAGES keeps, in order, and what each shared one would
-    consume: the stages' tests fused (same order, same results), for a request not for All."""
+def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[DeviceRec]) -> tuple[list[DeviceRec], dict[int, dict[str, int]], list[int]]:
+    """The devices of `recs` every stage of STAGES keeps, in order, what each shared one would
+    consume, and how many devices each stage dropped (per stage of STAGES): the stages' tests
+    fused (same order, same results), for a request not for All."""
     admin = alt.admin
     used, shares, room, cap_used = ledger.used_ids, ledger.shares, ledger.counter_room, ledger.cap_used
     defaults = not alt.capacity
@@ -199,26 +207,30 @@ def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[De
     names = [c.attribute for c in covering]
     out: list[DeviceRec] = []
     consumed: dict[int, dict[str, int]] = {}
+    dropped = [0] * len(STAGES)  # in use, counters, capacity, taints, constraints
     for rec in recs:
         if not admin:
             rid = rec.id
             if rid in used:
-                continue  # in use
+                dropped[0] += 1  # in use
+                continue
             if rec.consumes and not shares.get(rec.key) and not room(rec):
-                continue  # counters
+                dropped[1] += 1  # counters
+                continue
         use = rec.default_use if defaults and rec.default_use is not NOT_YET else consumed_capacity(alt, rec)
-        if use is None:
-            continue  # capacity
-        if rec.multi and not admin and not _room(cap_used.get(rec.id, {}), use, rec):
-            continue  # capacity
+        if use is None or (rec.multi and not admin and not _room(cap_used.get(rec.id, {}), use, rec)):
+            dropped[2] += 1  # capacity
+            continue
         if rec.taints and not all(tolerated(t, tolerations) for t in rec.taints):
-            continue  # taints
+            dropped[3] += 1  # taints
+            continue
         if names and not all(rec.attribute(a) is not None for a in names):
-            continue  # constraints
+            dropped[4] += 1  # constraints
+            continue
         if rec.multi:
             consumed[rec.id] = use
         out.append(rec)
-    return out, consumed
+    return out, consumed, dropped
 
 
 SPAN_MAX = 4096
