@@ -81,3 +81,45 @@ def test_a_node_publishing_two_slices_gets_its_topology_built_once(monkeypatch):
     }
     (outcome,) = engine.allocate([msgspec.convert(claim, ResourceClaim)])
     assert outcome.status == "allocated" and built == ["node-a", "node-b"]
+
+
+def test_applied_devices_share_one_empty_list_and_stay_equal_and_encoded_alike():
+    slices = [_slice(f"node-{n}-gpus", f"node-{n}", 4) for n in range(3)]
+    tainted = msgspec.convert(
+        {
+            "metadata": {"name": "node-9-gpus"},
+            "spec": {
+                "driver": "gpu.example.com",
+                "pool": {"name": "node-9", "generation": 1, "resourceSliceCount": 1},
+                "nodeName": "node-9",
+                "devices": [{"name": "dev-0", "taints": [{"key": "k", "effect": "NoSchedule"}], "bindingConditions": ["ready"]}],
+            },
+        },
+        ResourceSlice,
+    )
+    before = [msgspec.json.encode(s) for s in (*slices, tainted)]
+    copies = [msgspec.json.decode(b, type=ResourceSlice) for b in before]
+    inv = Inventory()
+    for s in (*slices, tainted):
+        inv.apply_slice(s)
+    devices = [d for s in slices for d in s.spec.devices]
+    assert len({id(d.taints) for d in devices}) == 1 and len({id(d.binding_conditions) for d in devices}) == 1
+    assert devices[0].taints is devices[-1].consumes_counters  # one list for every empty field
+    assert tainted.spec.devices[0].taints[0].key == "k" and tainted.spec.devices[0].binding_conditions == ["ready"]
+    assert tainted.spec.devices[0].taints is not devices[0].taints
+    assert [msgspec.json.encode(s) for s in (*slices, tainted)] == before
+    assert list((*slices, tainted)) == copies
+    assert inventory._EMPTY == []
+
+
+def test_candidate_order_is_binding_pools_last_then_names():
+    inv = Inventory()
+    inv.apply_slice(_slice("b-gpus", "node-b", 2))
+    inv.apply_slice(_slice("a-gpus", "node-a", 2))
+    recs = [rec for rec in inv.devices if rec is not None]
+    assert [rec.order for rec in sorted(recs, key=lambda r: r.order)] == [
+        (False, "gpu.example.com", "node-a", "a-gpus", "dev-0"),
+        (False, "gpu.example.com", "node-a", "a-gpus", "dev-1"),
+        (False, "gpu.example.com", "node-b", "b-gpus", "dev-0"),
+        (False, "gpu.example.com", "node-b", "b-gpus", "dev-1"),
+    ]

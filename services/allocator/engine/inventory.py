@@ -73,7 +73,7 @@ class DeviceRec:
     slice: str
     name: str
     spec: Device
-    order: tuple[bool, str, str, str, str]  # deterministic candidate order: binding-condition pools last, then names
+    binding: bool  # a device of a pool with binding conditions (its candidates come last: `order`)
     local_node: str | None  # set for node-local devices (slice or per-device nodeName)
     node_selector: NodeSelector | None
     all_nodes: bool
@@ -99,6 +99,13 @@ class DeviceRec:
             totals[counter] = totals.get(counter, 0) + amount
         # each counter named once (the usual case): the totals are `consumes` itself, not a copy
         self.consume_totals = self.consumes if len(totals) == len(self.consumes) else tuple(totals.items())
+
+    @property
+    def order(self) -> tuple[bool, str, str, str, str]:
+        """The deterministic candidate order: binding-condition pools last, then driver, pool,
+        slice and device name. Made on each read (only sorts read it): kept on every device,
+        this tuple was ~80 bytes a device, 43 MB at 250,000 GPUs."""
+        return (self.binding, self.driver, self.pool, self.slice, self.name)
 
     @property
     def label(self) -> str:
@@ -514,9 +521,12 @@ class Inventory:
     # --- slices and pools ------------------------------------------------------------
 
     def apply_slice(self, slice_: ResourceSlice) -> list[str]:
+        """Add or replace a slice and rebuild its pool (and the pool it left); the problems found.
+        The slice is the inventory's from then on (`share_empty_lists` rewrites its devices)."""
         name = slice_.metadata.name
         old = self.slices.get(name)
         self.slices[name] = slice_
+        share_empty_lists(slice_)
         keys = {(slice_.spec.driver, slice_.spec.pool.name)}
         if old is not None:
             keys.add((old.spec.driver, old.spec.pool.name))
@@ -600,7 +610,7 @@ class Inventory:
                     slice=slice_.metadata.name,
                     name=device.name,
                     spec=device,
-                    order=(binding, pool.driver, pool.name, slice_.metadata.name, device.name),
+                    binding=binding,
                     local_node=local or None,
                     node_selector=selector,
                     all_nodes=all_nodes,
@@ -667,6 +677,27 @@ class Inventory:
 
     def pool_of(self, rec: DeviceRec) -> Pool:
         return self.pools[(rec.driver, rec.pool)]
+
+
+_EMPTY: list[Any] = []
+"""The one empty list the inventory's devices share (`share_empty_lists`). Never mutated."""
+
+
+def share_empty_lists(slice_: ResourceSlice) -> None:
+    """Point each device's empty list fields (taints, counters consumed, binding conditions)
+    at one shared empty list. A decoded slice has a new empty list for each (72 bytes, tracked by
+    the cyclic collector): ~4 a device, ~2 million lists and ~150 MB at 250,000 GPUs, for nothing.
+    Equal and encoded as before; nothing in the engine mutates a device it was given."""
+    empty = _EMPTY
+    for device in slice_.spec.devices:
+        if not device.taints:
+            device.taints = empty
+        if not device.consumes_counters:
+            device.consumes_counters = empty
+        if not device.binding_conditions:
+            device.binding_conditions = empty
+        if not device.binding_failure_conditions:
+            device.binding_failure_conditions = empty
 
 
 def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> bool:
