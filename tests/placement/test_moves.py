@@ -8,10 +8,13 @@ from dataclasses import replace
 
 import msgspec
 import pytest
-from conftest import claim, make_engine
+from conftest import EXAMPLES, claim, make_engine
 
+from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.ledger import Record
 from dralloc.allocator.engine.moves import StalePlan
+from dralloc.discovery.fleet import build_fleet, fleet_nodes
+from dralloc.manifests import load_paths
 from dralloc.schemas.resource import ResourceClaim
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -218,4 +221,32 @@ def test_a_gang_target_skips_a_node_whose_claims_have_nowhere_to_go():
     assert plan.target == ("h100-sxm-0", "h100-sxm-3")
     assert {m.claim: m.after.node for m in plan.moves} == {"default/a": "h100-sxm-1", "default/d": "h100-sxm-2"}
     engine.apply_moves(plan)
+    assert_ledger_sound(engine, {**claims, **{c.key: c for c in gang}})
+
+
+def test_a_gang_plan_chosen_among_domains_applies():
+    # two racks of two nodes, a small claim on every node: each rack can be emptied into the other;
+    # rack a (1-GPU claims) is cheaper than rack b (2-GPU claims), whichever is tried last
+    engine = Engine()
+    for node in fleet_nodes([("h100-sxm", 4)]):
+        node.metadata.labels["dralloc.dev/rack"] = "a" if node.metadata.name in ("h100-sxm-0", "h100-sxm-1") else "b"
+        engine.apply(node)
+    for item in load_paths([EXAMPLES / "deviceclasses.yaml"]).objects:
+        engine.apply(item.obj)
+    for _, slices in build_fleet([("h100-sxm", 4)]):
+        for s in slices:
+            engine.apply(s)
+    claims = {
+        c.key: c
+        for c in (
+            on(engine, "a0", 1, "h100-sxm-0"),
+            on(engine, "a1", 1, "h100-sxm-1"),
+            on(engine, "b2", 2, "h100-sxm-2"),
+            on(engine, "b3", 2, "h100-sxm-3"),
+        )
+    }
+    gang = [claim(f"m-{i}", 8) for i in range(2)]
+    plan = engine.plan_moves(gang, claims, domain_label="dralloc.dev/rack")
+    assert plan is not None and plan.target == ("h100-sxm-0", "h100-sxm-1")
+    engine.apply_moves(plan)  # not refused as stale: trying rack b after rack a changed nothing
     assert_ledger_sound(engine, {**claims, **{c.key: c for c in gang}})

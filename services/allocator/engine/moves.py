@@ -23,7 +23,7 @@ Pure: no clock, no I/O; deterministic for a given engine state and `movable` map
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import allocate_gang, claim_demand
@@ -218,7 +218,8 @@ def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping
                 if best is None or key < best[0]:
                     best = (key, found_plan)
                 break  # (a member may need a node of its own: otherwise one node more, and try again)
-    return best[1] if best is not None else None
+    # the tries after the best one moved the ledger's change count on, not its state: stamp it now
+    return replace(best[1], stamp=_stamp(engine)) if best is not None else None
 
 
 def _in_way(engine: Engine, claims: Sequence[ResourceClaim], node: str, need: int) -> tuple[frozenset[str], int] | None:
