@@ -9,7 +9,7 @@ and the demo read them. Reading the bucket (I/O) stays with the sink in
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -41,12 +41,26 @@ class ClaimStatus(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=Tr
         return [f"{r.driver}/{r.pool}/{r.device}" for r in self.allocation.devices.results]
 
 
-def status_of(event: ev.AllocationCommitted | ev.AllocationFailed) -> ClaimStatus:
+class Allocated(Protocol):
+    """What a commit's record is made of: `ev.AllocationCommitted` offers it, and so does a reader
+    that decodes only these parts of one (the status writer's `reading.Committed`)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def allocation(self) -> AllocationResult | None: ...
+
+
+def status_of(event: Allocated | ev.AllocationFailed) -> ClaimStatus:
     """The record a decision leaves in the store, stamped with the current UTC time."""
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    if isinstance(event, ev.AllocationCommitted):
-        return ClaimStatus(claim=event.key, uid=event.claim.metadata.uid or "", state="allocated", node=event.node, allocation=event.allocation, updated=now)
-    return ClaimStatus(claim=event.key, uid=event.uid, state=event.reason, message=event.message, updated=now)
+    if isinstance(event, ev.AllocationFailed):
+        return ClaimStatus(claim=event.key, uid=event.uid, state=event.reason, message=event.message, updated=now)
+    return ClaimStatus(claim=event.key, uid=event.uid, state="allocated", node=event.node, allocation=event.allocation, updated=now)
 
 
 def kv_key(claim_key: str) -> str:

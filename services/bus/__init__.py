@@ -67,7 +67,10 @@ Consuming
     make its effect durable first, e.g. by awaiting ``bus.publish``), or, when
     the handler returns an awaitable (e.g. from ``bus.send``), after that
     completes: the consumer handles the next messages meanwhile, so several
-    effects are in flight at once (at most ``MAX_IN_FLIGHT``).
+    effects are in flight at once (at most ``MAX_IN_FLIGHT``). ``decode=`` reads
+    messages another way than `decode_event` (e.g. only the fields a consumer
+    uses, refusing as it does); ``context=False`` says the handler sends nothing
+    that carries the trace on, so while nothing records no span is made for it.
     - undecodable message, an event that does not belong in the stream or whose body
       names another object than its subject (`streamcheck.misplaced`), or handler
       raises `Permanent`: dead-lettered at once (a dead letter always fits under the
@@ -107,7 +110,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, Stream
 from nats.js.kv import KeyValue
 
 from dralloc.bus.client import DEFAULT_URL, INITIAL_REFUSALS, Bus
-from dralloc.bus.consume import FETCH_BATCH, MAX_IN_FLIGHT, Handler
+from dralloc.bus.consume import FETCH_BATCH, MAX_IN_FLIGHT, Decode, Handler, decode_event
 from dralloc.bus.deadletter import DEAD_LETTER_HEADROOM, DeadLetter, dead_letter_message
 from dralloc.bus.errors import (
     ApiError,
@@ -170,6 +173,7 @@ __all__ = [
     "BusError",
     "ConsumerConfig",
     "DeadLetter",
+    "Decode",
     "DeliverPolicy",
     "Handler",
     "KeyNotFound",
@@ -188,6 +192,7 @@ __all__ = [
     "StreamConfig",
     "StreamState",
     "dead_letter_message",
+    "decode_event",
     "die_with_parent",
     "embedded_cluster",
     "embedded_nats",

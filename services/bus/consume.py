@@ -11,12 +11,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
 from opentelemetry.util.types import Attributes
 
 from dralloc import telemetry
@@ -38,6 +39,20 @@ Handler = Callable[[Event], Awaitable[Awaitable[Any] | None]]
 durable (e.g. a `Bus.send` ack), and the message is acked only then: the consumer goes on with
 the next messages meanwhile (see `Bus.consume`)."""
 
+Decode = Callable[[str, str, bytes], Any]
+"""(stream, subject, body) -> what the handler is given; raises `EventDecodeError` saying why the
+message must never be acted on (it is dead-lettered with that reason). Default: `decode_event`."""
+
+
+def decode_event(stream: str, subject: str, data: bytes) -> Event:
+    """The message's event, refused when it does not decode (`events.decode`) or does not belong
+    where it was stored (`streamcheck.misplaced`)."""
+    event = events.decode(data)
+    if (problem := streamcheck.misplaced(stream, subject, event)) is not None:
+        raise EventDecodeError(problem)  # forged or misfiled: never acted on
+    return event
+
+
 MAX_IN_FLIGHT = 1024
 """Messages a consumer has handled but not yet acked (their effects not yet durable), at most."""
 
@@ -58,9 +73,13 @@ async def consume(
     max_deliver: int = 5,
     ack_wait: float = 30.0,
     batch: int = FETCH_BATCH,
+    decode: Decode = decode_event,
+    context: bool = True,
 ) -> None:
     """`Bus.consume`: process the stream's messages with `handler` until `stop` is set (see the
-    `dralloc.bus` docstring)."""
+    `dralloc.bus` docstring). `decode` reads a message (e.g. only the fields a consumer uses);
+    `context=False`: the handler sends nothing that carries the trace on, so while nothing records
+    no span is made or made current for it (recording, every message still gets its CONSUMER span)."""
     consumer_name = durable or name or bus.name
     config = ConsumerConfig(
         ack_policy=AckPolicy.EXPLICIT,
@@ -84,6 +103,7 @@ async def consume(
         advisories = await bus._nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}", cb=on_exhausted)
     puller = Puller(sub, batch, FETCH_WAIT_S)
     settler = _Settler(bus, stream, consumer_name, max_deliver)
+    reading = _Reading(stream, consumer_name, decode, context)
     settling = asyncio.ensure_future(settler.run())
     unstarted: list[Msg] = []
     try:
@@ -104,7 +124,7 @@ async def consume(
                 if stop.is_set():
                     unstarted = messages[i:]  # fetched but not started: handed back below
                     break
-                await _process(bus, msg, handler, stream, consumer_name, max_deliver, settler)
+                await _process(bus, msg, handler, reading, settler)
                 if settler.pending >= MAX_IN_FLIGHT:
                     await settler.below(MAX_IN_FLIGHT)
         # A stop (not a cancellation: a process dying hands nothing back): the open request ends,
@@ -134,23 +154,23 @@ class _Settler:
         self.bus, self.stream, self.consumer, self.max_deliver = bus, stream, consumer, max_deliver
         self.pending = 0
         """Messages handled and not yet settled."""
-        self.ready: deque[tuple[Msg, Exception | None, Event, Span]] = deque()
+        self.ready: deque[tuple[Msg, Exception | None, Any, Span]] = deque()
         self.wake = asyncio.Event()
         self.changed = asyncio.Event()
 
-    def follow(self, msg: Msg, durable: Awaitable[Any], event: Event, span: Span) -> None:
+    def follow(self, msg: Msg, durable: Awaitable[Any], event: Any, span: Span) -> None:
         """Settle `msg` once `durable` completes (acked, or retried / dead-lettered if it raised; if it
         is cancelled, nothing: JetStream redelivers after ack_wait)."""
         self.pending += 1
         future = asyncio.ensure_future(durable)
         future.add_done_callback(functools.partial(self._done, msg, event, span))
 
-    def settle_now(self, msg: Msg, failure: Exception | None, event: Event, span: Span) -> None:
+    def settle_now(self, msg: Msg, failure: Exception | None, event: Any, span: Span) -> None:
         self.pending += 1
         self.ready.append((msg, failure, event, span))
         self.wake.set()
 
-    def _done(self, msg: Msg, event: Event, span: Span, future: asyncio.Future[Any]) -> None:
+    def _done(self, msg: Msg, event: Any, span: Span, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
             span.end()
             self.pending -= 1
@@ -186,16 +206,36 @@ class _Settler:
             self.changed.set()
 
 
-async def _process(bus: Bus, msg: Msg, handler: Handler, stream: str, consumer: str, max_deliver: int, settler: _Settler) -> None:
+@dataclass(slots=True)
+class _Reading:
+    """How one consumer reads its messages (`consume`'s arguments)."""
+
+    stream: str
+    consumer: str
+    decode: Decode
+    context: bool
+
+
+async def _process(bus: Bus, msg: Msg, handler: Handler, reading: _Reading, settler: _Settler) -> None:
     """Handle one message; it is settled (`settler`) at once, or once its effect is durable."""
+    stream, consumer = reading.stream, reading.consumer
     bus.pulses[consumer] = time.monotonic()
     try:
-        event = events.decode(msg.data)
+        event = reading.decode(stream, msg.subject, msg.data)
     except EventDecodeError as exc:
         await dead_letter(bus, msg, stream, consumer, str(exc))
         return
-    if (problem := streamcheck.misplaced(stream, msg.subject, event)) is not None:
-        await dead_letter(bus, msg, stream, consumer, problem)  # forged or misfiled: never acted on
+    if not reading.context and not telemetry.recording():
+        # Nothing records and nothing the handler sends carries the trace on: no span to make current.
+        try:
+            durable = await handler(event)
+        except Exception as exc:
+            settler.settle_now(msg, exc, event, INVALID_SPAN)
+            return
+        if durable is None:
+            settler.settle_now(msg, None, event, INVALID_SPAN)
+        else:
+            settler.follow(msg, durable, event, INVALID_SPAN)
         return
     headers = msg.headers or {}
     attributes: Attributes = (
@@ -227,7 +267,7 @@ async def _process(bus: Bus, msg: Msg, handler: Handler, stream: str, consumer: 
         settler.follow(msg, durable, event, span)
 
 
-async def _settle(bus: Bus, msg: Msg, failure: Exception | None, event: Event, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
+async def _settle(bus: Bus, msg: Msg, failure: Exception | None, event: Any, stream: str, consumer: str, max_deliver: int, span: Span) -> None:
     """Ack a handled message, or dead-letter it (`Permanent`, or the last delivery) or hand it back for a retry."""
     try:
         if failure is None:

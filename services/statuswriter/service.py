@@ -18,9 +18,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dralloc.bus import Bus, report_lag
+from dralloc.bus import Bus, decode_event, report_lag
 from dralloc.schemas import events as ev
 from dralloc.settings import one_of, overridden
+from dralloc.statuswriter.reading import Committed
 from dralloc.statuswriter.sinks import DEFAULT_BUCKET, KVSink, StatusSink
 
 Sink = Literal["local", "kubernetes"]
@@ -56,10 +57,12 @@ async def make_sink(bus: Bus, config: Config) -> StatusSink:
     return KVSink(await bus.key_value(config.bucket), bus, config.bucket)
 
 
-async def apply(sink: StatusSink, event: ev.Event) -> Awaitable[Any] | None:
+async def apply(sink: StatusSink, event: ev.Event | Committed) -> Awaitable[Any] | None:
     """One event to the sink (the pure dispatch; other event types are not ours and are ignored).
     Returns what completes once the effect is durable, if the sink is still writing it."""
     if isinstance(event, ev.AllocationCommitted):
+        return await sink.committed(event)
+    if isinstance(event, Committed) and isinstance(sink, KVSink):  # (only the local store reads commits so: `KVSink.decode`)
         return await sink.committed(event)
     if isinstance(event, ev.AllocationFailed):
         return await sink.failed(event)
@@ -72,12 +75,16 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, sink: StatusSi
     sink = sink or await make_sink(bus, config)
     durable = f"statuswriter-{config.sink}"
 
-    async def handle(event: ev.Event) -> Awaitable[Any] | None:
+    async def handle(event: ev.Event | Committed) -> Awaitable[Any] | None:
         return await apply(sink, event)
 
+    # A sink may read the decisions its own way (the local store: only what a record is made of), and
+    # says whether what it writes carries the claim's trace on (neither sink's writes do).
+    decode = getattr(sink, "decode", decode_event)
+    traced = getattr(sink, "traced", True)
     lag = asyncio.create_task(report_lag(bus, "ALLOCATIONS", durable, stop))
     try:
-        await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait)
+        await bus.consume("ALLOCATIONS", handle, stop, durable=durable, ack_wait=config.ack_wait, decode=decode, context=traced)
     finally:
         lag.cancel()  # (it ends by itself on stop; not when the consumer failed)
         if (close := getattr(sink, "close", None)) is not None:

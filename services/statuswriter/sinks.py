@@ -17,8 +17,9 @@ import msgspec
 
 from dralloc.bus import Bus, KeyValue
 from dralloc.schemas import events as ev
-from dralloc.schemas.status import DEFAULT_BUCKET, ClaimStatus, UnreadableStatus, decode_status, kv_key, status_of
+from dralloc.schemas.status import DEFAULT_BUCKET, Allocated, ClaimStatus, UnreadableStatus, decode_status, kv_key, status_of
 from dralloc.statusstore import read_all, read_all_checked, read_status
+from dralloc.statuswriter.reading import read_decision
 
 __all__ = [  # the record format lives in schemas.status, its reads in statusstore; these names stay importable from here
     "DEFAULT_BUCKET",
@@ -57,6 +58,11 @@ class KVSink:
     (`written`), so a check of the current state never reads the bucket behind a put in flight.
     """
 
+    decode = staticmethod(read_decision)
+    """Commits are read as only what a record is made of (`reading.read_decision`)."""
+    traced = False
+    """Its writes (KV puts) carry no trace context: the consumer makes no span current for them while nothing records."""
+
     def __init__(self, kv: KeyValue, bus: Bus | None = None, bucket: str = DEFAULT_BUCKET) -> None:
         self.kv = kv
         self.bus = bus
@@ -64,7 +70,7 @@ class KVSink:
         self.written: dict[str, tuple[str, str] | None] = {}
         """Claim key -> (state, uid) this sink last wrote (None: deleted)."""
 
-    async def committed(self, event: ev.AllocationCommitted) -> Awaitable[Any] | None:
+    async def committed(self, event: Allocated) -> Awaitable[Any] | None:
         return await self._put(event.key, status_of(event))
 
     async def failed(self, event: ev.AllocationFailed) -> Awaitable[Any] | None:
