@@ -53,6 +53,9 @@ _ACK_DECODER = msgspec.json.Decoder(_Ack)
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
+SWEEP_S = 0.25
+"""How often the acks `Bus.send` awaits are checked for their timeout (so one raises up to this late)."""
+
 INITIAL_REFUSALS = 3
 """Refused connections (about a second) before `Bus.connect` gives up on a first connection."""
 
@@ -66,8 +69,11 @@ class Bus:
         self.name = name
         self._reply_prefix = ""
         self._reply_tokens = itertools.count()
-        self._replies: dict[str, tuple[asyncio.Future[PubAck], asyncio.TimerHandle]] = {}
-        """`send`'s acks still to come (and the timer that gives up on each), by the token ending their reply subject."""
+        self._replies: dict[str, tuple[asyncio.Future[PubAck], float, float]] = {}
+        """`send`'s acks still to come, by the token ending their reply subject: (the ack, when it is given
+        up on (loop time), its timeout)."""
+        self._sweeping: asyncio.TimerHandle | None = None
+        """The one timer that gives up on acks past their time (`_sweep`), while any is awaited."""
         self.tombstone_ttl = tombstone_ttl if tombstone_ttl is not None else tombstone_ttl_from_env()
         """Seconds a tombstone this bus publishes stays stored (`TOMBSTONE_TTL_S`)."""
         self.closed = asyncio.Event()
@@ -268,8 +274,9 @@ class Bus:
         """`send` for a payload that is not an event (e.g. a KV bucket's ``$KV.<bucket>.<key>``)."""
         # Our own replies, not nats-py's publish_async: that one loses a refusal (its reply handler
         # raises the server's error instead of handing it to the waiting future). The ack is a bare
-        # future with one timer, settled by `_on_reply` (no task or wait_for per message: at
-        # thousands of messages a second those were a visible share of a service's CPU).
+        # future settled by `_on_reply`, given up on by one timer for all of them (`_sweep`): no task,
+        # wait_for or timer per message (at thousands of messages a second those were a visible
+        # share of a service's CPU).
         if not self._reply_prefix:
             self._reply_prefix = self._nc.new_inbox()
             await self._nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
@@ -281,21 +288,28 @@ class Bus:
         except BaseException:
             future.cancel()
             raise
-        self._replies[token] = (future, loop.call_later(timeout, self._expire, token, timeout))
+        self._replies[token] = (future, loop.time() + timeout, timeout)
+        if self._sweeping is None:
+            self._sweeping = loop.call_later(min(timeout, SWEEP_S), self._sweep)
         return future
 
-    def _expire(self, token: str, timeout: float) -> None:
-        """No answer to a send within its timeout: its ack raises `TimeoutError`."""
-        pending = self._replies.pop(token, None)
-        if pending is not None and not pending[0].done():
-            pending[0].set_exception(TimeoutError(f"no answer from JetStream within {timeout:g}s"))
+    def _sweep(self) -> None:
+        """Every `SWEEP_S` while acks are awaited: each ack past its time raises `TimeoutError` (so
+        at most `SWEEP_S` after its timeout), and one whose awaiting was given up (cancelled) is dropped."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        expired = [token for token, (future, deadline, _) in self._replies.items() if deadline <= now or future.done()]
+        for token in expired:
+            future, _, timeout = self._replies.pop(token)
+            if not future.done():
+                future.set_exception(TimeoutError(f"no answer from JetStream within {timeout:g}s"))
+        self._sweeping = loop.call_later(SWEEP_S, self._sweep) if self._replies else None
 
     async def _on_reply(self, msg: Msg) -> None:
         pending = self._replies.pop(msg.subject.rpartition(".")[2], None)
         if pending is None:
             return
-        future, timer = pending
-        timer.cancel()
+        future = pending[0]
         if future.done():
             return
         if msg.headers and msg.headers.get("Status") == "503":
