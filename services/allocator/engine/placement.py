@@ -385,26 +385,41 @@ class Placement:
         else:
             free_ge, free = self.ledger.free_ge, self.ledger.free_local
         parts = [viable if not of else viable & ~self.topology.domain_union()]
+        pending: list[Iterator[int]] = []
 
-        def in_domains() -> None:
-            """Append the domains' parts of `viable` to `parts`, fullest domain first. Only once
-            the walk gets past the nodes outside any domain: the usual claim stops there, and
-            this is a bitset operation per domain (100 NVL72 racks at 250,000 GPUs)."""
+        def in_domains() -> Iterator[int]:
+            """The domains' parts of `viable`, fullest domain first, lazily. Only once the walk
+            gets past the nodes outside any domain (the usual claim stops there), and then only
+            as far as it goes: each part is a bitset operation (100 NVL72 racks at 250,000 GPUs),
+            and the order of the domains is kept while their free counts stay (`domain_order`)."""
             bits = self.topology.domain_bits()
             rank = self.inv.node_rank
-            touched = [d for d, b in bits.items() if viable & b]
-            if sums is not None:
-                summed = sums
-                touched.sort(key=lambda d: (summed.get(d, 0), rank[members[d][0]]))
+            if kind is not None and sums is not None:
+                order = self.kinds.domain_order(kind, of, members, rank)
             else:
-                touched.sort(key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
-            parts.extend(viable & bits[d] for d in touched)
+                order = sorted(members, key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
+            for d in order:
+                part = viable & bits[d]
+                if part:
+                    yield part
 
         def each_part() -> Iterator[int]:
+            """`parts[0]`, then the domains' parts: worked out on the first walk past it, as far
+            as it goes, and kept in `parts` for the second walk (whole nodes)."""
             yield parts[0]
-            if of and len(parts) == 1:
-                in_domains()
-            yield from parts[1:]
+            if not of:
+                return
+            if not pending:
+                pending.append(in_domains())
+            i = 1
+            while True:
+                if i == len(parts):
+                    part = next(pending[0], None)
+                    if part is None:
+                        return
+                    parts.append(part)
+                yield parts[i]
+                i += 1
 
         if whole:
             for part in each_part():
@@ -911,6 +926,8 @@ class KindIndex:
         self._domain_free: dict[tuple[str, str], dict[str, int]] = {}
         """Per kind: multi-node domain -> free devices of the kind on its nodes, for the domains of
         `_domain_of` (`domain_free`); kept in step by `_set`."""
+        self._domain_order: dict[tuple[str, str], list[str]] = {}
+        """Per kind: the domains of `_domain_of` in `domain_order`; dropped when a count changes."""
         ledger.on_charge.append(self._charge)
         inventory.on_pool_rebuilt.append(self._rebuilt)  # after the ledger's own (registered first)
 
@@ -1013,7 +1030,7 @@ class KindIndex:
         `Topology.domains`). Summed once per kind and domain map (a new map when the inventory
         changes), then kept by `_set` as devices are taken and freed: O(1) per claim."""
         if self._domain_of is not of:
-            self._domain_of, self._domain_free = of, {}
+            self._domain_of, self._domain_free, self._domain_order = of, {}, {}
         sums = self._domain_free.get(kind)
         if sums is None:
             sums = self._domain_free[kind] = {}
@@ -1022,6 +1039,16 @@ class KindIndex:
                 if domain is not None:
                     sums[domain] = sums.get(domain, 0) + n
         return sums
+
+    def domain_order(self, kind: tuple[str, str], of: dict[str, str], members: dict[str, list[str]], rank: dict[str, int]) -> list[str]:
+        """The domains of `members` (`Topology.domains`, with `of`), the fewest free devices of
+        `kind` first (`domain_free`), then by their first node's rank. Kept until a domain's free
+        count changes (`_set`) or the domain map does: sorting the racks was per claim."""
+        sums = self.domain_free(kind, of)
+        order = self._domain_order.get(kind)
+        if order is None:
+            order = self._domain_order[kind] = sorted(members, key=lambda d: (sums.get(d, 0), rank[members[d][0]]))
+        return order
 
     def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
         free = self.free.setdefault(kind, {})
@@ -1032,6 +1059,7 @@ class KindIndex:
             sums = self._domain_free.get(kind)
             if domain is not None and sums is not None:
                 sums[domain] = sums.get(domain, 0) + new - old
+                self._domain_order.pop(kind, None)
         if new == old and not force:
             return
         # bitsets over thousands of node ranks: flip a bit only where it changes (each
