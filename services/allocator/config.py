@@ -15,7 +15,7 @@ from dralloc.allocator.engine.engine import DEFAULT_CEL_BUDGET
 from dralloc.allocator.moving import MODES as MOVE_MODES
 from dralloc.allocator.reservations import parse_wait
 from dralloc.allocator.snapshot import Policy
-from dralloc.settings import overridden
+from dralloc.settings import one_of, overridden
 
 DEFAULT_CEL_SECONDS = 2.0
 """A claim's selector evaluations may take this long (the benchmark fleets' claims take at most tens
@@ -58,7 +58,7 @@ class Config:
             max_wait=parse_wait(env.get("DRALLOC_ALLOCATOR_MAX_WAIT", "0")),
             snapshot=_snapshot_policy(env.get("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", str(Policy.every))),
             keep_whole=_keep_whole(env.get("DRALLOC_ALLOCATOR_KEEP_WHOLE", "0")),
-            moves=_moves(env.get("DRALLOC_ALLOCATOR_MOVES", "off")),
+            moves=one_of(env.get("DRALLOC_ALLOCATOR_MOVES", "off"), MOVE_MODES, "DRALLOC_ALLOCATOR_MOVES"),
         )
         return overridden(config, overrides)
 
@@ -80,12 +80,6 @@ def _keep_whole(text: str) -> float:
     if not 0 <= factor <= 10:  # NaN fails too
         raise ValueError(f"DRALLOC_ALLOCATOR_KEEP_WHOLE must be a factor in [0, 10] (0: off), not {text[:40]!r}")
     return factor
-
-
-def _moves(text: str) -> str:
-    if text not in MOVE_MODES:
-        raise ValueError(f"DRALLOC_ALLOCATOR_MOVES must be one of {', '.join(MOVE_MODES)}, not {text[:40]!r}")
-    return text
 
 
 def _cel_seconds(text: str) -> float:

@@ -192,3 +192,13 @@ def test_only_large_units_whose_wait_is_over_are_due():
     assert [u.key for u in moving.due(book, "early", 1000.0)] == ["ml/big"]
     assert [u.key for u in moving.due(book, "when-refused", 1600.0)] == ["ml/big"]
     assert moving.due(book, "off", 1600.0) == []
+
+
+def test_the_setting_is_off_unless_set_and_a_wrong_one_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("DRALLOC_ALLOCATOR_MOVES", raising=False)
+    assert Config.from_env().moves == "off"
+    monkeypatch.setenv("DRALLOC_ALLOCATOR_MOVES", "when-refused")
+    assert Config.from_env().moves == "when-refused"
+    monkeypatch.setenv("DRALLOC_ALLOCATOR_MOVES", "always")
+    with pytest.raises(ValueError, match="unknown DRALLOC_ALLOCATOR_MOVES 'always': use off or when-refused or early"):
+        Config.from_env()
