@@ -250,3 +250,13 @@ def test_a_gang_plan_chosen_among_domains_applies():
     assert plan is not None and plan.target == ("h100-sxm-0", "h100-sxm-1")
     engine.apply_moves(plan)  # not refused as stale: trying rack b after rack a changed nothing
     assert_ledger_sound(engine, {**claims, **{c.key: c for c in gang}})
+
+
+def test_a_claim_moved_for_a_gang_says_so():
+    engine = make_engine([("h100-sxm", 3)])
+    claims = {c.key: c for c in (on(engine, "a", 1, "h100-sxm-0"), on(engine, "b", 2, "h100-sxm-1"), on(engine, "c", 4, "h100-sxm-2"))}
+    plan = engine.plan_moves([claim("m-0", 8), claim("m-1", 8)], claims, domain_label="")
+    assert plan is not None
+    messages = {o.claim: o.message for o in engine.apply_moves(plan)}
+    assert messages["default/a"].endswith("to make room for the gang of claims default/m-0, default/m-1 (dralloc moves)")
+    assert messages["default/m-0"].startswith("placed on node h100-sxm-")

@@ -125,14 +125,14 @@ def apply(engine: Engine, moves: MovePlan) -> list[Outcome]:
     for record in moves.placed:
         ledger.add(record)
     target = ", ".join(moves.target)
-    unit = moves.unit[0] if len(moves.unit) == 1 else f"the gang of {', '.join(moves.unit)}"
+    unit = f"claim {moves.unit[0]}" if len(moves.unit) == 1 else f"the gang of claims {', '.join(moves.unit)}"
     out = [
         Outcome(
             claim=m.claim,
             status="allocated",
             node=m.after.node,
             allocation=m.after.allocation,
-            message=f"moved from node {m.before.node or '-'} to node {m.after.node or '-'} to make room for claim {unit} (dralloc moves)",
+            message=f"moved from node {m.before.node or '-'} to node {m.after.node or '-'} to make room for {unit} (dralloc moves)",
         )
         for m in moves.moves
     ]
