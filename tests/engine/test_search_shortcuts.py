@@ -134,3 +134,77 @@ def test_one_share_takes_what_the_search_takes():
             assert p.allocation.devices.results[0].consumed_capacity == {"memory": size}
     # two devices of 8Gi: 3 and 5 share gpu-0, 6 and 2 gpu-1; 4, 1 and 4 find no room
     assert got == [["gpu-0"], ["gpu-1"], ["gpu-0"], "unsatisfiable", ["gpu-1"], "unsatisfiable", "unsatisfiable"]
+
+
+def _two_nodes(domains: list[str] = ("p0", "p0", "p1", "p1")) -> Engine:
+    """node-1: GPUs in these NVLink domains (two pairs); node-b: one NVLink domain of four."""
+    engine = _engine(_gpus(list(domains)))
+    node = msgspec.convert({"metadata": {"name": "node-b", "labels": {"kubernetes.io/hostname": "node-b"}}}, Node)
+    spec = {
+        "driver": "gpu.example.com",
+        "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1},
+        "nodeName": "node-b",
+        "devices": _gpus(["q"] * 4),
+    }
+    engine.apply(node)
+    engine.apply(msgspec.convert({"metadata": {"name": "node-b-gpus"}, "spec": spec}, ResourceSlice))
+    return engine
+
+
+def test_a_node_without_a_pair_is_known_to_hold_no_group_of_four():
+    # learning node-1 for a claim of two also notes it for the claims of four seen before: it has no
+    # domain of four, so a later claim of four does not try it (and says no node can hold it)
+    engine = _two_nodes()
+    nvlink = "gpu.example.com/nvlink"
+    (four,) = engine.allocate([_claim("four", 4, match=nvlink)], node="node-b")
+    assert _devices(four) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    (two,) = engine.allocate([_claim("two", 2, match=nvlink)], node="node-1")
+    assert two.status == "allocated"
+    plan = engine.planner.plan(_claim("x", 4, match=nvlink), engine.inventory.classes, engine.inventory.class_versions)
+    alt = plan.requests[0].alts[0]
+    seen, hit = engine.verdicts.get(alt, 0).nodes(engine.inventory.version, alt.learn_key)
+    a, b = (1 << engine.inventory.node_rank[n] for n in ("node-1", "node-b"))
+    assert (seen & a, hit & a) == (a, 0)  # node-1: learned along with the claim of two, no group of four
+    assert (seen & b, hit & b) == (b, b)
+    (again,) = engine.allocate([_claim("four-again", 4, match=nvlink)])
+    assert again.status == "unsatisfiable"
+    assert again.message.startswith("cannot allocate the claim: no node has enough free devices that match the requests")
+
+
+def test_the_largest_group_is_what_the_search_can_find():
+    # nodes of random NVLink layouts: learning one claim size there notes every size's answer, and
+    # each is what that size's search there decides
+    import random
+
+    rng = random.Random(3)
+    nvlink = "gpu.example.com/nvlink"
+    for _ in range(12):
+        domains = [rng.choice("abc") for _ in range(rng.randint(1, 7))]
+        most = max(domains.count(d) for d in set(domains))
+        for size in (2, 3, 4):
+            engine = _two_nodes(domains)
+            for other in (2, 3, 4):  # every size's memory exists (learned on node-b) before node-1 is learned
+                assert engine.allocate([_claim(f"probe-{other}", other, match=nvlink)], node="node-b")[0].status == "allocated"
+                engine.release(f"ns/probe-{other}")
+            engine.allocate([_claim("c", size, match=nvlink)], node="node-1")
+            node = 1 << engine.inventory.node_rank["node-1"]
+            for other in (2, 3, 4):
+                plan = engine.planner.plan(_claim("c", other, match=nvlink), engine.inventory.classes, engine.inventory.class_versions)
+                alt = plan.requests[0].alts[0]
+                seen, hit = engine.verdicts.get(alt, 0).nodes(engine.inventory.version, alt.learn_key)
+                assert seen & node
+                searched = _two_nodes(domains).allocate([_claim("s", other, match=nvlink)], node="node-1")[0]
+                assert bool(hit & node) == (most >= other) == (searched.status == "allocated")
+
+
+def test_a_node_no_object_names_is_refused_not_a_traceback():
+    engine = _engine(_gpus(["a", "a"]))
+    (outcome,) = engine.allocate([_claim("c", 1)], node="no-such-node")
+    assert outcome.status == "unsatisfiable"
+    assert (
+        outcome.message
+        == "cannot allocate the claim on node no-such-node: claim ns/c, request gpu: 0 device(s) on node no-such-node match the class and selectors, 1 wanted"
+    )
+    (again,) = engine.allocate([_claim("c", 1)], node="no-such-node", explain=True)
+    assert again.message == outcome.message
+    assert engine.allocate([_claim("c", 1)])[0].status == "allocated"

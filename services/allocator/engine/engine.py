@@ -418,7 +418,10 @@ class Engine:
         """Remember per verdict whether this node has devices that match (or fail),
         so later units skip nodes that cannot serve a request without evaluating them."""
         inv = self.inventory
-        bit = 1 << inv.node_rank[node]
+        rank = inv.node_rank.get(node)
+        if rank is None:
+            return  # a node no object names (`allocate(node=...)` with an unknown name): nothing to remember
+        bit = 1 << rank
         memo = {} if memo is None else memo
         for plan in plans:
             for request in plan.requests:
@@ -432,13 +435,32 @@ class Engine:
                     if not hit:
                         matched = verdict.matched & mask
                         if alt.group:
-                            hit = _has_group(inv, matched, alt)
+                            hit = self._learn_groups(verdict, alt, matched, bit)
                         elif alt.constraint_attributes:
                             hit = any(all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
                         else:
                             hit = matched
                     if hit:
                         info[1] |= bit
+
+    def _learn_groups(self, verdict: Verdict, alt: Alt, matched: int, bit: int) -> bool:
+        """Whether the node (`bit`) has a group of `alt.group` of its `matched` devices, with the
+        same answer noted for the other group sizes of the verdict's node memory that read the same
+        attributes and have not seen the node (a node without a pair has no group of 4 or 8 either):
+        the claims of those sizes then skip it without a try of their own."""
+        siblings = [
+            (key[2], info)
+            for key, info in verdict.node_info.items()
+            if key[2] and key[2] != alt.group and key[0] == alt.constraint_attributes and key[1] == alt.match_attributes and not info[0] & bit
+        ]
+        groups = [alt.group, *(g for g, _ in siblings)]
+        # a device adds one to a value at most: with fewer matching devices no group is reached
+        largest = 0 if matched.bit_count() < min(groups) else _largest_group(self.inventory, matched, alt, max(groups))
+        for group, info in siblings:
+            info[0] |= bit
+            if largest >= group:
+                info[1] |= bit
+        return largest >= alt.group
 
     def _place(self, plans: list[ClaimPlan], node: str | None, steps: list[int]) -> list[list[Slot]]:
         """Find devices for the whole unit on `node`, or raise _Failure."""
@@ -463,7 +485,8 @@ class Engine:
             return self._place_search(plans, node, (mask, order), steps, memo)
         except _Failure as failure:
             # the key after the failure is the key before it: a failed try changes no state
-            self.misfits.put(self.misfits.key(plans, node), plans[0], failure.message, failure.why, steps[0] - before)
+            if node is None or node in self.inventory.node_rank:  # (not a name no object gave: nothing to key it by)
+                self.misfits.put(self.misfits.key(plans, node), plans[0], failure.message, failure.why, steps[0] - before)
             raise
 
     def _place_search(
@@ -628,17 +651,17 @@ class Engine:
         return allocation, entries
 
 
-def _has_group(inv: Inventory, matched: int, alt: Alt) -> bool:
-    """Whether `alt.group` of the `matched` devices (free or not) have every constraint attribute
-    and share one value of each match attribute: a matchAttribute over NVLink domains of two
-    cannot hold a claim for four, however free the node is."""
-    attributes, need = alt.match_attributes, alt.group
+def _largest_group(inv: Inventory, matched: int, alt: Alt, cap: int) -> int:
+    """The largest group, counted up to `cap`, of the `matched` devices (free or not) that have
+    every constraint attribute: for each match attribute the most of them sharing one value, the
+    least of those over the attributes (`cap` without match attributes). A group of `alt.group`
+    exists when this reaches it: a matchAttribute over NVLink domains of two cannot hold a claim
+    for four, however free the node is."""
+    attributes = alt.match_attributes
     if not attributes:
-        return True
-    if matched.bit_count() < need:
-        return False  # a device adds one to a value at most: no value reaches the group
+        return cap
     counts: list[dict[object, int]] = [{} for _ in attributes]
-    reached = [False] * len(attributes)
+    best = [0] * len(attributes)
     left = len(attributes)
     for i in iter_bits(matched):
         rec = inv.devices[i]
@@ -648,12 +671,13 @@ def _has_group(inv: Inventory, matched: int, alt: Alt) -> bool:
             per = counts[n]
             for value in rec.values(attribute) or ():
                 c = per[value] = per.get(value, 0) + 1
-                if c >= need and not reached[n]:
-                    reached[n] = True
-                    left -= 1
+                if c > best[n]:
+                    best[n] = c
+                    if c == cap:
+                        left -= 1
         if not left:
-            return True  # every attribute has a group already: the rest cannot undo it
-    return False
+            return cap  # every attribute has a group of `cap` already: the rest cannot undo it
+    return min(best)
 
 
 def _configs(plan: ClaimPlan, slots: list[Slot]) -> list[DeviceAllocationConfiguration]:
