@@ -1005,13 +1005,16 @@ class KindIndex:
             counts: dict[tuple[str, str], int] = {}
             totals: dict[tuple[str, str], int] = {}
             lo = inv.local.span(node)[0]
-            self.used_local[node] = (lo, sum(1 << (i - lo) for i in inv.local.ids(node) if i in used))  # the ledger's, again
+            held = 0  # the node's devices the ledger holds, again (`used_local`)
             for i in inv.local.ids(node):
+                if i in used:
+                    held |= 1 << (i - lo)
                 rec = inv.devices[i]
                 if rec is not None and not rec.multi:
                     kind = kind_of(rec)
                     counts[kind] = counts.get(kind, 0) + (i not in used)  # (a set: no fleet-wide shift per device)
                     totals[kind] = totals.get(kind, 0) + 1
+            self.used_local[node] = (lo, held)
             for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
                 self.total.setdefault(kind, {})[node] = totals.get(kind, 0)
                 self._set(kind, node, counts.get(kind, 0), force=True)

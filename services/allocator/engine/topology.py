@@ -104,10 +104,9 @@ class NodeTopology:
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
-    """(level, hub) pairs a device links to."""
-    out: list[tuple[int, object]] = []
-    for key, _ in rec.consumes:
-        out.append((GPU, ("counters", key[0], key[1], key[2])))
+    """(level, hub) pairs a device links to, in level order (GPU first, then `_LEVEL_ATTRIBUTES`)."""
+    # one hub per counter set consumed (a MIG partition names a dozen counters of one set)
+    out: list[tuple[int, object]] = [(GPU, ("counters", *counter_set)) for counter_set in dict.fromkeys(key[:3] for key, _ in rec.consumes)]
     attrs = rec.spec.attributes
     for own in ("uuid", "parentUUID"):
         attr = attrs.get(own)
@@ -123,10 +122,6 @@ def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
 
 
 _LEVEL_ATTRIBUTES = ((NVLINK, NVLINK_DOMAIN), (SWITCH, PCIE_SWITCH), (ROOT, PCIE_ROOT), (NUMA, NUMA_NODE))
-
-
-def _level(hub: tuple[int, object]) -> int:
-    return hub[0]
 
 
 def _hub_name(level: int, hub: object) -> str:
@@ -158,9 +153,9 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
     vertex, which keeps the graph of a MIG node as small as that of its GPUs.
     Nodes of one hardware profile have one shape (the same hubs up to their
     names): with `shapes`, the graph is built once per shape, not per node."""
-    # each device's hubs without repeats, by level (stable: within a level in `_hubs`' order,
-    # which is the same on every node of a profile, so their shape keys agree)
-    hub_lists = [tuple(sorted(dict.fromkeys(_hubs(rec)), key=_level)) for rec in recs]
+    # each device's hubs without repeats, by level (`_hubs` gives them in level order; within a
+    # level in its order, which is the same on every node of a profile, so their shape keys agree)
+    hub_lists = [tuple(dict.fromkeys(_hubs(rec))) for rec in recs]
     lo = min((rec.id for rec in recs), default=0)
     if not any(hub_lists):  # no topology published at all: every device alone, no graph needed
         n = len(recs)
@@ -172,7 +167,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
             span=sum(1 << (rec.id - lo) for rec in recs), having={}, shape=0,
         )  # fmt: skip
     canon: dict[Hub, int] = {}
-    shape_key = tuple(tuple((level, canon.setdefault((level, hub), len(canon))) for level, hub in hubs) for hubs in hub_lists)
+    shape_key = tuple(tuple((hub[0], canon.setdefault(hub, len(canon))) for hub in hubs) for hubs in hub_lists)
     shape = shapes.get(shape_key) if shapes is not None else None
     if shape is None:
         shape = _shape(hub_lists)
