@@ -91,6 +91,8 @@ class Search:
         Per counter the candidates are one list of costs: the explicit ones (devices
         not yet active that consume it) and zeros (shared picks, active devices, devices
         that do not consume it); one pass over the candidates gathers them all."""
+        if not any(rec.consume_totals for slot in self.slots for rec in slot.cands):
+            return True  # the usual unit (whole GPUs without partitions): no counter to bound
         union: dict[int, DeviceRec] = {}
         free_picks = 0  # a shared device can serve every request it is a candidate for, for nothing extra
         need = 0
