@@ -215,3 +215,14 @@ def test_main_thread_seconds_is_this_threads_share_and_zero_for_none_or_a_gone_p
     assert everything >= 0.25 and main < 0.2  # the other thread's spin is the process's, not the main thread's
     assert pipeline.main_thread_seconds(None) == 0.0
     assert pipeline.main_thread_seconds(2**22 + 1) == 0.0
+
+
+async def test_the_status_writer_bench_stores_every_record_and_reports_its_cpu_per_record():
+    import statuswriter as bench  # benchmarks/statuswriter.py (on the path above); a round raises unless every record is stored
+
+    report = await bench.run(records=40, rounds=2, timeout=60)
+    assert report["records"] == 40 and len(report["rounds"]) == 2
+    for round_ in report["rounds"]:
+        assert round_["writer_us_per_record"] > 0 and round_["nats_server_us_per_record"] >= 0
+    commit = bench.commit(19)
+    assert commit.key == "bench/sustain-19" and commit.allocation is not None and commit.claim.spec.devices.requests[0].name == "mig"
