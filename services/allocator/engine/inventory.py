@@ -462,6 +462,18 @@ class Inventory:
         self._keep_bits(node, stamp, bits)
         return bits, ids
 
+    def node_bits(self, node: str) -> int:
+        """`node_mask(node)[0]`, for a caller that needs only the bitset: the cached one when it is
+        there, else (no device local to no node) the node's own devices, built without sorting
+        their ids or filling the cache. A walk that evaluates thousands of nodes once (the first
+        claim of a selector) evicted the nodes in use and sorted the ids of every node it passed."""
+        if self.nonlocal_bits:
+            return self.node_mask(node)[0]
+        hit = self._node_bits.get(node)
+        if hit is not None and hit[0] == (self.nonlocal_version, self._local_version.get(node, 0)):
+            return hit[1]
+        return self.local.get(node, 0)
+
     def _keep_bits(self, node: str, stamp: tuple[int, int], bits: int) -> None:
         cached = self._node_bits
         cached[node] = (stamp, bits)

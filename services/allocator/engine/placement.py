@@ -155,7 +155,7 @@ class Placement:
             the claims are counted only where the cheap bound, one if any device is taken, can)."""
             if node not in inv.node_known or (avoid >> rank[node]) & 1:
                 return None
-            mask, _ = inv.node_mask(node)
+            mask = inv.node_bits(node)
             verdict = self.verdicts.known(alt)
             if verdict is None or mask & verdict.evaluated != mask:  # the rest are known: no lookup per node
                 verdict = self.verdicts.get(alt, mask)
@@ -343,7 +343,7 @@ class Placement:
                 # with the kind known, the buckets only hold nodes with a free device of that kind
                 if demand and kind is None and not self._any_free(name, demand[0][0]):
                     if self.learn is not None:  # the engine does not try it now: remember what it matches
-                        self.learn(plans, name, self.inv.node_mask(name)[0])
+                        self.learn(plans, name, self.inv.node_bits(name))
                     later.append(name)  # full for this request: tried last (another alternative may fit)
                 else:
                     yield name
@@ -494,7 +494,7 @@ class Placement:
         fleet-wide operation per node and claim; this is one per node and selector set."""
         hit = topo.verdicts.get(alt.verdict_key)
         if hit is None:
-            mask, _ = self.inv.node_mask(topo.node)
+            mask = self.inv.node_bits(topo.node)
             verdict = self.verdicts.get(alt, mask)
             lo, span = topo.lo, topo.span
             failed = ((verdict.failed & mask) >> lo) & span if verdict.failed else 0
@@ -516,7 +516,7 @@ class Placement:
                 yield name  # the best its hardware can do, on the fullest such node (the engine learns it)
                 break
             if self.learn is not None:  # scored here, perhaps never tried: remember what it matches
-                self.learn(plans, name, self.inv.node_mask(name)[0])
+                self.learn(plans, name, self.inv.node_bits(name))
             if level is None:
                 unfit.append(name)
                 continue
