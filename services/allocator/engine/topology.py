@@ -82,7 +82,7 @@ class NodeTopology:
     """The lowest device id (bitsets of the node are shifted by it)."""
     flat: bool
     """No two devices share a group at any level: nothing to prefer (the order stays Kubernetes')."""
-    masks: list[list[tuple[int, int, int]]]
+    masks: Masks
     """Per level: (group index, size, bitset of its devices) for groups of two or more devices,
     largest first: the locality scan counts a group's free devices with one `&` and `bit_count()`.
     Bitsets here are shifted by `lo` (bit 0: the node's first device), so they stay small."""
@@ -138,10 +138,13 @@ Hubs = tuple[Hub, ...]
 """A device's hubs, sorted."""
 ShapeKey = tuple[tuple[tuple[int, int], ...], ...]
 """Per device position, its hubs with each hub renamed to its first-seen number: equal for nodes of one shape."""
-Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]], int]
+Masks = list[list[tuple[int, int, int]]]
+"""`NodeTopology.masks`: per level, (group index, size, bitset of its devices) for groups of two or more."""
+Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]], int, Masks]
 """A node's structure by device position: group tuple per device, group sizes per level,
-per level the first device position of each group, and a serial number (nodes with the
-same serial have the same structure)."""
+per level the first device position of each group, a serial number (nodes with the
+same serial have the same structure), and the group masks with bit p for position p (the
+masks of every node whose device ids run without a gap, shared by them)."""
 
 _serials = itertools.count(1)
 
@@ -175,7 +178,7 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
             if len(shapes) > 1024:
                 shapes.clear()
             shapes[shape_key] = shape
-    by_position, sizes, first, serial = shape
+    by_position, sizes, first, serial, by_position_masks = shape
     names: list[dict[int, str]] = []
     for pos, level in enumerate(GROUP_LEVELS):
         level_names: dict[int, str] = {}
@@ -185,12 +188,10 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
                 level_names[gid] = _hub_name(level, own[0])
         names.append(level_names)
     cliques = sorted({v[1] for rec in recs if (v := lookup_attribute(rec, NVLINK_CLIQUE)) is not None})
-    masks: list[list[tuple[int, int, int]]] = []
-    for pos in range(len(GROUP_LEVELS)):
-        bits: dict[int, int] = {}
-        for rec, g in zip(recs, by_position):
-            bits[g[pos]] = bits.get(g[pos], 0) | 1 << (rec.id - lo)
-        masks.append(sorted(((gid, sizes[pos][gid], b) for gid, b in bits.items() if sizes[pos][gid] > 1), key=lambda t: (-t[1], t[0])))
+    # a node's ids usually run without a gap (its pools' ids are handed out together): its masks
+    # are then its shape's, shared (not a list of bitsets per node, ~1 KB a node at 31,250 nodes)
+    gapless = all(rec.id == lo + p for p, rec in enumerate(recs))
+    masks = by_position_masks if gapless else _masks([rec.id - lo for rec in recs], by_position, sizes)
     return NodeTopology(
         node=node,
         stamp=stamp,
@@ -207,6 +208,18 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
         having={},
         shape=serial,
     )
+
+
+def _masks(offsets: list[int], by_position: list[tuple[int, ...]], sizes: list[dict[int, int]]) -> Masks:
+    """`NodeTopology.masks` of devices at bit `offsets[p]` for position p, largest group first. Read-only
+    (shared by the nodes of a shape)."""
+    masks: Masks = []
+    for pos in range(len(GROUP_LEVELS)):
+        bits: dict[int, int] = {}
+        for offset, g in zip(offsets, by_position):
+            bits[g[pos]] = bits.get(g[pos], 0) | 1 << offset
+        masks.append(sorted(((gid, sizes[pos][gid], b) for gid, b in bits.items() if sizes[pos][gid] > 1), key=lambda t: (-t[1], t[0])))
+    return masks
 
 
 def _shape(hub_lists: list[Hubs]) -> Shape:
@@ -245,7 +258,8 @@ def _shape(hub_lists: list[Hubs]) -> Shape:
                 index += 1
         sizes.append(level_sizes)
         first.append(level_first)
-    return [tuple(g) for g in per_device], sizes, first, next(_serials)
+    groups = [tuple(g) for g in per_device]
+    return groups, sizes, first, next(_serials), _masks(list(range(len(hub_lists))), groups, sizes)
 
 
 class Topology:
