@@ -594,7 +594,7 @@ class Inventory:
     def _build_devices(self, pool: Pool) -> None:
         for set_ in (cs for s in pool.slices for cs in s.spec.shared_counters):
             for cname, counter in set_.counters.items():
-                pool.counters[(pool.driver, pool.name, set_.name, cname)] = parse_quantity(counter.value)
+                pool.counters[(pool.driver, pool.name, set_.name, cname)] = _quantity(counter.value)
         binding = any(d.binding_conditions for s in pool.slices for d in s.spec.devices)
         # one instance per distinct value across the pool's devices: MIG partitions of a profile
         # consume the same counters of their GPU, in the same amounts
@@ -604,9 +604,10 @@ class Inventory:
             per_device = bool(spec.per_device_node_selection)
             for device in spec.devices:
                 consumes = tuple(
-                    shared.setdefault(
+                    shared.get((c.counter_set, name, v.value))
+                    or shared.setdefault(
                         (c.counter_set, name, v.value),
-                        (shared.setdefault((c.counter_set, name), (pool.driver, pool.name, c.counter_set, name)), parse_quantity(v.value)),
+                        (shared.setdefault((c.counter_set, name), (pool.driver, pool.name, c.counter_set, name)), _quantity(v.value)),
                     )
                     for c in device.consumes_counters
                     for name, v in c.counters.items()
@@ -752,15 +753,20 @@ def _validate_pool(pool: Pool) -> str | None:
         for slice_ in pool.slices:
             for counter_set in slice_.spec.shared_counters:
                 for shared in counter_set.counters.values():
-                    parse_quantity(shared.value)
+                    _quantity(shared.value)
             for device in slice_.spec.devices:
                 _capacities(pool.driver, device)
                 for consumption in device.consumes_counters:
                     for consumed in consumption.counters.values():
-                        parse_quantity(consumed.value)
+                        _quantity(consumed.value)
     except ValueError as exc:
         return str(exc)
     return None
+
+
+_quantity = functools.lru_cache(maxsize=4096)(parse_quantity)
+"""`parse_quantity` of the counter values a pool names (a fleet repeats a few: "1", "10Gi"; a MIG
+GPU's partitions name a dozen each); a malformed one raises, uncached."""
 
 
 def iter_bits(x: int) -> Iterator[int]:
