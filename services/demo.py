@@ -150,8 +150,14 @@ async def run_demo(paths: list[str] | None, fleet: str | None, *, timeout: float
     # and its temp dir go away even when the demo is interrupted while starting.
     loop, main = asyncio.get_running_loop(), asyncio.current_task()
     assert main is not None
+    interrupted = asyncio.Event()
+
+    def interrupt() -> None:
+        interrupted.set()
+        main.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, main.cancel)
+        loop.add_signal_handler(sig, interrupt)
     console = Console() if interactive else Console(width=200, no_color=True)
 
     async with embedded_nats() as url, running(url, paths=paths, fleet=fleet, watch=interactive), await Bus.connect(url, name="demo") as bus:
@@ -160,10 +166,14 @@ async def run_demo(paths: list[str] | None, fleet: str | None, *, timeout: float
             await _live(console, kv, expected, url)
             return 0
         rows, complete = await _settled(kv, expected, timeout)
-        console.print(claims_table(rows, title=f"dralloc demo: {len(expected)} claims from {', '.join(paths)}"))
-        if not complete:
-            print(f"dralloc: gave up after {timeout:g}s waiting for decisions on every claim", file=sys.stderr)
-        return 0 if complete else 1
+    if interrupted.is_set():
+        # A cancellation can be swallowed by a library awaiting at that moment (asyncio.wait_for
+        # racing its inner future, a client's connect or close): the signal still means "interrupted".
+        raise asyncio.CancelledError
+    console.print(claims_table(rows, title=f"dralloc demo: {len(expected)} claims from {', '.join(paths)}"))
+    if not complete:
+        print(f"dralloc: gave up after {timeout:g}s waiting for decisions on every claim", file=sys.stderr)
+    return 0 if complete else 1
 
 
 async def _settled(kv: Any, expected: list[str], timeout: float) -> tuple[list[ClaimStatus], bool]:
