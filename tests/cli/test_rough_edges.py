@@ -60,9 +60,10 @@ async def test_submit_wait_names_the_claims_still_unsatisfiable(nats_url, tmp_pa
     path = tmp_path / "claims.yaml"
     path.write_text(CLASSES.read_text() + claim("nine", 9) + claim("one", 1))
     async with running(nats_url, paths=[], fleet=[("l40s-pcie", 1)]):
-        out = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "3", url=nats_url)
+        # Long enough for the fleet and both decisions on a loaded machine (3 s once was not).
+        out = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "8", url=nats_url)
     assert out.returncode == 1
-    assert "dralloc: after 3s, still unsatisfiable: ml/nine" in out.stderr
+    assert "dralloc: after 8s, still unsatisfiable: ml/nine" in out.stderr
     assert "ml/one" in out.stdout and "allocated" in out.stdout
 
 
