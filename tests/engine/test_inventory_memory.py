@@ -125,13 +125,13 @@ def test_candidate_order_is_binding_pools_last_then_names():
     ]
 
 
-def test_node_bits_equal_the_node_mask_without_filling_the_cache():
+def test_node_bits_equal_the_node_mask_without_sorting_ids():
     inv = Inventory()
     names = [f"node-{n:02d}" for n in range(5)]
     for name in names:
         inv.apply_node(_node(name))
         inv.apply_slice(_slice(f"{name}-gpus", name, 3))
-    assert [inv.node_bits(n) for n in names] and not inv._node_bits  # built, not kept
+    assert [inv.node_bits(n) for n in names] and not inv._node_ids  # bits kept, no ids sorted
     assert [inv.node_bits(n) for n in names] == [inv.node_mask(n)[0] for n in names]
     inv.apply_slice(_slice("node-02-gpus", "node-02", 2, generation=2))  # new ids: not the stale cached bits
     assert inv.node_bits("node-02") == inv.node_mask("node-02")[0] and set(iter_bits(inv.node_bits("node-02"))) == _expected(inv, "node-02")

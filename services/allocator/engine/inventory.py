@@ -434,19 +434,27 @@ class Inventory:
 
     def node_mask(self, node: str) -> tuple[int, list[int]]:
         """Devices usable from `node`: (bitset, ids in candidate order). Cached: the ids for every
-        node, the bitset for the nodes used most recently (rebuilt from the node's compact mask)."""
+        node, the bitset for the nodes used most recently (`node_bits`)."""
+        stamp = (self.nonlocal_version, self._local_version.get(node, 0))
+        bits = self.node_bits(node)
+        known = self._node_ids.get(node)
+        if known is not None and known[0] == stamp:
+            return bits, known[1]
+        ids = sorted(iter_bits(bits), key=lambda i: self.devices[i].order)  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
+        self._node_ids[node] = (stamp, ids)
+        return bits, ids
+
+    def node_bits(self, node: str) -> int:
+        """`node_mask(node)[0]`, for a caller that needs only the bitset (placement's walk): kept
+        for the NODE_MASKS_KEPT nodes used most recently, else rebuilt from the node's compact
+        mask (and kept), without sorting the node's ids: a walk that evaluates thousands of nodes
+        once (the first claim of a selector) sorted the ids of every node it passed."""
         stamp = (self.nonlocal_version, self._local_version.get(node, 0))
         cached = self._node_bits
         hit = cached.get(node)
         if hit is not None and hit[0] == stamp:
             cached.move_to_end(node)
-            ids = self._node_ids[node][1]
-            return hit[1], ids
-        known = self._node_ids.get(node)
-        if known is not None and known[0] == stamp and not self.nonlocal_bits:
-            bits = self.local.get(node, 0)
-            self._keep_bits(node, stamp, bits)
-            return bits, known[1]
+            return hit[1]
         bits = self.local.get(node, 0)
         if self.nonlocal_bits:
             labels = self.node_labels.get(node, {})
@@ -457,22 +465,8 @@ class Inventory:
                 x ^= low
                 if rec is not None and (rec.all_nodes or node_selector_matches(rec.node_selector, node, labels)):
                     bits |= low
-        ids = sorted(iter_bits(bits), key=lambda i: self.devices[i].order)  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
-        self._node_ids[node] = (stamp, ids)
         self._keep_bits(node, stamp, bits)
-        return bits, ids
-
-    def node_bits(self, node: str) -> int:
-        """`node_mask(node)[0]`, for a caller that needs only the bitset: the cached one when it is
-        there, else (no device local to no node) the node's own devices, built without sorting
-        their ids or filling the cache. A walk that evaluates thousands of nodes once (the first
-        claim of a selector) evicted the nodes in use and sorted the ids of every node it passed."""
-        if self.nonlocal_bits:
-            return self.node_mask(node)[0]
-        hit = self._node_bits.get(node)
-        if hit is not None and hit[0] == (self.nonlocal_version, self._local_version.get(node, 0)):
-            return hit[1]
-        return self.local.get(node, 0)
+        return bits
 
     def _keep_bits(self, node: str, stamp: tuple[int, int], bits: int) -> None:
         cached = self._node_bits
