@@ -409,7 +409,16 @@ def _domain_label(job: Job) -> str | None:
     return None if job.family == "gb200" else "dralloc.dev/rack"
 
 
-def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: float = 0.0) -> Result:
+def run(
+    jobs: list[Job],
+    policy: str = "dralloc",
+    *,
+    seed: int = 0,
+    keep_whole: float = 0.0,
+    move_after: float | None = None,
+    reserve: bool = True,
+    by_lost: bool = False,
+) -> Result:
     """One pass over the trace with one of the `POLICIES` (`seed`: Kubernetes' tie-breaks;
     `keep_whole`: dralloc's factor of whole nodes kept for large claims, `fleet_engine`).
 
@@ -418,13 +427,19 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
     order, and is tried again whenever a claim of its GPU family leaves; it is refused when its
     wait is over (the same rule for every policy). Only dralloc reserves for what waits: after
     every change each waiting claim, oldest first, holds the node (the gang: the domain's nodes)
-    closest to fitting it (`Engine.reserve`), and every other claim tries those nodes last."""
+    closest to fitting it (`Engine.reserve`), and every other claim tries those nodes last.
+
+    Levers of the move policies (README "Levers measured"; the defaults are `dralloc_moves` as
+    shipped): `move_after`, minutes into a wait when moves are tried once before its end (None:
+    only at the end); `reserve` False, no reservations (a wait ends in a move, not in idle held
+    GPUs); `by_lost`, among targets moving as many claims the one whose claims had served the
+    least GPU time (engine/moves.py `lost`)."""
     if policy not in POLICIES + MOVE_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES + MOVE_POLICIES)}")
     ours = policy == "dralloc" or policy in MOVE_POLICIES
     engine = fleet_engine(scoring=ours, keep_whole=keep_whole if ours else 0.0)
     scheduler = random.Random(seed) if policy == "kubernetes" else None
-    reserving = ours
+    reserving = ours and (reserve or policy not in MOVE_POLICIES)
     moving = policy in MOVE_POLICIES
     early = policy == "dralloc_moves_early"
     by_node: dict[str, list] = {}
@@ -436,7 +451,7 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
                 total_gpus += 1
     result = Result(moving=moving)
     used = 0.0
-    # (time, 0 departure | 1 end of a wait, order, payload): departures first at the same time
+    # (time, 0 departure | 1 end of a wait | 2 moves tried during a wait, order, payload): departures first
     timeline: list[tuple[float, int, int, object]] = []
     order = itertools.count()
     waiting: dict[int, tuple[Job, list[ResourceClaim]]] = {}  # in arrival order
@@ -513,7 +528,8 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
             return False
         reserve_others(job)
         t0 = time.perf_counter()
-        plan = engine.plan_moves(claims, movable, domain_label=_domain_label(job) if job.members else None)
+        lost = {k: w * (now - start) for k, (_, start, w) in running.items()} if by_lost else None
+        plan = engine.plan_moves(claims, movable, domain_label=_domain_label(job) if job.members else None, lost=lost)
         outcomes = engine.apply_moves(plan) if plan is not None else []
         result.engine_seconds += time.perf_counter() - t0
         if plan is None:
@@ -586,6 +602,12 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
                     if job.family == family and attempt(job, claims, now):
                         del waiting[index]
                         held.pop(index, None)
+            elif kind == 2:  # moves tried `move_after` minutes into a wait
+                job = payload  # type: ignore[assignment]
+                if job.index in waiting and move_for(job, waiting[job.index][1], now):
+                    del waiting[job.index]
+                    held.pop(job.index, None)
+                    holding.pop(job.index, None)
             elif (job := payload).index in waiting:  # type: ignore[union-attr]
                 claims = waiting.pop(job.index)[1]  # type: ignore[union-attr]
                 held.pop(job.index, None)  # type: ignore[union-attr]
@@ -607,6 +629,8 @@ def run(jobs: list[Job], policy: str = "dralloc", *, seed: int = 0, keep_whole: 
             if job.max_wait > 0:
                 waiting[job.index] = (job, claims)
                 heapq.heappush(timeline, (job.at + job.max_wait, 1, next(order), job))
+                if moving and move_after is not None and 0 < move_after < job.max_wait:
+                    heapq.heappush(timeline, (job.at + move_after, 2, next(order), job))
                 if reserving:
                     reserve_for_waiting()
             elif not move_for(job, claims, job.at):
@@ -687,11 +711,18 @@ def policies(moves: bool = False) -> tuple[str, ...]:
 
 
 def measure_one(
-    seed: int = 42, load: float = 0.9, jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0, moves: bool = False
+    seed: int = 42,
+    load: float = 0.9,
+    jobs: int = 3000,
+    max_wait: float = MAX_WAIT,
+    keep_whole: float = 0.0,
+    moves: bool = False,
+    levers: dict | None = None,
 ) -> tuple[dict, dict[str, Result]]:
-    """The policies over one trace: its numbers (one run of the JSON) and the raw results."""
+    """The policies over one trace: its numbers (one run of the JSON) and the raw results;
+    `levers`: `run`'s move levers (move_after, reserve, by_lost), for the move policies only."""
     work = trace(seed, jobs, load, max_wait)
-    results = {policy: run(work, policy, seed=seed, keep_whole=keep_whole) for policy in policies(moves)}
+    results = {policy: run(work, policy, seed=seed, keep_whole=keep_whole, **(levers or {}) if policy in MOVE_POLICIES else {}) for policy in policies(moves)}
     scored = results["dralloc"]
     out: dict = {
         "seed": seed,
@@ -706,16 +737,25 @@ def measure_one(
     return out, results
 
 
-def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: float = MAX_WAIT, keep_whole: float = 0.0, moves: bool = False) -> dict:
+def measure(
+    seeds: list[int],
+    loads: list[float],
+    jobs: int = 3000,
+    max_wait: float = MAX_WAIT,
+    keep_whole: float = 0.0,
+    moves: bool = False,
+    levers: dict | None = None,
+) -> dict:
     """Every seed at every load through the three policies (with `moves`, the two of
     `MOVE_POLICIES` too): `runs` (one object per seed and load) and `totals` (counts summed,
     waits pooled, utilization averaged over the runs, and dralloc, with moves too, against each
-    comparator: `vs_kubernetes`, `vs_first_fit`, `dralloc_moves_vs_first_fit`, ...)."""
+    comparator: `vs_kubernetes`, `vs_first_fit`, `dralloc_moves_vs_first_fit`, ...). `levers`:
+    the move policies' levers (`run`), echoed as `move_levers`."""
     runs = []
     pooled: dict[str, list[Result]] = {p: [] for p in policies(moves)}
     for seed in seeds:
         for load in loads:
-            numbers, results = measure_one(seed, load, jobs, max_wait, keep_whole, moves)
+            numbers, results = measure_one(seed, load, jobs, max_wait, keep_whole, moves, levers)
             runs.append(numbers)
             for policy, r in results.items():
                 pooled[policy].append(r)
@@ -749,6 +789,7 @@ def measure(seeds: list[int], loads: list[float], jobs: int = 3000, max_wait: fl
         "max_wait_min": max_wait,
         "keep_whole": keep_whole,
         "moves": moves,
+        **({"move_levers": levers} if moves and levers else {}),
         "nodes": sum(n for _, n in FLEET),
         "gpus": sum(CAPACITY.values()),
         "runs": runs,

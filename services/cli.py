@@ -728,6 +728,11 @@ def bench_placement(
     moves: bool = typer.Option(
         False, "--moves", help="Also run dralloc with moves: small claims in a refused large claim's way restart elsewhere (at the wait's end; and early)."
     ),
+    move_after: float = typer.Option(0.0, "--move-after", help="With --moves: also try moves this many minutes into a wait (0: only at its end)."),
+    move_reserve: bool = typer.Option(
+        True, "--move-reserve/--move-no-reserve", help="With --moves: --move-no-reserve drops reservations (waits end in moves)."
+    ),
+    move_by_lost: bool = typer.Option(False, "--move-by-lost", help="With --moves: of targets moving as many claims, the one whose claims served least."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: every run and the totals."),
 ) -> None:
     """Seeded churn traces over a 68-node mixed fleet, each run with dralloc's placement, as
@@ -739,9 +744,16 @@ def bench_placement(
         seed_list, load_list = module.parse_seeds(seeds), module.parse_loads(loads)
     except ValueError as exc:
         fail(f"bench placement: {exc}")
-    if jobs < 1 or max_wait < 0 or not 0 <= keep_whole <= 10:
-        fail("--jobs must be at least 1, --max-wait not negative and --keep-whole in [0, 10]")
-    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait, keep_whole=keep_whole, moves=moves)
+    if jobs < 1 or max_wait < 0 or not 0 <= keep_whole <= 10 or move_after < 0:
+        fail("--jobs must be at least 1, --max-wait and --move-after not negative and --keep-whole in [0, 10]")
+    levers: dict = {}  # only the levers changed from dralloc_moves as shipped (echoed as move_levers)
+    if move_after:
+        levers["move_after"] = move_after
+    if not move_reserve:
+        levers["reserve"] = False
+    if move_by_lost:
+        levers["by_lost"] = True
+    result = module.measure(seed_list, load_list, jobs=jobs, max_wait=max_wait, keep_whole=keep_whole, moves=moves, levers=levers)
     if as_json:
         _print_bench(result, True, "", [])
         return

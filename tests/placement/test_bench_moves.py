@@ -79,3 +79,36 @@ def test_measure_with_moves_reports_both_move_policies_and_their_comparisons():
         assert {"moves", "claims_moved", "gpu_hours_lost_to_moves"} <= set(totals[policy])
         assert totals[f"{policy}_vs_first_fit"]["runs_with_more_large_rejected"] in (0, 1)
     assert "moves" not in totals["dralloc"]
+
+
+def test_move_after_tries_moves_that_many_minutes_into_the_wait():
+    # the lever `move_after` (README "Levers measured"): the 8-GPU job waits from t=25; moves at t=27,
+    # the 2-GPU claim in the way had served 4 minutes (t=23 to 27)
+    moved = bench.run(scattered(), "dralloc_moves", seed=1, move_after=2.0)
+    assert (moved.large_claims_rejected, moved.moves, moved.claims_moved) == (0, 1, 1)
+    assert moved.large_waits[-1] == pytest.approx(2.0)
+    assert moved.gpu_minutes_lost == pytest.approx(2 * 4.0)
+    # a move time past the wait's end changes nothing: moves at the end, as without it
+    late = bench.run(scattered(), "dralloc_moves", seed=1, move_after=9.0)
+    assert (late.large_waits[-1], late.gpu_minutes_lost) == (pytest.approx(5.0), pytest.approx(2 * 7.0))
+
+
+def test_without_reservations_a_small_claim_takes_the_node_the_wait_would_hold():
+    # a 2-GPU job at t=26: with the reservation it avoids the node held (the 2-GPU claim's, 6 free) and
+    # the move there is of that one claim (2 GPUs x 7 minutes); without, it lands there (a 4-GPU hole
+    # is worth more than a 3), so the move is of the 3-GPU claim on the other node (3 x 8 minutes)
+    jobs = scattered() + [bench.Job(20, 26.0, 100.0, "h100", 2, 0, None, 0)]
+    held = bench.run(jobs, "dralloc_moves", seed=1)
+    loose = bench.run(jobs, "dralloc_moves", seed=1, reserve=False)
+    assert (held.moves, held.large_claims_rejected, held.gpu_minutes_lost) == (1, 0, pytest.approx(2 * 7.0))
+    assert (loose.moves, loose.large_claims_rejected, loose.gpu_minutes_lost) == (1, 0, pytest.approx(3 * 8.0))
+    # the three policies do not take the move levers' reserve: plain dralloc still reserves
+    assert bench.run(jobs, "dralloc", seed=1, reserve=False).large_rejected_with_enough_free_gpus == 1
+
+
+def test_measure_passes_move_levers_to_the_move_policies_only():
+    plain = bench.measure([3], [1.1], jobs=120, max_wait=20.0, moves=True)
+    levered = bench.measure([3], [1.1], jobs=120, max_wait=20.0, moves=True, levers={"reserve": False})
+    assert levered["move_levers"] == {"reserve": False} and "move_levers" not in plain
+    for policy in bench.POLICIES:
+        assert levered["totals"][policy] == plain["totals"][policy]

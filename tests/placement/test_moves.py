@@ -260,3 +260,24 @@ def test_a_claim_moved_for_a_gang_says_so():
     messages = {o.claim: o.message for o in engine.apply_moves(plan)}
     assert messages["default/a"].endswith("to make room for the gang of claims default/m-0, default/m-1 (dralloc moves)")
     assert messages["default/m-0"].startswith("placed on node h100-sxm-")
+
+
+def test_with_lost_the_target_whose_claims_cost_least_among_as_many_claims():
+    engine = make_engine([("h100-sxm", 3)])
+    claims = {
+        c.key: c
+        for c in (
+            on(engine, "x1", 1, "h100-sxm-0"),
+            on(engine, "x2", 1, "h100-sxm-0"),
+            on(engine, "y", 3, "h100-sxm-1"),
+            on(engine, "z", 4, "h100-sxm-2"),
+        )
+    }
+    big = claim("big", 8)
+    # y has served the most: z (one claim as well, more devices) is moved instead; the two claims of
+    # node 0 cost nothing but are two moves: never before a node of one claim
+    plan = engine.plan_moves([big], claims, lost={"default/y": 90.0, "default/z": 40.0})
+    assert plan is not None and plan.target == ("h100-sxm-2",) and [m.claim for m in plan.moves] == ["default/z"]
+    # a key not given costs nothing: y, then fewest devices as without `lost`
+    plan = engine.plan_moves([big], claims, lost={"default/z": 40.0})
+    assert plan is not None and plan.target == ("h100-sxm-1",)

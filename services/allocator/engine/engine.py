@@ -222,10 +222,13 @@ class Engine:
         `reservation_for` finds the devices closest to fitting a claim)."""
         self.placement.reserve(devices)
 
-    def plan_moves(self, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], *, domain_label: str | None = None) -> MovePlan | None:
+    def plan_moves(
+        self, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], *, domain_label: str | None = None, lost: Mapping[str, float] | None = None
+    ) -> MovePlan | None:
         """A plan to make room for `claims` (one, or a gang's members) by re-placing claims of
-        `movable` that are in the way, fewest first; None if none. Changes nothing (moves.py `plan`)."""
-        return moves.plan(self, claims, movable, domain_label=domain_label)
+        `movable` that are in the way, fewest first (then, with `lost`, least cost); None if none.
+        Changes nothing (moves.py `plan`)."""
+        return moves.plan(self, claims, movable, domain_label=domain_label, lost=lost)
 
     def apply_moves(self, plan: MovePlan) -> list[Outcome]:
         """Commit a plan of `plan_moves` all or nothing (moves.py `apply`; raises moves.StalePlan)."""

@@ -73,12 +73,22 @@ class MovePlan:
         return sum(_devices(m.before) for m in self.moves)
 
 
-def plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], *, domain_label: str | None = None) -> MovePlan | None:
+def plan(
+    engine: Engine,
+    claims: Sequence[ResourceClaim],
+    movable: Mapping[str, ResourceClaim],
+    *,
+    domain_label: str | None = None,
+    lost: Mapping[str, float] | None = None,
+) -> MovePlan | None:
     """A plan that makes room for `claims` (one claim, or a gang's members, all or none in one
     domain of `domain_label` as for `gang.allocate_gang`) by moving claims of `movable` (key ->
     the claim as allocated: its spec is what a move must satisfy again); claims in the way that are
-    not in `movable` are never moved. None: the unit fits without moves, a member is already
-    allocated, or no target can be emptied. The engine's state is left as it was."""
+    not in `movable` are never moved. `lost` (key -> what moving that claim costs, e.g. the GPU
+    time it has served, lost when it restarts): among targets that move as many claims, the one
+    whose claims cost least (missing keys cost 0); None: the fewest devices moved, as without it.
+    None: the unit fits without moves, a member is already allocated, or no target can be emptied.
+    The engine's state is left as it was."""
     if not claims or any(c.key in engine.ledger.claims for c in claims):
         return None
     keys = {c.key for c in claims}
@@ -86,8 +96,8 @@ def plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, 
     if _fits(engine, claims, domain_label):
         return None
     if len(claims) > 1:
-        return _gang_plan(engine, claims, movable, domain_label)
-    for ranks, blockers in _single_targets(engine, claims, movable)[:MAX_TARGETS]:
+        return _gang_plan(engine, claims, movable, domain_label, lost)
+    for ranks, blockers in _single_targets(engine, claims, movable, lost)[:MAX_TARGETS]:
         found = _try(engine, claims, ranks, blockers, movable)
         if found is not None:
             return found
@@ -156,9 +166,9 @@ Target = tuple[int, frozenset[str]]
 """(node ranks to empty, the claims in the way there)."""
 
 
-def _single_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim]) -> list[Target]:
+def _single_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], lost: Mapping[str, float] | None) -> list[Target]:
     """Every node that could hold the claim once the claims in its way leave, all of them movable,
-    cheapest first: fewest claims, then fewest devices they hold, then rank."""
+    cheapest first: fewest claims, then (with `lost`) least cost, then fewest devices they hold, then rank."""
     need = sum(claim_demand(c) for c in claims)
     costed = []
     for node in engine.inventory.node_names:
@@ -169,13 +179,15 @@ def _single_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Ma
         if not blockers or any(b not in movable for b in blockers):
             continue
         rank = engine.inventory.node_rank[node]
-        costed.append(((len(blockers), _held(engine, blockers), rank), (1 << rank, blockers)))
+        costed.append(((len(blockers), _lost(lost, blockers), _held(engine, blockers), rank), (1 << rank, blockers)))
     return [t for _, t in sorted(costed, key=lambda c: c[0])]
 
 
-def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], domain_label: str | None) -> MovePlan | None:
-    """The cheapest plan over the domains (fewest claims moved, then devices, then the domain's
-    lowest rank): per domain, a target built node by node, cheapest first (as `_single_targets`,
+def _gang_plan(
+    engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], domain_label: str | None, lost: Mapping[str, float] | None
+) -> MovePlan | None:
+    """The cheapest plan over the domains (fewest claims moved, then with `lost` least cost, then
+    devices, then the domain's lowest rank): per domain, a target built node by node, cheapest first (as `_single_targets`,
     for one member's share of the demand), taking a node only if the claims in the way of every node
     taken so far can still all be moved off them (a try of the moves alone), until the gang fits."""
     inv = engine.inventory
@@ -185,7 +197,7 @@ def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping
         _, domains = engine.placement.topology.domains(domain_label)
     need = sum(claim_demand(c) for c in claims)
     each = max(1, min(claim_demand(c) for c in claims))
-    best: tuple[tuple[int, int, int], MovePlan] | None = None
+    best: tuple[tuple[int, float, int, int], MovePlan] | None = None
     tries = 0
     for nodes in domains.values():
         usable = []
@@ -194,7 +206,7 @@ def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping
             if found is None or any(b not in movable for b in found[0]):
                 continue
             blockers, wanted = found
-            usable.append(((len(blockers), _held(engine, blockers), inv.node_rank[node]), node, blockers, wanted))
+            usable.append(((len(blockers), _lost(lost, blockers), _held(engine, blockers), inv.node_rank[node]), node, blockers, wanted))
         usable.sort(key=lambda u: u[0])
         if sum(u[3] for u in usable) < need:
             continue
@@ -203,7 +215,7 @@ def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping
             if tries >= MAX_TARGETS:
                 break
             more = blockers | theirs
-            bit = 1 << cost[2]
+            bit = 1 << cost[3]
             if theirs - blockers:
                 tries += 1
                 if _try(engine, (), ranks | bit, more, movable) is None:
@@ -214,7 +226,7 @@ def _gang_plan(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping
             tries += 1
             found_plan = _try(engine, claims, ranks, blockers, movable)
             if found_plan is not None:
-                key = (len(found_plan.moves), found_plan.devices_moved, min(iter_bits(ranks)))
+                key = (len(found_plan.moves), _lost(lost, blockers), found_plan.devices_moved, min(iter_bits(ranks)))
                 if best is None or key < best[0]:
                     best = (key, found_plan)
                 break  # (a member may need a node of its own: otherwise one node more, and try again)
@@ -250,6 +262,11 @@ def _in_way(engine: Engine, claims: Sequence[ResourceClaim], node: str, need: in
         for holder_share, _ in ledger.shares.get(rec.key, {}).values():
             blockers.add(holder_share)
     return frozenset(blockers), wanted.bit_count()
+
+
+def _lost(lost: Mapping[str, float] | None, claims: frozenset[str]) -> float:
+    """What moving the claims costs by `lost` (0 without it: the order falls to devices held)."""
+    return sum(lost.get(k, 0.0) for k in claims) if lost else 0.0
 
 
 def _held(engine: Engine, claims: frozenset[str]) -> int:
