@@ -281,3 +281,24 @@ def test_with_lost_the_target_whose_claims_cost_least_among_as_many_claims():
     # a key not given costs nothing: y, then fewest devices as without `lost`
     plan = engine.plan_moves([big], claims, lost={"default/z": 40.0})
     assert plan is not None and plan.target == ("h100-sxm-1",)
+
+
+def test_with_lost_a_gang_leaves_the_claim_that_served_longest_in_place():
+    engine = make_engine([("h100-sxm", 3)])
+    claims = {
+        c.key: c
+        for c in (
+            on(engine, "a", 1, "h100-sxm-0"),
+            on(engine, "b", 2, "h100-sxm-1"),
+            on(engine, "c", 4, "h100-sxm-2"),
+        )
+    }
+    gang = [claim(f"m-{i}", 8) for i in range(2)]
+    # without `lost` a and b move (fewest devices, the test above); a has served the most: b and c
+    # move onto a's node instead
+    plan = engine.plan_moves(gang, claims, domain_label="", lost={"default/a": 100.0})
+    assert plan is not None
+    assert plan.target == ("h100-sxm-1", "h100-sxm-2") and sorted(m.claim for m in plan.moves) == ["default/b", "default/c"]
+    assert all(m.after.node == "h100-sxm-0" for m in plan.moves)
+    engine.apply_moves(plan)
+    assert_ledger_sound(engine, {**claims, **{c.key: c for c in gang}})
