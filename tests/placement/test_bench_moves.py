@@ -4,10 +4,14 @@ free, restarts the moved claim and counts the GPU time it had served as lost."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from dralloc.cli import app
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import placement as bench
@@ -112,3 +116,14 @@ def test_measure_passes_move_levers_to_the_move_policies_only():
     assert levered["move_levers"] == {"reserve": False} and "move_levers" not in plain
     for policy in bench.POLICIES:
         assert levered["totals"][policy] == plain["totals"][policy]
+
+
+def test_the_cli_passes_the_move_levers_and_refuses_a_negative_move_time():
+    args = ["bench", "placement", "--seeds", "3", "--loads", "1.1", "--jobs", "60", "--max-wait", "20", "--moves", "--json"]
+    result = CliRunner().invoke(app, [*args, "--move-no-reserve", "--move-after", "5", "--move-by-lost"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["move_levers"] == {"move_after": 5.0, "reserve": False, "by_lost": True}
+    plain = CliRunner().invoke(app, args)
+    assert plain.exit_code == 0 and "move_levers" not in json.loads(plain.output)
+    bad = CliRunner().invoke(app, [*args, "--move-after", "-1"])
+    assert bad.exit_code != 0 and "--move-after" in bad.output and "Traceback" not in bad.output
