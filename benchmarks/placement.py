@@ -59,6 +59,7 @@ import msgspec
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.gang import allocate_gang, reservation_for
+from dralloc.allocator.moving import MOVE_AT, configure
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.schemas.resource import (
     CELDeviceSelector,
@@ -344,8 +345,9 @@ POLICIES = ("dralloc", "kubernetes", "first_fit")
 MOVE_POLICIES = ("dralloc_moves", "dralloc_moves_early")
 """dralloc with moves (engine/moves.py), run beside the three with `--moves`: a large claim that would be
 refused while its family has enough free GPUs gets room by moving the small claims in its way.
-`dralloc_moves`: at the end of its wait (or at once when it may not wait); `dralloc_moves_early`: as
-soon as it starts waiting, and again when the wait ends."""
+`dralloc_moves` is the allocator's `when-refused` (moving.py): at `MOVE_AT` of its wait (25 of 30
+minutes) and at its end (at once when it may not wait), the held-node rules off; `dralloc_moves_early`:
+as soon as it starts waiting, and again when the wait ends, the held-node rules on."""
 
 
 @dataclass(slots=True)
@@ -429,9 +431,10 @@ def run(
     every change each waiting claim, oldest first, holds the node (the gang: the domain's nodes)
     closest to fitting it (`Engine.reserve`), and every other claim tries those nodes last.
 
-    Levers of the move policies (README "Levers measured"; the defaults are `dralloc_moves` as
+    Levers of the move policies (README "Levers measured"; the defaults are the policies as
     shipped): `move_after`, minutes into a wait when moves are tried once before its end (None:
-    only at the end); `reserve` False, no reservations (a wait ends in a move, not in idle held
+    `dralloc_moves` at `moving.MOVE_AT` of the wait, early only at its start; at or past the wait's
+    length: only at its end); `reserve` False, no reservations (a wait ends in a move, not in idle held
     GPUs); `by_lost`, among targets moving as many claims the one whose claims had served the
     least GPU time (engine/moves.py `lost`)."""
     if policy not in POLICIES + MOVE_POLICIES:
@@ -442,6 +445,8 @@ def run(
     reserving = ours and (reserve or policy not in MOVE_POLICIES)
     moving = policy in MOVE_POLICIES
     early = policy == "dralloc_moves_early"
+    if policy == "dralloc_moves":  # as the allocator's `when-refused` (moving.py): held-node rules off,
+        configure(engine, "when-refused")  # moves tried at MOVE_AT of the wait and at its end
     by_node: dict[str, list] = {}
     total_gpus = 0
     for rec in engine.inventory.devices:
@@ -629,8 +634,9 @@ def run(
             if job.max_wait > 0:
                 waiting[job.index] = (job, claims)
                 heapq.heappush(timeline, (job.at + job.max_wait, 1, next(order), job))
-                if moving and move_after is not None and 0 < move_after < job.max_wait:
-                    heapq.heappush(timeline, (job.at + move_after, 2, next(order), job))
+                at = move_after if move_after is not None else job.max_wait * MOVE_AT if policy == "dralloc_moves" else None
+                if moving and at is not None and 0 < at < job.max_wait:
+                    heapq.heappush(timeline, (job.at + at, 2, next(order), job))
                 if reserving:
                     reserve_for_waiting()
             elif not move_for(job, claims, job.at):

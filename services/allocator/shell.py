@@ -76,6 +76,7 @@ class Allocator:
         """The compacted record of this term's decisions, loaded at the rebuild and written now and then."""
         self.book = Decisions(engine, max_gang=MAX_BATCH // 2, max_wait=max_wait)
         self.engine = self.book.engine
+        moving.configure(self.engine, moves)  # when-refused: the held-node rules off
         self.lease = lease
         self.term = term or asyncio.Event()
         """Set when a write was fenced off: this term's state can no longer be trusted."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from dralloc.allocator.moving import MOVE_AT
 from dralloc.cli import app
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
@@ -36,14 +37,15 @@ def test_without_moves_the_large_claim_is_refused_with_enough_free():
     assert "moves" not in bench.summary(plain)  # the three policies report as before
 
 
-def test_at_the_end_of_its_wait_the_small_claim_in_the_way_moves_and_restarts():
+def test_at_move_at_of_its_wait_the_small_claim_in_the_way_moves_and_restarts():
     moved = bench.run(scattered(), "dralloc_moves", seed=1)
     assert (moved.large_claims_rejected, moved.moves, moved.claims_moved) == (0, 1, 1)
-    assert moved.large_waits[-1] == pytest.approx(5.0)  # placed when its wait ended
-    # the 2-GPU claim (the cheapest to move: one claim, fewest GPUs) had served 7 minutes: lost
-    assert moved.gpu_minutes_lost == pytest.approx(2 * 7.0)
+    at = 5.0 * MOVE_AT  # as the allocator's when-refused: 5/6 into its 5-minute wait
+    assert moved.large_waits[-1] == pytest.approx(at)
+    # the 2-GPU claim (the cheapest to move: one claim, fewest GPUs) had served from t=23: lost
+    assert moved.gpu_minutes_lost == pytest.approx(2 * (2.0 + at))
     numbers = bench.summary(moved)
-    assert (numbers["moves"], numbers["claims_moved"], numbers["gpu_hours_lost_to_moves"]) == (1, 1, round(14 / 60, 1))
+    assert (numbers["moves"], numbers["claims_moved"], numbers["gpu_hours_lost_to_moves"]) == (1, 1, round(2 * (2.0 + at) / 60, 1))
 
 
 def test_early_moves_place_the_claim_as_it_starts_waiting():
@@ -53,8 +55,8 @@ def test_early_moves_place_the_claim_as_it_starts_waiting():
 
 
 def test_a_moved_claim_restarts_its_whole_duration():
-    # the 2-GPU claim, moved at t=30, runs 100 minutes from then (to t=130, not t=123): a 1-GPU job at
-    # t=126 finds it still running, one at t=131 does not (utilization is sampled at each arrival)
+    # the 2-GPU claim, moved at t=29.2, runs 100 minutes from then (to t=129.2, not t=123): a 1-GPU job
+    # at t=126 finds it still running, one at t=131 does not (utilization is sampled at each arrival)
     jobs = scattered() + [bench.Job(20, 126.0, 0.1, "h100", 1, 0, None, 0), bench.Job(21, 131.0, 0.1, "h100", 1, 0, None, 0)]
     moved = bench.run(jobs, "dralloc_moves", seed=1)
     plain = bench.run(jobs, "dralloc", seed=1)
@@ -102,8 +104,8 @@ def test_without_reservations_a_small_claim_takes_the_node_the_wait_would_hold()
     # the move there is of that one claim (2 GPUs x 7 minutes); without, it lands there (a 4-GPU hole
     # is worth more than a 3), so the move is of the 3-GPU claim on the other node (3 x 8 minutes)
     jobs = scattered() + [bench.Job(20, 26.0, 100.0, "h100", 2, 0, None, 0)]
-    held = bench.run(jobs, "dralloc_moves", seed=1)
-    loose = bench.run(jobs, "dralloc_moves", seed=1, reserve=False)
+    held = bench.run(jobs, "dralloc_moves", seed=1, move_after=9.0)  # (moves at the wait's end only)
+    loose = bench.run(jobs, "dralloc_moves", seed=1, reserve=False, move_after=9.0)
     assert (held.moves, held.large_claims_rejected, held.gpu_minutes_lost) == (1, 0, pytest.approx(2 * 7.0))
     assert (loose.moves, loose.large_claims_rejected, loose.gpu_minutes_lost) == (1, 0, pytest.approx(3 * 8.0))
     # the three policies do not take the move levers' reserve: plain dralloc still reserves

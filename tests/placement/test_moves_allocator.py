@@ -15,6 +15,7 @@ import pytest
 from dralloc.allocator import moving
 from dralloc.allocator.config import Config
 from dralloc.allocator.decisions import Decisions
+from dralloc.allocator.engine import Engine
 from dralloc.allocator.reservations import Unit
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
@@ -190,6 +191,9 @@ def test_only_large_units_whose_wait_is_over_are_due():
     book.reserve_waiting(1000.0)
     assert moving.due(book, "when-refused", 1000.0) == []  # big still waits; three is small
     assert [u.key for u in moving.due(book, "early", 1000.0)] == ["ml/big"]
+    # when-refused: from MOVE_AT (5/6) of its 10-minute wait on, 500 s in
+    assert moving.due(book, "when-refused", 1499.0) == []
+    assert [u.key for u in moving.due(book, "when-refused", 1500.0)] == ["ml/big"]
     assert [u.key for u in moving.due(book, "when-refused", 1600.0)] == ["ml/big"]
     assert moving.due(book, "off", 1600.0) == []
 
@@ -202,3 +206,10 @@ def test_the_setting_is_off_unless_set_and_a_wrong_one_is_refused_naming_it(monk
     monkeypatch.setenv("DRALLOC_ALLOCATOR_MOVES", "always")
     with pytest.raises(ValueError, match="unknown DRALLOC_ALLOCATOR_MOVES 'always': use off or when-refused or early"):
         Config.from_env()
+
+
+def test_when_refused_turns_the_held_node_rules_off_and_only_it():
+    engine = Engine()
+    for mode, rules in (("when-refused", False), ("early", True), ("off", True)):
+        moving.configure(engine, mode)
+        assert engine.placement.held_rules is rules

@@ -245,3 +245,18 @@ def test_a_smaller_claim_that_must_take_a_held_node_takes_the_one_with_the_most_
     # only held nodes have room. Best fit alone would take n-0 (4 free, leaving a block of 2); n-1
     # has two claims to wait for, n-0 one: n-1 is the less likely to drain, so it is taken first
     assert book.allocate(claim("small", 2))[0].node == "n-1"
+
+
+def test_with_the_held_node_rules_off_a_held_node_whole_again_is_only_tried_last():
+    # moves at the wait's end (moving.configure "when-refused") turn the rules off: a-1, whole and
+    # held for the gang, is taken by a smaller claim when nothing else fits, as any held node
+    book = gang_fleet()
+    book.engine.placement.held_rules = False
+    full_but_clique_a(book)
+    marks = {"dralloc.dev/gang": "train", "dralloc.dev/gang-size": "2", "dralloc.dev/max-wait": "5m"}
+    steps = [book.submitted(claim(f"train-{i}", 4, marks)) for i in range(2)]
+    assert not book.decide_gang(steps[-1]).placed
+    book.reserve_waiting(NOW)
+    assert book.reservations.held["gang:ml/train"].nodes == ("a-0", "a-1")
+    assert book.allocate(claim("small", 1))[0].node == "a-0"
+    assert book.allocate(claim("small-2", 1))[0].node == "a-1"

@@ -112,6 +112,9 @@ class Placement:
         """Device ids (a bitset) held for claims that wait (`reserve`): their nodes are tried last."""
         self.reserved_nodes = 0
         """Node ranks (a bitset) holding a reserved device."""
+        self.held_rules = True
+        """The held-node rules (keep_whole.py `held_whole`, `drain_last`); off with moves on at the
+        wait's end (moving.py: there a wait ends in a move, and small claims refused cost more)."""
 
     # --- reservations ----------------------------------------------------------------------
 
@@ -192,7 +195,7 @@ class Placement:
         """The held node ranks the unit may not take (keep_whole.held_whole): whole again (every
         device of its kind free) and with more devices of the kind than it takes. 0: none, or
         the unit's kind not known yet."""
-        if not self.reserved_nodes:
+        if not self.reserved_nodes or not self.held_rules:
             return 0
         demand = _demand(plans)
         kind = self._kind(demand)
@@ -204,7 +207,7 @@ class Placement:
         """Held nodes of `ranks` in the order to try them: for a unit smaller than a node of its
         kind (scoring on) the least likely to drain first (keep_whole.drain_last), else the usual order."""
         demand = _demand(plans)
-        kind = self._kind(demand) if self.scoring and ranks else None
+        kind = self._kind(demand) if self.scoring and ranks and self.held_rules else None
         totals = self.kinds.total.get(kind, {}) if kind is not None else {}
         if kind is None or not totals or demand[0][1] >= max(totals.values()):
             return self._order_nodes(plans, ranks)
