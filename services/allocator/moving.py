@@ -125,7 +125,7 @@ def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable
         return []
     moves = "; ".join(f"{m.claim} (node {m.before.node or '-'} -> {m.after.node or '-'})" for m in plan.moves)
     return [
-        f"with moves on (DRALLOC_ALLOCATOR_MOVES), once its wait is over the allocator would move {len(plan.moves)} "
+        f"with moves on (DRALLOC_ALLOCATOR_MOVES), near the end of its wait the allocator would move {len(plan.moves)} "
         f"claim(s) ({plan.devices_moved} devices; each restarts) to make room on node(s) {', '.join(plan.target)}: {moves}"
     ]
 

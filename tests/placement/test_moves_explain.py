@@ -44,7 +44,7 @@ def test_a_large_claim_that_does_not_fit_names_the_moves_that_make_room(tmp_path
     big = doc["ml/big"]
     assert big["status"] == "unsatisfiable"
     assert big["explanation"]["notes"][-1] == (
-        "with moves on (DRALLOC_ALLOCATOR_MOVES), once its wait is over the allocator would move 1 claim(s) "
+        "with moves on (DRALLOC_ALLOCATOR_MOVES), near the end of its wait the allocator would move 1 claim(s) "
         "(2 devices; each restarts) to make room on node(s) h100-sxm-1: ml/y (node h100-sxm-1 -> h100-sxm-0)"
     )
 
