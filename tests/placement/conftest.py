@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from dralloc.allocator.engine import Engine
+from dralloc.bus import Bus
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
+from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
+from dralloc.schemas import events as ev
 from dralloc.schemas.resource import DeviceClass, ResourceClaim
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -74,3 +78,26 @@ def devices(outcome) -> list[str]:
 @pytest.fixture
 def engine_of():
     return make_engine
+
+
+@pytest.fixture
+async def fleet_bus(bus: Bus) -> Bus:
+    """The private nats-server (the `bus` fixture) with the project's DeviceClasses and two H100 nodes (n-0, n-1)."""
+    for event in events_from_manifests(load_paths([str(EXAMPLES / "deviceclasses.yaml")]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "n"}]):
+        for s in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=s))
+    return bus
+
+
+def submitted(name: str, gpus: int, annotations: dict[str, str] | None = None) -> ev.ClaimSubmitted:
+    """A ClaimSubmitted for `gpus` whole GPUs in namespace ml, with a fresh uid."""
+    claim = msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4()), "generation": 1, "annotations": annotations or {}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": gpus}}]}},
+        },
+        ResourceClaim,
+    )  # fmt: skip
+    return ev.ClaimSubmitted(claim=claim)

@@ -6,11 +6,11 @@ status writer and a successor see; a batch not stored leaves the engine as the s
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 
 import msgspec
 import pytest
+from conftest import submitted
 
 from dralloc.allocator import moving
 from dralloc.allocator.config import Config
@@ -24,33 +24,11 @@ from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus
+from dralloc.schemas.resource import AllocationResult, ResourceClaimConsumerReference, ResourceClaimStatus
 from dralloc.statuswriter.service import apply
 from dralloc.statuswriter.sinks import KVSink, read_all
 
 CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
-
-
-@pytest.fixture
-async def fleet_bus(bus: Bus) -> Bus:
-    """The private nats-server with the project's DeviceClasses and two H100 nodes (n-0, n-1)."""
-    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-        await bus.publish(event)
-    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "n"}]):
-        for s in slices:
-            await bus.publish(ev.ResourceSlicePublished(slice=s))
-    return bus
-
-
-def submitted(name: str, gpus: int, annotations: dict[str, str] | None = None) -> ev.ClaimSubmitted:
-    claim = msgspec.convert(
-        {
-            "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4()), "generation": 1, "annotations": annotations or {}},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": gpus}}]}},
-        },
-        ResourceClaim,
-    )  # fmt: skip
-    return ev.ClaimSubmitted(claim=claim)
 
 
 async def decisions(bus: Bus) -> list[ev.Event]:
