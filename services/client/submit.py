@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -166,10 +167,21 @@ POLL_SECONDS = 0.2
 """How often `--wait` reads each claim's latest decision (one direct get per claim)."""
 
 
+CLASS_NOT_KNOWN = re.compile(r"device class .+ not found")
+"""The engine's error for a request naming a DeviceClass the allocator does not know (engine/plan.py)."""
+
+
 def settled(status: ClaimStatus | None) -> bool:
     """A decision `--wait` need not wait beyond: allocated, or failed for good (an error; the
-    allocator retries an unsatisfiable claim when the inventory changes)."""
-    return status is not None and status.state in ("allocated", "error")
+    allocator retries an unsatisfiable claim when the inventory changes).
+
+    An error naming a device class not found is not for good: the allocator decides such a claim
+    again once the inventory changes, and the class may be on its way (a file holding classes and
+    the claims that use them is published in one go; the allocator reads claims and classes from
+    two streams, so it can meet a claim before its class)."""
+    if status is None:
+        return False
+    return status.state == "allocated" or (status.state == "error" and not CLASS_NOT_KNOWN.search(status.message))
 
 
 async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> list[ClaimStatus]:
@@ -203,10 +215,13 @@ async def _decisions(bus: Bus, claims: list[ev.ClaimSubmitted], wait: float) -> 
 def unsettled_summary(decisions: list[ClaimStatus], wait: float) -> str:
     """One line for the end of a `--wait`: which claims are still unsatisfiable or undecided."""
     unsatisfiable = [d.claim for d in decisions if d.state == "unsatisfiable"]
+    no_class = [d.claim for d in decisions if d.state == "error" and not settled(d)]
     pending = [d.claim for d in decisions if d.state == "pending"]
     parts = []
     if unsatisfiable:
         parts.append(f"still unsatisfiable: {', '.join(unsatisfiable)}")
+    if no_class:
+        parts.append(f"device class still not found: {', '.join(no_class)}")
     if pending:
         parts.append(f"no decision yet: {', '.join(pending)}")
     return f"after {wait:g}s, {'; '.join(parts)}" if parts else ""

@@ -67,6 +67,35 @@ async def test_submit_wait_names_the_claims_still_unsatisfiable(nats_url, tmp_pa
     assert "ml/one" in out.stdout and "allocated" in out.stdout
 
 
+async def test_submit_wait_keeps_waiting_for_a_claim_whose_class_comes_after_it(nats_url, tmp_path):
+    # The claim is decided first as an error (no such class); the class comes later and the
+    # allocator decides the claim again: --wait must not have taken the first error as final.
+    path = tmp_path / "claim.yaml"
+    path.write_text(claim("late-class", 1))
+    async with running(nats_url, paths=[], fleet=[("l40s-pcie", 1)]):
+        waiting = asyncio.create_task(asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "60", "-o", "json", url=nats_url))
+        first = await asyncio.to_thread(dralloc, "get", "claims", "-o", "json", url=nats_url)
+        while "late-class" not in first.stdout and not waiting.done():
+            await asyncio.sleep(0.2)
+            first = await asyncio.to_thread(dralloc, "get", "claims", "-o", "json", url=nats_url)
+        classes = await asyncio.to_thread(dralloc, "submit", "-f", str(CLASSES), url=nats_url)
+        out = await waiting
+    assert classes.returncode == 0, classes.stderr
+    assert "not found" in first.stdout  # it was an error first: the case this test is about
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [c["state"] for c in json.loads(out.stdout)["claims"]] == ["allocated"]
+
+
+def test_an_error_naming_a_missing_class_is_not_final_for_wait():
+    from dralloc.client.submit import settled, unsettled_summary
+    from dralloc.schemas.status import ClaimStatus
+
+    missing = ClaimStatus(claim="ml/a", uid="u", state="error", message="claim ml/a, request gpus: device class 'gpu.nvidia.com' not found")
+    invalid = ClaimStatus(claim="ml/b", uid="u", state="error", message="claim ml/b, request gpus: count 64 exceeds the limit")
+    assert not settled(missing) and settled(invalid)
+    assert unsettled_summary([missing, invalid], 5) == "after 5s, device class still not found: ml/a"
+
+
 async def test_gang_domain_flag_and_the_refusal_that_says_how(nats_url, tmp_path):
     path = tmp_path / "gang.yaml"
     path.write_text(claim("worker-0", 8) + claim("worker-1", 8))
