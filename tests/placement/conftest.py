@@ -10,6 +10,7 @@ import pytest
 
 from dralloc.allocator.engine import Engine
 from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -101,3 +102,9 @@ def submitted(name: str, gpus: int, annotations: dict[str, str] | None = None) -
         ResourceClaim,
     )  # fmt: skip
     return ev.ClaimSubmitted(claim=claim)
+
+
+async def decisions(bus: Bus) -> list[ev.Event]:
+    """Every event in ALLOCATIONS, in order."""
+    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
+    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]

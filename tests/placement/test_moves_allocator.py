@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import submitted
+from conftest import decisions, submitted
 
 from dralloc.allocator import moving
 from dralloc.allocator.config import Config
@@ -19,7 +19,6 @@ from dralloc.allocator.engine import Engine
 from dralloc.allocator.reservations import Unit
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
-from dralloc.bus.raw import jetstream
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -29,11 +28,6 @@ from dralloc.statuswriter.service import apply
 from dralloc.statuswriter.sinks import KVSink, read_all
 
 CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
-
-
-async def decisions(bus: Bus) -> list[ev.Event]:
-    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
-    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 
 async def decide(allocator: Allocator, bus: Bus, event: ev.Event) -> None:

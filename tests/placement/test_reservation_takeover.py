@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import time
 
-from conftest import submitted
+from conftest import decisions, submitted
 
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
-from dralloc.bus.raw import jetstream
 from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.statuswriter.service import apply
@@ -21,11 +20,6 @@ from dralloc.statuswriter.sinks import KVSink, read_all
 def deleted(event: ev.ClaimSubmitted) -> ev.ClaimDeleted:
     meta = event.claim.metadata
     return ev.ClaimDeleted(namespace="ml", name=meta.name, uid=meta.uid or "")
-
-
-async def decisions(bus: Bus) -> list[ev.Event]:
-    last = (await bus.stream_state("ALLOCATIONS")).last_sequence
-    return [ev.decode((await jetstream(bus).get_msg("ALLOCATIONS", seq=seq)).data) for seq in range(1, last + 1)]
 
 
 async def decide(allocator: Allocator, bus: Bus, event: ev.Event) -> None:
