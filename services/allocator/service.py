@@ -35,6 +35,7 @@ import logging
 import time
 
 from dralloc.allocator import leader
+from dralloc.allocator.catchup import InventoryMark
 from dralloc.allocator.config import Config
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.memory import freeze_long_lived
@@ -84,7 +85,10 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
         finally:
             gc.enable()
         freeze_long_lived()
-        tasks.create_task(bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1))
+        allocator.inventory_mark = mark = InventoryMark(inventory_seq)
+        tasks.create_task(
+            bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1, seen=mark.read)
+        )
         tasks.create_task(allocator.retry_waiting(term, config.retry_after))
         tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held, final=stop.is_set))
         if allocator.waiting:

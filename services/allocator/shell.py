@@ -13,7 +13,9 @@ stored in ALLOCATIONS) and is acked: never a second allocation; one whose failur
 (written this term, or replayed) and that still waits is acked with nothing written
 (`Decisions.on_record`): a decision stored is never written again through the fence. A claim that
 does not fit (or names a class not yet known) waits and is tried again whenever the inventory
-changes or devices are released (retry.py).
+changes or devices are released (retry.py). Claims naming a class not known yet are decided only
+once INVENTORY has been read as far as it was stored (catchup.py): a class published with them is
+applied first, so no transient `not found` error is written.
 
 A gang's (or a Pod's) decisions are written as one atomic batch (fence.py). Members already
 committed count towards a gang (a stream written member by member by an older version, or a
@@ -37,7 +39,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
-from dralloc.allocator import leader, moving
+from dralloc.allocator import evicting, leader, moving
+from dralloc.allocator.catchup import InventoryMark, names_unknown_class
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.fence import Fence
@@ -89,6 +92,9 @@ class Allocator:
         """Engine work is running in its thread (`_engine_work`)."""
         self.room_changed = asyncio.Event()
         self.inventory_changed = False
+        self.inventory_mark: InventoryMark | None = None
+        """How far the term's inventory reader has read INVENTORY (catchup.py); None: no reader
+        follows it (a test feeding `on_inventory` itself), claims are decided with what is known."""
 
     @property
     def last_seq(self) -> int:
@@ -157,7 +163,12 @@ class Allocator:
 
     async def _decide_taken(self, batch: list[Taken]) -> None:
         """Decide the claims the intake took, in order: each run of plain claims (`Decisions.plain`)
-        in one engine hop (`_allocate_run`), any other alone; each `Taken` settled once its decision is sent."""
+        in one engine hop (`_allocate_run`), any other alone; each `Taken` settled once its decision is sent.
+        If one names a class not known yet, INVENTORY is read as far as it is stored first (catchup.py;
+        outside `lock`, which the inventory reader takes)."""
+        mark = self.inventory_mark
+        if mark is not None and names_unknown_class((taken.event.claim for taken in batch), self.engine.inventory.classes):
+            await mark.catch_up(self.bus, self.term)
         async with self.lock:
             run: list[Taken] = []
             names: set[str] = set()  # a name once per run: its second claim is decided after the first is recorded
@@ -276,11 +287,22 @@ class Allocator:
     async def _allocate_pod(self, step: AllocatePod, began: float) -> None:
         """A Pod's claims are all here: allocated together on one node, their commits written as one
         atomic batch (all or none); or each claim's failure, and the Pod waits for room."""
+        evictions: list[ev.EvictionRequested] = []
         with telemetry.tracer().start_as_current_span("allocate pod", attributes={"dralloc.pod": step.pod}) as span:
             plan = await self._engine_work(self.book.decide_pod, step)
-            span.set_attribute("dralloc.outcome", "allocated" if plan.batch else "waiting")
+            if not plan.batch and self.moves != "off":  # moves in a cluster: evict the Pods in its way (evicting.py)
+                evictions = await self._engine_work(evicting.decide, self.book, step.pod, time.time())
+                if evictions:
+                    plan = await self._engine_work(self.book.decide_pod, step)  # (its failures now say what was asked)
+            span.set_attribute("dralloc.outcome", "allocated" if plan.batch else "evicting" if evictions else "waiting")
         for failure in plan.failures:
             await self._send_failure(failure, began)
+        if evictions:
+            try:
+                await (await self.fence.send_batch(list(evictions), began))
+            except BaseException:
+                self.book.evictions.refused(step.pod)
+                raise
         if not plan.batch:
             return
         try:

@@ -82,7 +82,9 @@ Consuming
       ``max_deliver`` deliveries (it kills or hangs the consumer each time) is
       dead-lettered too, from JetStream's max-deliveries advisory.
     ``durable=None`` makes an ephemeral consumer (state that is replayed, not
-    tracked), optionally starting at ``start_seq``.
+    tracked), optionally starting at ``start_seq``. ``seen=`` is called with each
+    message's stream sequence once the consumer is done with it (handled, refused or
+    dead-lettered; its ack may still be on its way): how far a reader has read.
     ``events, last_seq = await bus.replay(stream)``: the last event per
     subject, as a snapshot (used to rebuild state at start).
     ``await bus.dead_letters(limit)``: the most recent dead letters, with their reasons.

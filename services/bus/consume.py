@@ -75,11 +75,14 @@ async def consume(
     batch: int = FETCH_BATCH,
     decode: Decode = decode_event,
     context: bool = True,
+    seen: Callable[[int], None] | None = None,
 ) -> None:
     """`Bus.consume`: process the stream's messages with `handler` until `stop` is set (see the
     `dralloc.bus` docstring). `decode` reads a message (e.g. only the fields a consumer uses);
     `context=False`: the handler sends nothing that carries the trace on, so while nothing records
-    no span is made or made current for it (recording, every message still gets its CONSUMER span)."""
+    no span is made or made current for it (recording, every message still gets its CONSUMER span).
+    `seen(sequence)`: called with each message's stream sequence once the handler returned or raised
+    for it, or it was dead-lettered undecodable (the allocator knows how far it read INVENTORY)."""
     consumer_name = durable or name or bus.name
     config = ConsumerConfig(
         ack_policy=AckPolicy.EXPLICIT,
@@ -125,6 +128,8 @@ async def consume(
                     unstarted = messages[i:]  # fetched but not started: handed back below
                     break
                 await _process(bus, msg, handler, reading, settler)
+                if seen is not None:
+                    seen(msg.metadata.sequence.stream)
                 if settler.pending >= MAX_IN_FLIGHT:
                     await settler.below(MAX_IN_FLIGHT)
         # A stop (not a cancellation: a process dying hands nothing back): the open request ends,

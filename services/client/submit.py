@@ -176,9 +176,10 @@ def settled(status: ClaimStatus | None) -> bool:
     allocator retries an unsatisfiable claim when the inventory changes).
 
     An error naming a device class not found is not for good: the allocator decides such a claim
-    again once the inventory changes, and the class may be on its way (a file holding classes and
-    the claims that use them is published in one go; the allocator reads claims and classes from
-    two streams, so it can meet a claim before its class)."""
+    again once the inventory changes, and the class may still come. A class published with its
+    claims (one file) is read before they are decided (allocator/catchup.py), so they see no such
+    error; a class published after the claim was decided (another submit, a later file) does turn
+    the error into a decision, and `--wait` waits for it."""
     if status is None:
         return False
     return status.state == "allocated" or (status.state == "error" and not CLASS_NOT_KNOWN.search(status.message))
