@@ -22,6 +22,7 @@ subject                                                stream        events
 ``dra.devicetaintrules.<name>``                        INVENTORY     DeviceTaintRulePublished/Removed
 ``dra.claims.<namespace>.<name>``                      CLAIMS        ClaimSubmitted/Deleted
 ``dra.allocations.<namespace>.<name>``                 ALLOCATIONS   AllocationCommitted/Failed/Released
+``dra.allocations.<namespace>.<name>.evict``           ALLOCATIONS   EvictionRequested
 =====================================================  ============  =======================
 
 A NATS subject token cannot contain ``.``, ``*``, ``>`` or whitespace, but
@@ -42,7 +43,7 @@ from urllib.parse import unquote
 import msgspec
 
 from dralloc.schemas.limits import json_problem
-from dralloc.schemas.resource import AllocationResult, DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceSlice
+from dralloc.schemas.resource import AllocationResult, DeviceClass, DeviceTaintRule, Node, ResourceClaim, ResourceClaimConsumerReference, ResourceSlice
 from dralloc.schemas.validation import is_dns_subdomain, metadata_errors, name_error, namespace_error, pool_name_error
 
 SCHEMA_VERSION = 1
@@ -382,6 +383,40 @@ class AllocationReleased(_Event, tag=True, frozen=True):
         return f"released:{self.uid or self.key}"
 
 
+class EvictionRequested(_Event, tag=True, frozen=True):
+    """The allocator asks that the Pods using a claim be evicted (policy/v1 Eviction) to make room for
+    a Pod that waits (services/allocator/evicting.py): a claim reserved for a Pod cannot be re-placed
+    in place. Not a decision about the claim: it stays allocated until the cluster deallocates or
+    deletes it once its Pods are gone. Only the Kubernetes status writer acts on it (the local store
+    ignores it). Subject ``dra.allocations.<namespace>.<claim>.evict`` (one token more than the
+    claim's decisions, so it never stands as the claim's last decision)."""
+
+    namespace: str
+    name: str
+    """The claim in the way."""
+    uid: str
+    pods: list[ResourceClaimConsumerReference]
+    """The Pods to evict: the claim's ``reservedFor`` (Pods only)."""
+    for_namespace: str
+    for_pod: str
+    """The Pod the room is made for (its Events say what became of the request)."""
+    node: str = ""
+    """The node the eviction empties for it."""
+    message: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("allocations", self.namespace, self.name, "evict")
+
+    @property
+    def msg_id(self) -> str:
+        return f"evict:{self.uid or self.key}:{self.for_namespace}/{self.for_pod}:{_digest(*(p.uid for p in self.pods))}"
+
+
 InventoryEvent = (
     ResourceSlicePublished
     | ResourceSliceRemoved
@@ -393,7 +428,7 @@ InventoryEvent = (
     | DeviceTaintRuleRemoved
 )
 ClaimEvent = ClaimSubmitted | ClaimDeleted | PodSubmitted | PodDeleted
-AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased
+AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased | EvictionRequested
 Event = InventoryEvent | ClaimEvent | AllocationEvent
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
@@ -412,6 +447,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     AllocationCommitted,
     AllocationFailed,
     AllocationReleased,
+    EvictionRequested,
 )
 
 _encoder = msgspec.json.Encoder()
@@ -474,6 +510,10 @@ def identity_problem(event: Event) -> str | None:
         case PodDeleted(namespace=ns, name=name):
             problem = namespace_error(ns) or name_error(name)
             return f"Pod {ns}/{name}: {problem}" if problem else None
+        case EvictionRequested(namespace=ns, name=name, for_namespace=for_ns, for_pod=for_pod, pods=pods):
+            problem = namespace_error(ns) or name_error(name) or namespace_error(for_ns) or name_error(for_pod)
+            problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
+            return f"eviction for claim {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):

@@ -32,6 +32,7 @@ from dralloc.allocator import gangs, pod_units
 from dralloc.allocator.claims import allocation_of, ended_in_error, same_allocation, same_generation, unit_key
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.gang import gang_of
+from dralloc.allocator.evicting import Evictions
 from dralloc.allocator.inventory_intake import apply_inventory, node_binding_problem
 from dralloc.allocator.reservations import RESERVED_WORDS, Reservations, Unit
 from dralloc.allocator.steps import Adopt, Allocate, AllocatePod, GangComplete, GangPlan, PodPlan, failure_event
@@ -95,6 +96,8 @@ class Decisions:
         self.seen: set[str] = set()
         """Keys of committed claims whose allocation the cluster has shown (`ClaimSubmitted.cluster`):
         one the cluster no longer shows after that was deallocated there."""
+        self.evictions = Evictions()
+        """Evictions asked for waiting Pods, in flight (evicting.py; with moves on)."""
 
     # -- the streams at start ---------------------------------------------------------
 

@@ -55,6 +55,8 @@ class Compacted:
         return self.seq - before
 
     def _apply(self, event: ev.AllocationEvent) -> None:
+        if isinstance(event, ev.EvictionRequested):
+            return  # a request, not a decision about the claim (evicting.py)
         subject = event.subject
         self.latest.pop(subject, None)  # re-inserted at the end: `latest` stays in stream order
         if not isinstance(event, ev.AllocationReleased):

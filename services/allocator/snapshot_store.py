@@ -193,7 +193,8 @@ class Snapshots:
             if (problem := streamcheck.misplaced(STREAM, msg.subject, event)) is not None:
                 log.error("replay of %s: skipped %s (seq %d): %s", STREAM, msg.subject[:200], msg.sequence, problem)
                 return
-            assert isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased)
+            if not isinstance(event, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased):
+                return  # an EvictionRequested: a request, not a decision (its own subject)
             latest.pop(msg.subject, None)  # (the event's own subject, `misplaced` says)
             latest[msg.subject] = event
 

@@ -1,4 +1,4 @@
-"""Kubernetes Events for claims dralloc cannot allocate: where `kubectl describe` shows them.
+"""Kubernetes Events for claims dralloc cannot allocate (and for its evictions): where `kubectl describe` shows them.
 
 An `AllocationFailed` becomes one core/v1 Event (type Warning, reason
 ``AllocationFailed``, dralloc's one-line explanation as the message) on the
@@ -44,9 +44,9 @@ class Involved:
     uid: str
 
 
-def event_name(involved: Involved, message: str) -> str:
-    """One name per object and explanation (a Pod and its claim each get their own)."""
-    digest = hashlib.sha256(f"{involved.uid}\x00{involved.kind}\x00{REASON}\x00{message}".encode()).hexdigest()[:16]
+def event_name(involved: Involved, message: str, reason: str = REASON) -> str:
+    """One name per object, reason and explanation (a Pod and its claim each get their own)."""
+    digest = hashlib.sha256(f"{involved.uid}\x00{involved.kind}\x00{reason}\x00{message}".encode()).hexdigest()[:16]
     return f"{involved.name[:236]}.{digest}"
 
 
@@ -71,8 +71,10 @@ class EventRecorder:
     seen: dict[str, _Seen] = field(default_factory=dict)
     """Event name -> what this process wrote of it (bounded by the failures still current)."""
 
-    async def record(self, involved: Involved, message: str) -> None:
-        name = event_name(involved, message)
+    async def record(self, involved: Involved, message: str, *, reason: str = REASON, type_: str = "Warning", action: str = "Allocate") -> None:
+        """One Event (`reason`, `type_` Warning or Normal, `action` what was done) on `involved`: made,
+        or its count raised (see the module docstring); never raises for the API's refusal."""
+        name = event_name(involved, message, reason)
         now = self.clock()
         seen = self.seen.get(name)
         if seen is not None and now - seen.written < self.interval:
@@ -81,7 +83,7 @@ class EventRecorder:
         core = CoreV1Api(self.api())
         try:
             if seen is None:
-                seen = await self._create(core, involved, name, message)
+                seen = await self._create(core, involved, name, message, reason, type_, action)
             else:
                 seen.count += 1 + seen.unwritten
                 await self._patch(core, involved.namespace, name, seen.count)
@@ -93,7 +95,7 @@ class EventRecorder:
                 self.seen.pop(name, None)  # expired (events have a TTL): the next failure creates it again
             log.warning("Event on %s %s/%s not recorded: %s", involved.kind, involved.namespace, involved.name, describe(exc))
 
-    async def _create(self, core: CoreV1Api, involved: Involved, name: str, message: str) -> _Seen:
+    async def _create(self, core: CoreV1Api, involved: Involved, name: str, message: str, reason: str, type_: str, action: str) -> _Seen:
         stamp = _now()
         body = {
             "apiVersion": "v1",
@@ -106,13 +108,13 @@ class EventRecorder:
                 "name": involved.name,
                 "uid": involved.uid,
             },
-            "type": "Warning",
-            "reason": REASON,
+            "type": type_,
+            "reason": reason,
             "message": message[:1024],
             "source": {"component": COMPONENT},
             "reportingComponent": "dralloc.dev/statuswriter",
             "reportingInstance": COMPONENT,
-            "action": "Allocate",
+            "action": action,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,

@@ -35,7 +35,8 @@ The status writer consumes ALLOCATIONS in order and one event at a time, so
 writes are ordered per claim; a per-claim lock keeps them ordered even if a
 caller runs several at once. It uses `get`/`patch` on `resourceclaims/status`,
 `patch` on `resourceclaims` (the finalizer), `get` on `pods` and `create`/`get`/`patch`
-on `events` (infra/rbac.yaml grants exactly that).
+on `events`, and `create` on `pods/eviction` for the evictions the allocator asks for
+(`evictions.py`) (infra/rbac.yaml grants exactly that).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from dralloc.kube import KubeSettings, api_client, body_of, check_settings, desc
 from dralloc.schemas import events as ev
 from dralloc.schemas.limits import json_problem
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
+from dralloc.statuswriter.evictions import Evictor
 from dralloc.statuswriter.kube_events import EventRecorder, Involved
 
 log = logging.getLogger("dralloc.statuswriter.kubernetes")
@@ -133,6 +135,7 @@ class KubernetesSink:
         self._foreign: set[str] = set()
         """uids of claims found allocated by someone else: their allocation is never cleared here."""
         self.events = EventRecorder(self._made_client)
+        self.evictor = Evictor(self._client, self.events, self._pod, _classify)
 
     async def close(self) -> None:
         if self._api is not None and self._owns_api:
@@ -172,6 +175,11 @@ class KubernetesSink:
         for target in involved:
             await self.events.record(target, event.message)
         self.report(Result(event.key, Outcome.SKIPPED, f"{event.reason}: {event.message}"))
+
+    async def evict(self, event: ev.EvictionRequested) -> None:
+        """The Pods using a claim evicted (policy/v1 Eviction) to make room for a waiting Pod (evictions.py)."""
+        for done in await self.evictor.evict(event):
+            log.info("%s: Pod %s %s for Pod %s/%s %s", event.key, done.pod, done.outcome, event.for_namespace, event.for_pod, done.message)
 
     async def _pod(self, namespace: str, name: str) -> Involved | None:
         """The Pod an Event is about (its uid: `kubectl describe` matches on it), None if gone."""

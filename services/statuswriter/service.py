@@ -68,6 +68,8 @@ async def apply(sink: StatusSink, event: ev.Event | Committed) -> Awaitable[Any]
         return await sink.failed(event)
     if isinstance(event, ev.AllocationReleased):
         return await sink.released(event)
+    if isinstance(event, ev.EvictionRequested) and (evict := getattr(sink, "evict", None)) is not None:
+        return await evict(event)  # (the Kubernetes sink's; the local store has no Pods to evict)
     return None
 
 

@@ -117,7 +117,7 @@ def test_least_privilege(objects: list[dict[str, Any]]) -> None:
     # extended-resource claim and record it in the Pod's status. It never deletes or replaces anything.
     writes = {(g, r, v) for g, r, v in granted(objects, "dralloc-ingestor") if v not in ("get", "list", "watch")}
     assert writes == {("", "pods", "patch"), ("", "pods/status", "patch"), ("resource.k8s.io", "resourceclaims", "create")}
-    # The status writer: claim status, the claim's finalizer, Events (and reads Pods for their uid).
+    # The status writer: claim status, the claim's finalizer, Events (and reads Pods for their uid), evictions.
     assert granted(objects, "dralloc-statuswriter") == {
         ("resource.k8s.io", "resourceclaims/status", "get"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),
@@ -126,6 +126,7 @@ def test_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "events", "create"),
         ("", "events", "get"),
         ("", "events", "patch"),
+        ("", "pods/eviction", "create"),  # moves in a cluster: the Eviction API (PodDisruptionBudgets honoured)
     }
     assert not any(
         o["kind"] in ("Role", "ClusterRole") and any("*" in r.get("verbs", []) + r.get("resources", []) for r in o.get("rules", [])) for o in objects

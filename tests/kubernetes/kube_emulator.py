@@ -75,7 +75,12 @@ KINDS = [
     Kind(RESOURCE_GROUP, "v1", "devicetaintrules", "DeviceTaintRule", False, True),
     Kind("", "v1", "pods", "Pod", True, True),
     Kind("", "v1", "events", "Event", True, False),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True),
 ]
+
+DISRUPTION_BUDGET = "Cannot evict pod as it would violate the pod's disruption budget."
+"""The API server's message for an eviction a PodDisruptionBudget forbids (429)."""
+CLAIM_FINALIZER = "resource.kubernetes.io/delete-protection"
 
 Key = tuple[str, str | None, str]  # (plural, namespace, name)
 
@@ -98,6 +103,27 @@ def _flag(value: str | None) -> bool:
 
 def _status(code: int, reason: str, message: str, **details: Any) -> KubernetesError:
     return KubernetesError(status=code, reason=reason, message=message, details=details or {"causes": []})
+
+
+def _selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels;
+    a missing selector selects nothing, an empty one everything (policy/v1 PodDisruptionBudget)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        present = key in labels
+        ok = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }.get(operator, False)
+        if not ok:
+            return False
+    return True
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -167,6 +193,9 @@ class ApiServer(KubernetesScaffold):
     _gate: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     writes: list[tuple[str, str, Key]] = attrs.field(factory=list, init=False)
     """(verb, subresource, key) of every successful write, for assertions on what a client did."""
+    claim_controller: bool = False
+    """Play the resourceclaim controller's part for a Pod that is gone (`_unreserve`); off by default,
+    as the tests written before it expect nothing of it."""
     before_write: list[Any] = attrs.field(factory=list, init=False)
     """Test control: callables `(subresource, key, body)` run when a client's replace or patch
     arrives, before it is applied (another client's write landing first: a race made exact)."""
@@ -179,7 +208,7 @@ class ApiServer(KubernetesScaffold):
             self.resources[res] = self.ResourceInfo(
                 kind=kind.kind,
                 namespaced=kind.namespaced,
-                subresources=(["status"] if kind.status else []) + (["binding"] if kind.plural == "pods" else []),
+                subresources=(["status"] if kind.status else []) + (["binding", "eviction"] if kind.plural == "pods" else []),
                 verbs=["get", "list", "watch", "create", "update", "patch", "delete"],
             )
             # Above kmock's discovery fallbacks, below any reaction a test adds.
@@ -240,6 +269,8 @@ class ApiServer(KubernetesScaffold):
         method = str(request.method.value).upper()
         if kind.plural == "pods" and request.subresource == "binding" and method == "POST":
             return self._bind(request)
+        if kind.plural == "pods" and request.subresource == "eviction" and method == "POST":
+            return self._evict(request)
         if request.subresource not in (None, "status") or (request.subresource and not kind.status):
             return self._fail(404, "NotFound", f"the server could not find the requested resource ({request.subresource})")
         # Every answer names its status: kmock's reaction keeps the last status it rendered.
@@ -267,6 +298,61 @@ class ApiServer(KubernetesScaffold):
         self.writes.append(("create", "binding", key))
         self._store(kind, key, bound, "MODIFIED", spec_of=pod)
         return Response(status=201, payload={"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201})
+
+    async def _evict(self, request: Request) -> Any:
+        """`pods/eviction`, as the API server's eviction subresource (pkg/registry/core/pod/storage/eviction.go):
+        the body must be a policy/v1 (or v1beta1) Eviction naming the Pod (400), the Pod must exist (404) and
+        match `deleteOptions.preconditions` (409). A Pod already terminating or not running (phase Pending,
+        Succeeded or Failed; a Pod without a phase is Pending, the API server's default) is deleted without
+        asking its budget. Otherwise the PodDisruptionBudgets of its namespace whose selector matches its
+        labels decide: none, deleted; more than one, 500; one whose status is not observed yet or whose
+        `status.disruptionsAllowed` is 0, 429 TooManyRequests with the API server's message and a
+        `DisruptionBudget` cause naming it; else its `disruptionsAllowed` is decremented and the Pod noted in
+        `disruptedPods` before it is deleted. Deleted as a DELETE deletes (finalizers keep it with a
+        deletionTimestamp; the garbage collector and `claim_controller` follow). 201 Success."""
+        kind = next(k for k in KINDS if k.plural == "pods")
+        key: Key = ("pods", request.namespace, request.name or "")
+        body = request.data if isinstance(request.data, dict) else {}
+        if (body.get("apiVersion"), body.get("kind")) not in (("policy/v1", "Eviction"), ("policy/v1beta1", "Eviction")):
+            raise _status(400, "BadRequest", "Object 'Kind' is missing or not Eviction (policy/v1) in the request body")
+        if (body.get("metadata") or {}).get("name") != key[2]:
+            raise _status(400, "BadRequest", "name in URL does not match name in Eviction object")
+        pod = self._existing(kind, key)
+        options = body.get("deleteOptions") or None
+        pre = (options or {}).get("preconditions") or {}
+        for field_name in ("uid", "resourceVersion"):
+            if pre.get(field_name) and pre[field_name] != pod["metadata"].get(field_name):
+                raise _status(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: {field_name} in precondition: {pre[field_name]}, {field_name} in object meta: {pod['metadata'].get(field_name)}",
+                )
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if not pod["metadata"].get("deletionTimestamp") and phase not in ("Pending", "Succeeded", "Failed"):
+            labels = pod["metadata"].get("labels") or {}
+            budgets = [b for b in self._list_raw(KINDS[-1], key[1]) if _selects((b.get("spec") or {}).get("selector"), labels)]
+            if len(budgets) > 1:
+                raise _status(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.")
+            if budgets:
+                self._spend_budget(budgets[0], key[2])
+        self.writes.append(("create", "eviction", key))
+        self._delete(kind, key, options)
+        return Response(status=201, payload={"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 201})
+
+    def _spend_budget(self, budget: dict[str, Any], pod: str) -> None:
+        """One disruption of `budget` for `pod`, or 429 when it allows none now."""
+        name = budget["metadata"]["name"]
+        status = budget.get("status") or {}
+        if status.get("observedGeneration", 0) < budget["metadata"].get("generation", 1):
+            cause = f"The disruption budget {name} is still being processed by the server."
+            raise _status(429, "TooManyRequests", DISRUPTION_BUDGET, causes=[{"reason": "DisruptionBudget", "message": cause}])
+        if status.get("disruptionsAllowed", 0) <= 0:
+            cause = f"The disruption budget {name} needs {status.get('desiredHealthy', 0)} healthy pods and has {status.get('currentHealthy', 0)} currently"
+            raise _status(429, "TooManyRequests", DISRUPTION_BUDGET, causes=[{"reason": "DisruptionBudget", "message": cause}])
+        spent = copy.deepcopy(budget)
+        spent["status"] = {**status, "disruptionsAllowed": status["disruptionsAllowed"] - 1, "disruptedPods": {**status.get("disruptedPods", {}), pod: _now()}}
+        key: Key = ("poddisruptionbudgets", budget["metadata"]["namespace"], name)
+        self._store(KINDS[-1], key, spent, "MODIFIED", spec_of=self._objects[key])
 
     async def _unary(self, kind: Kind, request: Request, method: str) -> Any:
         namespace = request.namespace if kind.namespaced else None
@@ -504,9 +590,36 @@ class ApiServer(KubernetesScaffold):
         else:
             self._objects[key] = obj
         result = self._announce(kind, key, obj, event)
+        if delete and kind.plural == "pods" and self.claim_controller:
+            self._unreserve(obj)
         if delete:
             self._collect_dependents(obj["metadata"].get("uid"))
         return result
+
+    def _unreserve(self, pod: dict[str, Any]) -> None:
+        """The resourceclaim controller for a Pod that is gone (pkg/controller/resourceclaim): it is dropped
+        from the `reservedFor` of the claims of its namespace; a claim then reserved for nobody is
+        deallocated and its delete-protection finalizer dropped (a claim being deleted then goes)."""
+        uid, namespace = pod["metadata"].get("uid"), pod["metadata"].get("namespace")
+        kind = KINDS[0]
+        for key, claim in list(self._objects.items()):
+            reserved = (claim.get("status") or {}).get("reservedFor") or []
+            if key[0] != "resourceclaims" or key[1] != namespace or not any(r.get("uid") == uid for r in reserved):
+                continue
+            new = copy.deepcopy(claim)
+            left = [r for r in reserved if r.get("uid") != uid]
+            if left:
+                new["status"]["reservedFor"] = left
+            else:
+                new["status"] = {k: v for k, v in new["status"].items() if k not in ("reservedFor", "allocation")}
+                finalizers = [f for f in new["metadata"].get("finalizers") or [] if f != CLAIM_FINALIZER]
+                new["metadata"].pop("finalizers", None)
+                if finalizers:
+                    new["metadata"]["finalizers"] = finalizers
+            if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+                self._commit(kind, key, new, "DELETED", delete=True)
+            else:
+                self._store(kind, key, new, "MODIFIED", spec_of=claim)
 
     def _collect_dependents(self, uid: str | None) -> None:
         """The garbage collector's background cascade: objects whose owners are all gone are deleted

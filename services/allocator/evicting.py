@@ -1,0 +1,146 @@
+"""Moves in a cluster: a large Pod that waits gets room by evicting the Pods whose claims are in its
+way. Pure bookkeeping beside the book of decisions (decisions.py): no bus, no clock of its own.
+
+A claim reserved for a Pod cannot be re-placed in place (its allocation may not change while it is
+reserved; the Pod would run on devices it was not given). So where moves.py re-commits a claim
+from files or `submit`, for a Pod's unit the allocator asks the cluster to evict the Pods using
+the claims in its way: it chooses those claims with the same planner (`Engine.plan_moves`, the
+fewest claims, each of which could be placed elsewhere right now, so their Pods' new copies have
+room), and instead of committing new devices for them it writes one `EvictionRequested` per claim
+(its Pods, from ``reservedFor``; the Pod it makes room for; the node). The waiting Pod keeps
+waiting: the status writer evicts through the Eviction API (statuswriter/evictions.py), the
+cluster deallocates or deletes the evicted Pods' claims, the ingestor reports it, the allocator
+releases them and tries the waiting Pod again; their controllers' new Pods are placed as any other.
+
+While a unit's eviction is in flight (`InFlight`: some of its claims still held, for at most
+`EVICTION_PATIENCE`) nothing more is evicted for it, and its failure message says what was asked
+(`Evictions.note`), as do Events on the Pods (evicted, or the waiting one when a
+PodDisruptionBudget refused). A refused eviction leaves the claim held: the Pod waits as any Pod
+that does not fit (it is tried again whenever room changes), and an eviction is asked again only
+after the patience is over. Only a Pod with one claim still to place (not a gang member, no claim
+of it placed already) that is large (it takes a whole node: `gang.reservation_for`) is served,
+and only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted
+for another Pod are evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
+from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
+
+if TYPE_CHECKING:
+    from dralloc.allocator.decisions import Decisions
+
+EVICTION_PATIENCE = 300.0
+"""Seconds an eviction stays in flight (nothing more evicted for its Pod) while its claims are held:
+then it may be asked again (a PodDisruptionBudget may allow it by then), never in a hot loop."""
+
+
+@dataclass(slots=True)
+class InFlight:
+    """What was asked for one waiting Pod."""
+
+    claims: dict[str, str]
+    """Claim key -> uid of each claim whose Pods are being evicted."""
+    node: str
+    since: float
+    note: str
+
+
+@dataclass(slots=True)
+class Evictions:
+    """Evictions in flight, by the key of the Pod they make room for."""
+
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+
+    def note(self, pod: str) -> str:
+        """What the waiting Pod's failure message adds while its eviction is in flight ("" when none)."""
+        found = self.inflight.get(pod)
+        return found.note if found is not None else ""
+
+    def busy(self) -> set[str]:
+        """Keys of the claims being evicted for some Pod."""
+        return {key for found in self.inflight.values() for key in found.claims}
+
+    def settle(self, book: Decisions, now: float) -> None:
+        """Forget what is over: the Pod placed or gone, its claims all released, or the patience spent."""
+        for pod, found in list(self.inflight.items()):
+            held = any((c := book.committed.get(k)) is not None and c.uid == uid for k, uid in found.claims.items())
+            if pod not in book.pods or not held or now - found.since >= EVICTION_PATIENCE:
+                del self.inflight[pod]
+
+    def refused(self, pod: str) -> None:
+        """The requests were not stored: nothing is in flight for the Pod."""
+        self.inflight.pop(pod, None)
+
+
+def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] | None:
+    """The Pods a claim is reserved for; None when it is reserved for nothing, or for anything but Pods."""
+    refs = claim.status.reserved_for if claim.status is not None else []
+    if not refs or any(r.resource != "pods" or r.api_group for r in refs):
+        return None
+    return list(refs)
+
+
+def movable(book: Decisions, unit: ResourceClaim, busy: set[str]) -> dict[str, ResourceClaim]:
+    """The committed claims whose Pods may be evicted for `unit` (see the module docstring), by key."""
+    least = claim_demand(unit)
+    out = {}
+    for key, commit in book.committed.items():
+        claim = commit.claim
+        if key == unit.key or key in busy or commit.allocation is None or gang_of(claim) is not None:
+            continue
+        if pod_consumers(claim) is not None and claim_demand(claim) < least:
+            out[key] = claim
+    return out
+
+
+def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequested]:
+    """For a Pod whose unit did not fit: the evictions to ask for, at time `now` ([] for none: not
+    served, one in flight already, or no plan makes room). The book records them as in flight;
+    `Evictions.refused` if they are not stored. Engine work (a plan), changing nothing in the engine."""
+    evictions = book.evictions
+    evictions.settle(book, now)
+    pod = book.pods.get(pod_key)
+    if pod is None or pod_key in evictions.inflight:
+        return []
+    keys = [f"{pod.namespace}/{name}" for name in pod.claims]
+    if any(k in book.committed for k in keys) or len(keys) != 1 or keys[0] not in book.unused:
+        return []  # one claim, none placed (a Pod's claims share a node: moves.py plans for one claim or a gang)
+    claim = book.unused[keys[0]]
+    gang = gang_of(claim)
+    if (gang is not None and gang[1] > 1) or not reservation_for(book.engine, [claim]):
+        return []  # a gang's member, or small (a small claim fits in holes)
+    plan = book.engine.plan_moves([claim], movable(book, claim, evictions.busy()))
+    if plan is None:
+        return []
+    node = ", ".join(plan.target)
+    requests = []
+    for move in plan.moves:
+        moved = book.committed[move.claim].claim
+        meta = moved.metadata
+        pods = pod_consumers(moved) or []
+        why = f"Pod {pod_key} waits for room on node {node}: dralloc moves (DRALLOC_ALLOCATOR_MOVES)"
+        requests.append(
+            ev.EvictionRequested(
+                namespace=meta.namespace or "default",
+                name=meta.name,
+                uid=meta.uid or "",
+                pods=pods,
+                for_namespace=pod.namespace,
+                for_pod=pod.name,
+                node=node,
+                message=why,
+            )
+        )
+    names = ", ".join(f"{r.namespace}/{p.name}" for r in requests for p in r.pods)
+    note = (
+        f"; with moves on, dralloc asked to evict Pod(s) {names} (claim(s) {', '.join(r.key for r in requests)}) "
+        f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
+    )
+    evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note)
+    return requests

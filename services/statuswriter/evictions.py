@@ -1,0 +1,124 @@
+"""Evictions the allocator asks for (`EvictionRequested`), carried out through the Eviction API.
+
+A claim reserved for a Pod cannot be re-placed in place: to make room for a Pod that waits, the
+allocator asks that the Pods using a claim in its way be evicted (services/allocator/evicting.py).
+For each such Pod the status writer creates a policy/v1 Eviction (``pods/eviction``, what
+``kubectl drain`` and the descheduler use), with the Pod's uid as a precondition, so a new Pod
+that took the name since is never evicted for the old one. The API server checks the Pod's
+PodDisruptionBudget and deletes the Pod (its controller makes a new one, which dralloc places
+as any other); its claims are then deallocated or deleted by the cluster, which the allocator
+hears as releases.
+
+Outcomes per Pod:
+- 201: evicted; a Normal Event ``Evicted`` on the Pod says it was evicted by dralloc to make room
+  for the waiting Pod;
+- 404 (gone already) or 409 (the uid precondition: another Pod of that name now): nothing to do;
+- 429 TooManyRequests (a PodDisruptionBudget forbids it now): not evicted. Logged, and a Warning
+  Event ``EvictionRefused`` on the waiting Pod names the refusal. Never retried here (the event is
+  acknowledged): the allocator asks again at most once per `EVICTION_PATIENCE` of its own;
+- anything else: as the status writes (`kubernetes._classify`: refusals dead-lettered, the rest
+  redelivered; a Pod evicted before that is then gone: 404).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
+
+from dralloc.kube import body_of, describe
+from dralloc.schemas import events as ev
+from dralloc.statuswriter.kube_events import EventRecorder, Involved
+
+log = logging.getLogger("dralloc.statuswriter.evictions")
+
+EVICTED = "Evicted"
+"""The reason of the Normal Event on an evicted Pod."""
+REFUSED = "EvictionRefused"
+"""The reason of the Warning Event on the waiting Pod when an eviction was refused."""
+
+
+class _Cause(msgspec.Struct):
+    reason: str = ""
+    message: str = ""
+
+
+class _Details(msgspec.Struct):
+    causes: list[_Cause] = []
+
+
+class _Refusal(msgspec.Struct):
+    message: str = ""
+    details: _Details = msgspec.field(default_factory=_Details)
+
+
+def refusal(exc: ApiException) -> str:
+    """The API server's words for a refused eviction: its message and causes (the budget named)."""
+    try:
+        status = msgspec.json.decode(exc.body or b"{}", type=_Refusal)
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+        return describe(exc)
+    causes = "; ".join(c.message for c in status.details.causes if c.message)
+    text = status.message or describe(exc)
+    return f"{text} ({causes})" if causes else text
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """What became of one Pod: ``evicted``, ``gone`` or ``refused`` (and the API's words)."""
+
+    pod: str
+    outcome: str
+    message: str = ""
+
+
+@dataclass
+class Evictor:
+    """Carries out `EvictionRequested` events (see the module docstring)."""
+
+    api: Callable[[], Awaitable[ApiClient]]
+    events: EventRecorder
+    pod_of: Callable[[str, str], Awaitable[Involved | None]]
+    """The waiting Pod as an Event's object (its uid), None when it is gone."""
+    classify: Callable[[ApiException], Exception]
+
+    async def evict(self, request: ev.EvictionRequested) -> list[Evicted]:
+        """Evict each Pod of the request; returns what became of each."""
+        core = CoreV1Api(await self.api())
+        out = []
+        for ref in request.pods:
+            if ref.resource != "pods" or ref.api_group:
+                continue  # (the allocator names only Pods: anything else is not evicted)
+            out.append(await self._one(core, request, ref.name, ref.uid))
+        return out
+
+    async def _one(self, core: CoreV1Api, request: ev.EvictionRequested, name: str, uid: str) -> Evicted:
+        namespace = request.namespace
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}} if uid else {},
+        }
+        waiting = f"Pod {request.for_namespace}/{request.for_pod}"
+        try:
+            await body_of(core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))  # type: ignore[arg-type]  # the client sends a dict body as is
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return Evicted(f"{namespace}/{name}", "gone", describe(exc))
+            if exc.status != 429:
+                raise self.classify(exc) from exc
+            words = refusal(exc)
+            log.warning("Pod %s/%s not evicted to make room for %s: %s", namespace, name, waiting, words)
+            target = await self.pod_of(request.for_namespace, request.for_pod)
+            if target is not None:
+                message = f"dralloc could not evict Pod {namespace}/{name} (claim {request.key}) to make room for this Pod: {words}"
+                await self.events.record(target, message, reason=REFUSED, action="Evict")
+            return Evicted(f"{namespace}/{name}", "refused", words)
+        where = f" on node {request.node}" if request.node else ""
+        message = f"evicted by dralloc to make room for {waiting}{where}: its claim {request.key} was in the way"
+        await self.events.record(Involved("Pod", "v1", namespace, name, uid), message, reason=EVICTED, type_="Normal", action="Evict")
+        return Evicted(f"{namespace}/{name}", "evicted")
