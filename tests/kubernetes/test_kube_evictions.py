@@ -1,0 +1,295 @@
+"""Moves in a cluster: a large gated Pod that waits gets room by evicting the Pods in its way.
+
+First the emulated API server's eviction subresource alone (policy/v1 Eviction, PodDisruptionBudgets,
+as kube-apiserver answers), over the real client. Then the whole path, as test_kube_pods.py runs it:
+the real ingestor, allocator (`DRALLOC_ALLOCATOR_MOVES`) and status writer over a real nats-server,
+the kube-scheduler stand-in binding what dralloc ungates, and the emulator playing the resourceclaim
+controller for deleted Pods: two 4-GPU nodes each hold two 1-GPU Pods, a 4-GPU Pod arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kube_emulator import DISRUPTION_BUDGET, ApiServer
+from kube_scheduler import SchedulerStandIn
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
+from test_kube_pods import CLASS, INFRA, NS, Cluster, granted, node_of, node_slice, render, template
+
+from dralloc.allocator import service as allocator
+from dralloc.bus import Bus
+from dralloc.bus.raw import jetstream
+from dralloc.ingestor import service as ingestor
+from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
+from dralloc.ingestor.podgate import GATE
+from dralloc.kube import KubeSettings, body_of, user_agent
+from dralloc.schemas import events as ev
+from dralloc.statuswriter import service as statuswriter
+from dralloc.statuswriter.evictions import EVICTED, REFUSED
+from dralloc.statuswriter.kubernetes import KubernetesSink
+
+
+def a_pod(name: str, *, labels: dict[str, str] | None = None, phase: str | None = None, templates: dict[str, str] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels or {}},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": entry, "resourceClaimTemplateName": t} for entry, t in (templates or {}).items()],
+        },
+    }
+    if templates:
+        obj["spec"]["schedulingGates"] = [{"name": GATE}]
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def budget(name: str, allowed: int, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": labels}},
+        "status": {"observedGeneration": 1, "disruptionsAllowed": allowed, "desiredHealthy": 2, "currentHealthy": 2 + allowed, "expectedPods": 2 + allowed},
+    }
+
+
+async def evict(api: ApiClient, name: str, *, uid: str = "", kind: str = "Eviction") -> int:
+    """POST pods/{name}/eviction; the status code (an error's too)."""
+    body = {"apiVersion": "policy/v1", "kind": kind, "metadata": {"name": name, "namespace": NS}}
+    if uid:
+        body["deleteOptions"] = {"preconditions": {"uid": uid}}
+    try:
+        await body_of(CoreV1Api(api).create_namespaced_pod_eviction(name, NS, body, _preload_content=False))  # type: ignore[arg-type]
+    except ApiException as exc:
+        return exc.status
+    return 201
+
+
+# --- the emulator's eviction subresource ---------------------------------------------------------
+
+
+async def test_an_eviction_deletes_the_pod_unless_its_budget_forbids_it(apiserver: ApiServer, api: ApiClient) -> None:
+    apiserver.apply(a_pod("free", phase="Running"))
+    assert await evict(api, "free") == 201
+    assert apiserver.read("pods", NS, "free") is None
+    assert await evict(api, "free") == 404  # gone already
+
+    apiserver.apply(budget("web", 0, {"app": "web"}))
+    apiserver.apply(a_pod("guarded", labels={"app": "web"}, phase="Running"))
+    try:
+        await body_of(
+            CoreV1Api(api).create_namespaced_pod_eviction(
+                "guarded", NS, {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "guarded"}}, _preload_content=False
+            )  # type: ignore[arg-type]
+        )
+        raise AssertionError("the budget allows no disruption: the eviction must be refused")
+    except ApiException as exc:
+        assert exc.status == 429
+        status = json.loads(exc.body)
+        assert status["reason"] == "TooManyRequests" and status["message"] == DISRUPTION_BUDGET
+        assert status["details"]["causes"] == [{"reason": "DisruptionBudget", "message": "The disruption budget web needs 2 healthy pods and has 2 currently"}]
+    assert apiserver.read("pods", NS, "guarded") is not None
+
+    # A Pod not running (no phase: Pending, the API server's default) is evicted without asking its budget.
+    apiserver.apply(a_pod("starting", labels={"app": "web"}))
+    assert await evict(api, "starting") == 201 and apiserver.read("pods", NS, "starting") is None
+    # A budget of another selector does not guard it.
+    apiserver.apply(a_pod("other", labels={"app": "db"}, phase="Running"))
+    assert await evict(api, "other") == 201
+
+
+async def test_a_budget_allowing_one_disruption_spends_it(apiserver: ApiServer, api: ApiClient) -> None:
+    apiserver.apply(budget("web", 1, {"app": "web"}))
+    for name in ("a", "b"):
+        apiserver.apply(a_pod(name, labels={"app": "web"}, phase="Running"))
+    assert await evict(api, "a") == 201
+    spent = apiserver.read("poddisruptionbudgets", NS, "web")["status"]
+    assert spent["disruptionsAllowed"] == 0 and set(spent["disruptedPods"]) == {"a"}
+    assert await evict(api, "b") == 429 and apiserver.read("pods", NS, "b") is not None
+
+
+async def test_an_eviction_checks_its_body_and_preconditions_and_deletes_as_a_delete_does(apiserver: ApiServer, api: ApiClient) -> None:
+    pod = apiserver.apply({**a_pod("held", phase="Running"), "metadata": {"name": "held", "namespace": NS, "finalizers": ["example.com/keep"]}})
+    assert await evict(api, "held", kind="Pod") == 400
+    assert await evict(api, "held", uid="another-uid") == 409  # a new Pod of that name is not the one meant
+    assert apiserver.read("pods", NS, "held")["metadata"].get("deletionTimestamp") is None
+    assert await evict(api, "held", uid=pod["metadata"]["uid"]) == 201
+    assert apiserver.read("pods", NS, "held")["metadata"]["deletionTimestamp"]  # a finalizer holds it, terminating
+
+
+async def test_the_claim_controller_stand_in_deallocates_a_claim_its_last_pod_left(apiserver: ApiServer, api: ApiClient) -> None:
+    apiserver.claim_controller = True
+    a, b = apiserver.apply(a_pod("a", phase="Running")), apiserver.apply(a_pod("b", phase="Running"))
+    refs = [{"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in (a, b)]
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
+    apiserver.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "shared", "namespace": NS, "finalizers": ["resource.kubernetes.io/delete-protection"]},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": allocation, "reservedFor": refs},
+        }
+    )
+    assert await evict(api, "a") == 201
+    claim = apiserver.read("resourceclaims", NS, "shared")
+    assert claim["status"] == {"allocation": allocation, "reservedFor": refs[1:]}  # still used by b
+    assert await evict(api, "b") == 201
+    claim = apiserver.read("resourceclaims", NS, "shared")
+    assert claim["status"] == {} and not claim["metadata"].get("finalizers")  # its last consumer gone: deallocated
+
+
+# --- the whole path -------------------------------------------------------------------------------
+
+
+async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, moves: str) -> AsyncIterator[Cluster]:
+    apiserver.claim_controller = True
+    settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
+    stop = asyncio.Event()
+    source = KubernetesSource(None, print, options=KubeSourceOptions(settings=settings, slices=True, claim_templates=True))
+    sink = KubernetesSink(settings=settings)
+    scheduler = SchedulerStandIn(apiserver, api)
+    apiserver.apply(CLASS)
+    apiserver.apply(node_slice("node-0", gpus=4))
+    apiserver.apply(node_slice("node-1", gpus=4))
+    tasks = [
+        asyncio.create_task(ingestor.serve(bus, ingestor.Config(source="kubernetes"), stop, source=source)),
+        asyncio.create_task(allocator.serve(bus, allocator.Config(ack_wait=5, retry_after=0.05, moves=moves), stop)),
+        asyncio.create_task(statuswriter.serve(bus, statuswriter.Config(sink="kubernetes", ack_wait=5), stop, sink=sink)),
+        asyncio.create_task(scheduler.run(stop)),
+    ]
+    yield Cluster(apiserver, bus, scheduler)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await sink.close()
+
+
+@pytest.fixture
+async def moves_on(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
+    async for cluster in start_cluster(apiserver, bus, api, "early"):
+        yield cluster
+
+
+@pytest.fixture
+async def moves_off(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
+    async for cluster in start_cluster(apiserver, bus, api, "off"):
+        yield cluster
+
+
+async def scattered(cluster: Cluster) -> dict[str, list[str]]:
+    """Eight 1-GPU Pods fill both nodes; two leave each: node -> the two small Pods left on it (2 GPUs free
+    on each node, 4 in all, none whole). They run (phase Running, as the kubelet would say)."""
+    api = cluster.apiserver
+    api.apply(template("one-gpu"))
+    for i in range(8):
+        api.apply(a_pod(f"small-{i}", labels={"app": "small"}, templates={"gpu": "one-gpu"}))
+    on: dict[str, list[str]] = {}
+    for i in range(8):
+        on.setdefault(await cluster.bound(f"small-{i}"), []).append(f"small-{i}")
+    assert sorted(len(names) for names in on.values()) == [4, 4]
+    for node, names in on.items():
+        for name in names[:2]:
+            (made,) = cluster.claims_of(name)
+            api.remove("pods", NS, name)
+            await cluster.gone("resourceclaims", made["metadata"]["name"])
+            await cluster.decision(made["metadata"]["name"], ev.AllocationReleased)
+        on[node] = names[2:]
+    for names in on.values():
+        for name in names:
+            current = api.read("pods", NS, name)
+            api.apply({**current, "status": {**(current.get("status") or {}), "phase": "Running"}})
+    return on
+
+
+def events_about(api: ApiServer, name: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in api.objects_of("events") if e["involvedObject"]["name"] == name and e["reason"] == reason]
+
+
+def evictions(api: ApiServer) -> list[Any]:
+    return [r for r in api._requests if r.resource is not None and r.resource.plural == "pods" and r.subresource == "eviction"]
+
+
+async def test_with_moves_on_the_pods_in_a_large_pods_way_are_evicted_and_it_takes_their_node(moves_on: Cluster) -> None:
+    cluster, api = moves_on, moves_on.apiserver
+    on = await scattered(cluster)
+    claims = {name: cluster.claims_of(name)[0]["metadata"]["name"] for names in on.values() for name in names}
+    api.apply(template("four-gpus", count=4))
+    api.apply(a_pod("big", templates={"gpus": "four-gpus"}))
+    node = await cluster.bound("big")
+    (claim,) = cluster.claims_of("big")
+    assert node_of(claim) == node and len(claim["status"]["allocation"]["devices"]["results"]) == 4
+    # The two Pods on its node were evicted (deleted through the Eviction API), the two elsewhere kept.
+    (other,) = [n for n in on if n != node]
+    assert all(api.read("pods", NS, name) is None for name in on[node])
+    assert all(api.read("pods", NS, name) is not None for name in on[other])
+    assert sorted(r.name for r in evictions(api)) == sorted(on[node])
+    for name in on[node]:
+        (event,) = events_about(api, name, EVICTED)
+        assert event["type"] == "Normal" and f"to make room for Pod {NS}/big on node {node}" in event["message"]
+    # The allocator's requests are on the bus: one per claim in the way, naming its Pod and the node.
+    for name in on[node]:
+        subject = ev.subject("allocations", NS, claims[name], "evict")
+        requested = ev.decode((await jetstream(cluster.bus).get_last_msg("ALLOCATIONS", subject)).data)
+        assert isinstance(requested, ev.EvictionRequested) and [p.name for p in requested.pods] == [name]
+        assert (requested.for_pod, requested.node) == ("big", node)
+    # Their controllers make them again (a ReplicaSet would): dralloc places them beside the others.
+    for name in on[node]:
+        api.apply(a_pod(name, labels={"app": "small"}, templates={"gpu": "one-gpu"}))
+    for name in on[node]:
+        assert await cluster.bound(name) == other
+    # RBAC: the status writer's eviction is granted, and only what it calls.
+    agent = user_agent("statuswriter")
+    calls = {
+        (r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""))
+        for r in api._requests
+        if r.headers.get("User-Agent") == agent and r.resource is not None
+    }
+    assert ("", "pods/eviction") in calls
+    assert ("", "pods/eviction", "create") in granted(render(INFRA), "dralloc-statuswriter")
+
+
+async def test_with_moves_off_nothing_is_evicted(moves_off: Cluster) -> None:
+    cluster, api = moves_off, moves_off.apiserver
+    on = await scattered(cluster)
+    api.apply(template("four-gpus", count=4))
+    api.apply(a_pod("big", templates={"gpus": "four-gpus"}))
+    async with asyncio.timeout(30):
+        while not events_about(api, "big", "AllocationFailed"):
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    assert evictions(api) == []
+    assert all(api.read("pods", NS, name) is not None for names in on.values() for name in names)
+    assert api.read("pods", NS, "big")["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
+async def test_a_disruption_budget_refusing_leaves_the_pods_and_says_so_on_the_waiting_pod(moves_on: Cluster) -> None:
+    cluster, api = moves_on, moves_on.apiserver
+    api.apply(budget("small", 0, {"app": "small"}))
+    on = await scattered(cluster)
+    api.apply(template("four-gpus", count=4))
+    api.apply(a_pod("big", templates={"gpus": "four-gpus"}))
+    async with asyncio.timeout(30):
+        while not events_about(api, "big", REFUSED):
+            await asyncio.sleep(0.05)
+    refused = events_about(api, "big", REFUSED)
+    assert all(e["type"] == "Warning" and DISRUPTION_BUDGET in e["message"] and "The disruption budget small" in e["message"] for e in refused)
+    assert {e["involvedObject"]["uid"] for e in refused} == {api.read("pods", NS, "big")["metadata"]["uid"]}
+    assert all(api.read("pods", NS, name) is not None for names in on.values() for name in names)
+    (claim,) = cluster.claims_of("big")
+    assert not (claim.get("status") or {}).get("allocation")
+    assert api.read("pods", NS, "big")["spec"]["schedulingGates"] == [{"name": GATE}]
+    # The allocator's word for it: the waiting claim's failure names the Pods it asked to evict.
+    failed = await cluster.decision(claim["metadata"]["name"], ev.AllocationFailed)
+    assert "dralloc asked to evict Pod(s)" in failed.message and "PodDisruptionBudget" in failed.message
+    # Asked once per Pod, not again and again (the eviction stays in flight for the allocator's patience).
+    asked = len(evictions(api))
+    assert asked == 2
+    await asyncio.sleep(1.0)
+    assert len(evictions(api)) == asked
