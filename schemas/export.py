@@ -71,6 +71,12 @@ CHANNELS: dict[str, tuple[str, list[str], list[type], str]] = {
         [ev.AllocationCommitted, ev.AllocationFailed, ev.AllocationReleased],
         "Stream ALLOCATIONS: every decision of the allocator, the only writer.",
     ),
+    "evictions": (
+        "dra.allocations.{namespace}.{name}.evict",
+        ["namespace", "name"],
+        [ev.EvictionRequested],
+        "Stream ALLOCATIONS: evictions the allocator asks for (moves in a cluster), carried out by the Kubernetes status writer.",
+    ),
 }
 
 # operation id: (action, channel, messages or None for all, summary)
@@ -89,6 +95,8 @@ OPERATIONS: dict[str, tuple[str, str, list[type] | None, str]] = {
     "allocatorReceivesClaims": ("receive", "claims", None, "Durable consumer `allocator`; acked after the decision is stored."),
     "allocatorPublishesDecisions": ("send", "allocations", None, "Committed, failed (with the reason) and released allocations."),
     "statusWriterReceivesDecisions": ("receive", "allocations", None, "Durable consumer `statuswriter-<sink>`: local store or Kubernetes status."),
+    "allocatorRequestsEvictions": ("send", "evictions", None, "With moves on: evict the Pods whose claims are in a waiting Pod's way."),
+    "statusWriterReceivesEvictions": ("receive", "evictions", None, "The Kubernetes sink evicts each Pod (policy/v1 Eviction); the local store ignores it."),
 }
 
 
