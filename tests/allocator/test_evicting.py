@@ -1,0 +1,141 @@
+"""Moves in a cluster (services/allocator/evicting.py): for a large Pod that does not fit, the claims of
+the Pods in its way are chosen by the moves planner and their Pods' eviction asked for, once while it
+is in flight; only claims reserved for Pods are evicted. And an EvictionRequested in ALLOCATIONS never
+stands for a claim's decision: a successor rebuilds the same state through a snapshot or the whole stream."""
+
+from __future__ import annotations
+
+import msgspec
+from test_core import book_over, claim
+from test_pod_units import TWO_NODES, pod, store
+from test_snapshot import CLASSES, standby, state, submit
+
+from dralloc.allocator import evicting
+from dralloc.allocator.decisions import AllocatePod, Decisions
+from dralloc.allocator.service import Allocator
+from dralloc.discovery.fleet import build_fleet
+from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifests import load_paths
+from dralloc.schemas import events as ev
+from dralloc.schemas import snapshot as fmt
+from dralloc.schemas.resource import ResourceClaimConsumerReference
+
+
+def scattered(book: Decisions, *, pods: bool = True) -> dict[str, list[str]]:
+    """Eight 2-GPU claims fill both 8-GPU nodes (as Pods' units, or claims of their own); two leave each
+    node: node -> the keys of the two left there (4 GPUs free on each, none whole)."""
+    on: dict[str, list[str]] = {}
+    for i in range(8):
+        name = f"s{i}"
+        if pods:
+            assert book.submitted(claim(name, 2), needs_pod=True) is None
+            (commit,) = store(book, book.pod_submitted(pod(name, name)))
+        else:
+            _, commit = book.allocate(claim(name, 2))
+            assert commit is not None
+            book.commit_written(commit)
+        on.setdefault(commit.node or "", []).append(commit.key)
+    assert sorted(len(keys) for keys in on.values()) == [4, 4]
+    for node, keys in on.items():
+        for key in keys[:2]:
+            release = book.deleted(key, "")
+            assert release is not None
+            book.release_stored(key)
+            book.pod_deleted(key, "")
+        on[node] = keys[2:]
+    return on
+
+
+def waiting_big(book: Decisions) -> None:
+    assert book.submitted(claim("big", 8), needs_pod=True) is None
+    step = book.pod_submitted(pod("big", "big"))
+    assert step == AllocatePod("ml/big")
+    plan = book.decide_pod(step)
+    assert not plan.batch and plan.failures
+
+
+def test_the_pods_on_the_node_the_planner_empties_are_asked_to_go_once_while_in_flight() -> None:
+    book = book_over(TWO_NODES)
+    on = scattered(book)
+    waiting_big(book)
+    requests = evicting.decide(book, "ml/big", 1000.0)
+    assert len(requests) == 2
+    (node,) = {r.node for r in requests}
+    assert sorted(r.key for r in requests) == sorted(on[node])
+    for request in requests:
+        name = request.name
+        assert request.pods == [ResourceClaimConsumerReference(resource="pods", name=name, uid=f"uid-{name}")]
+        assert (request.for_namespace, request.for_pod) == ("ml", "big")
+        assert request.subject == f"dra.allocations.ml.{name}.evict"
+    assert book.engine.ledger.claims.keys() == {k for keys in on.values() for k in keys}  # nothing moved in place
+    # In flight: nothing more is asked, and the waiting Pod's failure says what was asked.
+    assert evicting.decide(book, "ml/big", 1001.0) == []
+    plan = book.decide_pod(AllocatePod("ml/big"))
+    (failure,) = plan.failures
+    assert "dralloc asked to evict Pod(s)" in failure.message and f"on node {node}" in failure.message
+    # After the patience, it may be asked again (the Pods are still there: a budget refused).
+    assert len(evicting.decide(book, "ml/big", 1000.0 + evicting.EVICTION_PATIENCE)) == 2
+
+
+def test_once_the_evicted_claims_are_released_the_pod_fits_and_nothing_is_in_flight() -> None:
+    book = book_over(TWO_NODES)
+    scattered(book)
+    waiting_big(book)
+    requests = evicting.decide(book, "ml/big", 1000.0)
+    for request in requests:  # the cluster deleted the Pods; their claims went
+        assert book.deleted(request.key, request.uid) is not None
+        book.release_stored(request.key)
+    commits = store(book, AllocatePod("ml/big"))
+    assert [c.node for c in commits] == [requests[0].node]
+    book.evictions.settle(book, 1001.0)
+    assert book.evictions.inflight == {} and book.evictions.note("ml/big") == ""
+
+
+def test_only_claims_reserved_for_pods_are_evicted() -> None:
+    book = book_over(TWO_NODES)
+    scattered(book, pods=False)  # claims of their own (files, submit): moves.py re-places those in place
+    waiting_big(book)
+    assert evicting.decide(book, "ml/big", 1000.0) == []
+    # A claim reserved for something other than a Pod is not evicted either.
+    other = [ResourceClaimConsumerReference(api_group="example.com", resource="jobs", name="j", uid="u")]
+    commit = next(iter(book.committed.values()))
+    status = msgspec.structs.replace(commit.claim.status, reserved_for=other)
+    assert evicting.pod_consumers(msgspec.structs.replace(commit.claim, status=status)) is None
+
+
+def test_a_small_pod_or_one_that_fits_asks_for_nothing() -> None:
+    book = book_over(TWO_NODES)
+    scattered(book)
+    assert book.submitted(claim("mid", 4), needs_pod=True) is None
+    book.pod_submitted(pod("mid", "mid"))
+    assert evicting.decide(book, "ml/mid", 1000.0) == []  # it fits (4 free on a node): no plan
+    assert evicting.decide(book, "ml/nobody", 1000.0) == []
+
+
+async def test_an_eviction_request_in_allocations_is_no_decision_for_a_successor(bus) -> None:
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}]):
+        for slice_ in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    leader = Allocator(bus)
+    await leader.rebuild()
+    c0, c1 = await submit(bus, leader, "c0"), await submit(bus, leader, "c1")
+
+    def request(submitted: ev.ClaimSubmitted) -> ev.EvictionRequested:
+        meta = submitted.claim.metadata
+        pods = [ResourceClaimConsumerReference(resource="pods", name=f"p-{meta.name}", uid="u")]
+        return ev.EvictionRequested(namespace="ml", name=meta.name, uid=meta.uid or "", pods=pods, for_namespace="ml", for_pod="big")
+
+    await (await leader.fence.send_batch([request(c0)]))
+    head = await leader.snapshots.write()  # the snapshot holds the two commits, not the request
+    assert head is not None and head.decisions == 2
+    await (await leader.fence.send_batch([request(c1)]))  # and one in the tail after it
+    through_snapshot = await standby(bus)
+    assert through_snapshot.snapshots.loaded_from == "snapshot"
+    kv = await bus.key_value(fmt.BUCKET)
+    await kv.delete(fmt.HEAD)
+    full = await standby(bus)
+    assert full.snapshots.loaded_from == "full"
+    assert state(through_snapshot) == state(full) == state(leader)
+    assert set(full.committed) == {"ml/c0", "ml/c1"}
