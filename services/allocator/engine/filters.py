@@ -295,6 +295,17 @@ def _all_devices(rq: Request, recs: list[DeviceRec], node: str | None) -> Candid
     return Candidates(recs=out, consumed=consumed, problem=problem, note=problem)
 
 
+def room_for(ledger: Ledger, alt: Alt, rec: DeviceRec) -> bool:
+    """Whether `rec`, a device not held exclusively, passes the 'counters' and 'capacity' stages
+    for `alt` (not admin access) now: the tests `_passing` fuses, for one device. Placement
+    reads it to leave out nodes whose free devices the filters would all drop (a MIG node whose
+    counters a slice holds, for a whole GPU; a shared GPU whose memory is given out)."""
+    if rec.consumes and not ledger.shares.get(rec.key) and not ledger.counter_room(rec):
+        return False
+    use = consumed_capacity(alt, rec)
+    return use is not None and (not rec.multi or _room(ledger.cap_used.get(rec.id, {}), use, rec))
+
+
 def _room(used: dict[str, int], use: dict[str, int], rec: DeviceRec) -> bool:
     """Whether a shared device has `use` left beside what is `used` of it."""
     return all(used.get(name, 0) + amount <= rec.capacity[name].value for name, amount in use.items())

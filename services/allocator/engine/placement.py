@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from dralloc.allocator.engine.filters import room_for
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, iter_bits
 from dralloc.allocator.engine.keep_whole import Group, KeepWhole, drain_last, held_whole
 from dralloc.allocator.engine.ledger import Ledger
@@ -315,13 +316,33 @@ class Placement:
 
     def _short(self, topo: NodeTopology, alt: Alt) -> bool:
         """Whether a unit of the one request `alt` (`_single`) must fail on the node at the
-        candidate filters: fewer of its own devices match and are not in use than it wants (the
-        filters only narrow that list), and no selector fails on any of them (a CEL error there
-        is another outcome). The node's verdict is the one the walk read already."""
+        candidate filters: fewer of its own devices match, are not in use and pass the counter
+        and capacity filters than it wants (the other filters only narrow that list), and no
+        selector fails on any of them (a CEL error there is another outcome). The node's verdict
+        is the one the walk read already. Only shared and counter-consuming devices are tested
+        one by one (`filters.room_for`), and only until enough pass: on a MIG node whose counters
+        a slice holds, or an L40S node whose memory shares hold, most node tries failed there."""
         matched, failed = self.local_verdict(topo, alt)
         if failed:
             return False
-        return (matched & ~self.kinds.used_on(topo.node, topo.lo)).bit_count() < alt.count
+        free = matched & ~self.kinds.used_on(topo.node, topo.lo)
+        need = alt.count
+        if free.bit_count() < need:
+            return True
+        special = free & topo.special
+        if not special:
+            return False
+        need -= (free ^ special).bit_count()  # plain devices: the counter and capacity filters keep them
+        if need <= 0:
+            return False
+        devices, ledger, lo = self.inv.devices, self.ledger, topo.lo
+        for off in iter_bits(special):
+            rec = devices[off + lo]
+            if rec is not None and room_for(ledger, alt, rec):
+                need -= 1
+                if not need:
+                    return False
+        return True
 
     def _order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
         inv = self.inv
