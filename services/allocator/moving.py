@@ -8,8 +8,8 @@ with the placement's held-node rules off (`configure`);
 ``early`` as soon as it waits. ``off`` (the default) never moves anything. A move restarts a
 user's workload, so only claims that can be moved safely are: committed by this allocator, smaller
 than the unit's claims, not in a gang, not reserved for a Pod and never shown by the cluster (in
-Kubernetes a reserved claim's allocation cannot change in place: its Pod would have to be evicted
-and scheduled again, which dralloc does not do).
+Kubernetes a reserved claim's allocation cannot change in place: for a waiting Pod, evicting.py
+asks for the Pods in its way to be evicted instead, chosen by the same planner).
 
 What is written: one atomic batch (all stored or none, as a gang's): for each moved claim its release
 (the old allocation) and its new commit, annotated ``dralloc.dev/moved`` with the claim it made room
@@ -103,7 +103,7 @@ def movable(book: Decisions, unit: Unit) -> dict[str, ResourceClaim]:
 
 def smaller(unit: Sequence[ResourceClaim], claims: Iterable[ResourceClaim]) -> dict[str, ResourceClaim]:
     """Of `claims`, those a move may re-place for `unit`, by key: smaller than each of its claims, not
-    in a gang, not reserved for a Pod (a move there needs the Pod evicted), not the unit's own."""
+    in a gang, not reserved for a Pod (a move there is an eviction: evicting.py), not the unit's own."""
     least = min(claim_demand(c) for c in unit)
     keys = {c.key for c in unit}
     out = {}

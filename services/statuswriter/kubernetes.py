@@ -26,6 +26,11 @@ failed
     (`kube_events`: one Event per object and explanation, its count raised
     on a repeat, rate-limited).
 
+evict (EvictionRequested, moves on)
+    each Pod the allocator names is evicted through the Eviction API, which
+    honours its PodDisruptionBudget (`evictions.py`: a refusal is an Event on
+    the waiting Pod, not retried here).
+
 An allocation is written as kube-scheduler writes one: first the finalizer
 ``resource.kubernetes.io/delete-protection`` (an update of the claim), then
 ``status.allocation`` and ``reservedFor`` in one status patch; a release clears

@@ -21,16 +21,18 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 from test_kube_pods import CLASS, INFRA, NS, Cluster, granted, node_of, node_slice, render, template
 
 from dralloc.allocator import service as allocator
-from dralloc.bus import Bus
+from dralloc.bus import Bus, streamcheck
 from dralloc.bus.raw import jetstream
 from dralloc.ingestor import service as ingestor
 from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.podgate import GATE
 from dralloc.kube import KubeSettings, body_of, user_agent
 from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaimConsumerReference
 from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.evictions import EVICTED, REFUSED
 from dralloc.statuswriter.kubernetes import KubernetesSink
+from dralloc.statuswriter.sinks import KVSink, read_all
 
 
 def a_pod(name: str, *, labels: dict[str, str] | None = None, phase: str | None = None, templates: dict[str, str] | None = None) -> dict[str, Any]:
@@ -293,3 +295,15 @@ async def test_a_disruption_budget_refusing_leaves_the_pods_and_says_so_on_the_w
     assert asked == 2
     await asyncio.sleep(1.0)
     assert len(evictions(api)) == asked
+
+
+async def test_the_local_store_ignores_an_eviction_request_and_the_stream_takes_it(bus: Bus) -> None:
+    """Without Kubernetes there is no Pod to evict: the local sink writes nothing for it, and a consumer
+    of ALLOCATIONS takes it as belonging there (never dead-lettered)."""
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    request = ev.EvictionRequested(namespace=NS, name="c", uid="uid-c", pods=pods, for_namespace=NS, for_pod="big")
+    kv = await bus.key_value("evictions-status")
+    assert await statuswriter.apply(KVSink(kv), request) is None
+    assert await read_all(kv) == []
+    assert streamcheck.misplaced("ALLOCATIONS", request.subject, ev.decode(ev.encode(request))) is None
+    assert streamcheck.misplaced("ALLOCATIONS", ev.subject("allocations", NS, "c"), request) is not None  # not as the claim's decision
