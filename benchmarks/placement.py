@@ -350,6 +350,15 @@ minutes) and at its end (at once when it may not wait), the held-node rules off;
 as soon as it starts waiting, and again when the wait ends, the held-node rules on."""
 
 
+SMALL_WHY = ("family_full", "fragmented", "held", "restart_overhang", "other")
+"""Why a small claim was refused, judged as it happens (`_why_small`): its family had fewer free
+devices of the kind it asks than it asks, fleet-wide (conservation: nothing placement can do then);
+enough in total but no node with enough (fragmentation); it would fit with every reservation, held-node
+rule and kept-whole node lifted (held); it would fit, count-wise, if the devices that moved claims hold
+only because their move restarted them were free (restart_overhang: a move's cost, taken before the
+other classes); none of these (other: a NIC, counters)."""
+
+
 @dataclass(slots=True)
 class Result:
     claims: int = 0
@@ -372,6 +381,10 @@ class Result:
     fragmented: list[dict] = field(default_factory=list)
     """Per large refusal with enough free GPUs of the family in total, what the fleet looked like
     (`_why_fragmented`): why placement failed it."""
+    small_why: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SMALL_WHY, 0))
+    """Small refusals by class at the moment each happened (`_why_small`, `SMALL_WHY`)."""
+    small_by_family: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The same per GPU family (a family without a refusal is absent)."""
     moving: bool = False
     """A run with moves (`MOVE_POLICIES`): its summary reports them."""
     moves: int = 0
@@ -472,6 +485,7 @@ def run(
     movable: dict[str, ResourceClaim] = {}
     running: dict[str, tuple[Job, float, float]] = {}
     departs: dict[int, int] = {}
+    first_end: dict[str, float] = {}  # a moved claim still running -> when it would have left unmoved
 
     def reserve_others(job: Job) -> None:
         if reserving:
@@ -543,6 +557,7 @@ def run(
         result.claims_moved += len(plan.moves)
         for move in plan.moves:
             moved, start, weight = running[move.claim]
+            first_end.setdefault(move.claim, start + moved.duration)
             result.gpu_minutes_lost += weight * (now - start)
             running[move.claim] = (moved, now, weight)
             placed_at[move.claim] = now
@@ -552,10 +567,15 @@ def run(
         placed(job, claims, [o for o in outcomes if o.claim in keys], now)
         return True
 
-    def refuse(job: Job) -> None:
+    def refuse(job: Job, claims: list[ResourceClaim], now: float) -> None:
         result.rejected += max(1, job.members)
         if not job.large:
             result.small_claims_rejected += 1
+            overhang = [key for key, end in first_end.items() if end <= now]
+            why = _why_small(engine, job, claims, by_node, overhang)
+            result.small_why[why] += 1
+            family = result.small_by_family.setdefault(job.family, dict.fromkeys(SMALL_WHY, 0))
+            family[why] += 1
             return
         result.large_claims_rejected += 1
         # enough free GPUs of the family in total, but not on one node (or in one domain, for a
@@ -602,6 +622,7 @@ def run(
                     engine.release(key)
                     movable.pop(key, None)
                     running.pop(key, None)
+                    first_end.pop(key, None)
                 used -= weight
                 for index, (job, claims) in list(waiting.items()):
                     if job.family == family and attempt(job, claims, now):
@@ -617,7 +638,7 @@ def run(
                 claims = waiting.pop(job.index)[1]  # type: ignore[union-attr]
                 held.pop(job.index, None)  # type: ignore[union-attr]
                 if not move_for(job, claims, now):  # type: ignore[arg-type]
-                    refuse(job)  # type: ignore[arg-type]
+                    refuse(job, claims, now)  # type: ignore[arg-type]
                 holding.pop(job.index, None)  # type: ignore[union-attr]
             if reserving and waiting:
                 reserve_for_waiting()
@@ -640,11 +661,56 @@ def run(
                 if reserving:
                     reserve_for_waiting()
             elif not move_for(job, claims, job.at):
-                refuse(job)
+                refuse(job, claims, job.at)
         result.utilization_samples.append(used / total_gpus)
     advance(float("inf"))  # what still waits is placed or refused
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _fits_unheld(engine: Engine, claims: list[ResourceClaim]) -> bool:
+    """Whether the claims would fit with every reservation, the held-node rules and kept-whole nodes
+    lifted; the engine is left as it was (what the try took is given back, keep_whole's clock paused)."""
+    placement = engine.placement
+    kinds = placement.kinds
+    reserved, rules, keep, factor = placement.reserved, placement.held_rules, kinds.keep, placement.keep_whole.factor
+    placement.reserve(0)
+    placement.held_rules, kinds.keep, placement.keep_whole.factor = False, None, 0.0
+    try:
+        outcomes = engine.allocate(claims)
+        for outcome in outcomes:
+            if outcome.status == "allocated":
+                engine.release(outcome.claim)
+    finally:
+        placement.reserve(reserved)
+        placement.held_rules, kinds.keep, placement.keep_whole.factor = rules, keep, factor
+    return all(o.status == "allocated" for o in outcomes)
+
+
+def _why_small(engine: Engine, job: Job, claims: list[ResourceClaim], by_node: dict[str, list], overhang: list[str]) -> str:
+    """The class (`SMALL_WHY`) of a small claim refused now; `overhang`: the moved claims running past
+    the end they had before their move (they hold their devices only because the move restarted them)."""
+    if _fits_unheld(engine, claims):
+        return "held"
+    wants = _wants(job)
+    free = {node: [sum(1 for r in recs if pred(r) and _free(engine, r)) for _, pred in wants] for node, recs in by_node.items()}
+
+    def somewhere(counts: dict[str, list[int]]) -> bool:
+        return any(all(c >= n for c, (n, _) in zip(row, wants)) for row in counts.values())
+
+    if overhang and not somewhere(free):
+        freed = {node: list(row) for node, row in free.items()}
+        for key in overhang:
+            allocation = engine.allocation_of(key)
+            for r in allocation.devices.results if allocation is not None else ():
+                rec = engine.inventory.by_key[(r.driver, r.pool, r.device)]
+                for i, (_, pred) in enumerate(wants):
+                    freed[rec.local_node][i] += bool(pred(rec))
+        if somewhere(freed):
+            return "restart_overhang"
+    if sum(row[0] for row in free.values()) < wants[0][0]:
+        return "family_full"
+    return "other" if somewhere(free) else "fragmented"
 
 
 def _why_fragmented(
@@ -707,8 +773,25 @@ def summary(r: Result) -> dict:
         "utilization_at_first_large_rejection": None if first is None else round(first, 4),
         "engine_seconds": round(r.engine_seconds, 3),
         "units_per_second": round(r.units / r.engine_seconds, 1) if r.engine_seconds else 0.0,
+        "small_claims_rejected_why": dict(r.small_why),
+        "small_claims_rejected_why_by_family": {f: dict(r.small_by_family[f]) for f in sorted(r.small_by_family)},
         "large_rejected_with_enough_free_gpus_why": r.fragmented,
     }
+
+
+def table_numbers(numbers: dict) -> dict:
+    """One policy's numbers for a table (the CLI without --json): the small-claim classes one row
+    each (`small_claims_rejected_why.family_full`, ...); the per-refusal descriptions and the
+    per-family classes are left to the JSON."""
+    out = {}
+    for key, value in numbers.items():
+        if key.endswith(("_why", "_by_family")) and key != "small_claims_rejected_why":
+            continue
+        if isinstance(value, dict):
+            out.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            out[key] = value
+    return out
 
 
 def policies(moves: bool = False) -> tuple[str, ...]:
@@ -775,6 +858,10 @@ def measure(
             "runs_with_large_rejected_with_enough_free_gpus": sum(1 for r in results if r.large_rejected_with_enough_free_gpus),
             "small_claims": sum(r.small_claims for r in results),
             "small_claims_rejected": sum(r.small_claims_rejected for r in results),
+            "small_claims_rejected_why": {why: sum(r.small_why[why] for r in results) for why in SMALL_WHY},
+            "small_claims_rejected_why_by_family": {
+                f: {why: sum(r.small_by_family.get(f, {}).get(why, 0) for r in results) for why in SMALL_WHY} for f in sorted(CAPACITY)
+            },
             "rejected": sum(r.rejected for r in results),
             "large_wait_p50_min": _minutes(percentile(waits, 50)),
             "large_wait_p99_min": _minutes(percentile(waits, 99)),

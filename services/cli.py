@@ -758,14 +758,15 @@ def bench_placement(
         _print_bench(result, True, "", [])
         return
     policies = module.policies(moves)
-    # the table shows numbers; the per-refusal descriptions (`*_why`) are in --json
-    keys = [k for k in result["runs"][0][policies[-1]] if not k.endswith("_why")] if result["runs"] else []
+    # the table shows numbers (module.table_numbers); the per-refusal descriptions are in --json
+    keys = list(module.table_numbers(result["runs"][0][policies[-1]])) if result["runs"] else []
     for run_ in result["runs"]:
         title = f"dralloc bench placement: seed {run_['seed']}, load {run_['load']} ({run_['units']} arrivals, {run_['large_claims']} large)"
-        _print_bench(run_, False, title, [(k, *(str(run_[p].get(k, "")) for p in policies)) for k in keys], policies)
+        cells = {p: module.table_numbers(run_[p]) for p in policies}
+        _print_bench(run_, False, title, [(k, *(str(cells[p].get(k, "")) for p in policies)) for k in keys], policies)
     totals = result["totals"]
-    total_keys = list(totals[policies[-1]])
-    rows = [(k, *(str(totals[p].get(k, "")) for p in policies)) for k in total_keys]
+    cells = {p: module.table_numbers(totals[p]) for p in policies}
+    rows = [(k, *(str(cells[p].get(k, "")) for p in policies)) for k in cells[policies[-1]]]
     # each of ours (dralloc, and with --moves its move policies) against each comparator, in our column
     comparators = ("kubernetes", "first_fit")
     for mine in (p for p in policies if p not in comparators):
