@@ -12,6 +12,7 @@ hears as releases.
 Outcomes per Pod:
 - 201: evicted; a Normal Event ``Evicted`` on the Pod says it was evicted by dralloc to make room
   for the waiting Pod;
+- a Pod the claim is not reserved for now (read from the cluster first): never evicted, logged;
 - 404 (gone already) or 409 (the uid precondition: another Pod of that name now): nothing to do;
 - 429 TooManyRequests (a PodDisruptionBudget forbids it now): not evicted. Logged, and a Warning
   Event ``EvictionRefused`` on the waiting Pod names the refusal. Never retried here (the event is
@@ -31,6 +32,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from dralloc.kube import body_of, describe
 from dralloc.schemas import events as ev
+from dralloc.schemas.resource import ResourceClaim
 from dralloc.statuswriter.kube_events import EventRecorder, Involved
 
 log = logging.getLogger("dralloc.statuswriter.evictions")
@@ -83,15 +85,25 @@ class Evictor:
     events: EventRecorder
     pod_of: Callable[[str, str], Awaitable[Involved | None]]
     """The waiting Pod as an Event's object (its uid), None when it is gone."""
+    read_claim: Callable[[str, str], Awaitable[ResourceClaim | None]]
+    """The claim as the cluster holds it now (None: gone)."""
     classify: Callable[[ApiException], Exception]
 
     async def evict(self, request: ev.EvictionRequested) -> list[Evicted]:
-        """Evict each Pod of the request; returns what became of each."""
+        """Evict each Pod of the request that the claim, as the cluster holds it now, is still reserved
+        for (a request names nothing else: not a Pod that stopped using it, not a claim re-created
+        since, not a Pod of some other workload); returns what became of each Pod named."""
+        claim = await self.read_claim(request.namespace, request.name)
+        if claim is None or (request.uid and claim.metadata.uid != request.uid):
+            return [Evicted(f"{request.namespace}/{ref.name}", "gone", "its claim is gone") for ref in request.pods]
+        consumers = {r.uid for r in (claim.status.reserved_for if claim.status is not None else []) if r.resource == "pods" and not r.api_group}
         core = CoreV1Api(await self.api())
         out = []
         for ref in request.pods:
-            if ref.resource != "pods" or ref.api_group:
-                continue  # (the allocator names only Pods: anything else is not evicted)
+            if ref.resource != "pods" or ref.api_group or ref.uid not in consumers:
+                log.warning("%s: %s %s is not a Pod the claim is reserved for: not evicted", request.key, ref.resource, ref.name)
+                out.append(Evicted(f"{request.namespace}/{ref.name}", "skipped", "not a consumer of the claim"))
+                continue
             out.append(await self._one(core, request, ref.name, ref.uid))
         return out
 

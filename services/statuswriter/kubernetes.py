@@ -140,7 +140,7 @@ class KubernetesSink:
         self._foreign: set[str] = set()
         """uids of claims found allocated by someone else: their allocation is never cleared here."""
         self.events = EventRecorder(self._made_client)
-        self.evictor = Evictor(self._client, self.events, self._pod, _classify)
+        self.evictor = Evictor(self._client, self.events, self._pod, self._read, _classify)
 
     async def close(self) -> None:
         if self._api is not None and self._owns_api:

@@ -307,3 +307,34 @@ async def test_the_local_store_ignores_an_eviction_request_and_the_stream_takes_
     assert await read_all(kv) == []
     assert streamcheck.misplaced("ALLOCATIONS", request.subject, ev.decode(ev.encode(request))) is None
     assert streamcheck.misplaced("ALLOCATIONS", ev.subject("allocations", NS, "c"), request) is not None  # not as the claim's decision
+
+
+async def test_the_status_writer_evicts_only_pods_the_claim_is_still_reserved_for(apiserver: ApiServer, api: ApiClient) -> None:
+    """Zero trust: a request naming a Pod that does not use the claim (or a claim gone, or re-created)
+    evicts nothing; one naming its consumer evicts it and says so on it."""
+    user, bystander = apiserver.apply(a_pod("user", phase="Running")), apiserver.apply(a_pod("bystander", phase="Running"))
+    ref = ResourceClaimConsumerReference(resource="pods", name="user", uid=user["metadata"]["uid"])
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
+    claim = apiserver.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": NS},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": allocation, "reservedFor": [{"resource": "pods", "name": "user", "uid": ref.uid}]},
+        }
+    )
+    sink = KubernetesSink(api=api)
+
+    def request(*pods: ResourceClaimConsumerReference, uid: str = claim["metadata"]["uid"]) -> ev.EvictionRequested:
+        return ev.EvictionRequested(namespace=NS, name="c", uid=uid, pods=list(pods), for_namespace=NS, for_pod="big", node="node-0")
+
+    stranger = ResourceClaimConsumerReference(resource="pods", name="bystander", uid=bystander["metadata"]["uid"])
+    assert [e.outcome for e in await sink.evictor.evict(request(stranger))] == ["skipped"]
+    assert [e.outcome for e in await sink.evictor.evict(request(ref, uid="another-claim"))] == ["gone"]
+    assert evictions(apiserver) == [] and apiserver.read("pods", NS, "bystander") is not None
+    assert [e.outcome for e in await sink.evictor.evict(request(ref))] == ["evicted"]
+    assert apiserver.read("pods", NS, "user") is None and apiserver.read("pods", NS, "bystander") is not None
+    (event,) = events_about(apiserver, "user", EVICTED)
+    assert event["involvedObject"]["uid"] == ref.uid and "to make room for Pod ml/big on node node-0" in event["message"]
+    assert [e.outcome for e in await sink.evictor.evict(request(ref))] == ["gone"]  # redelivered: 404, fine
