@@ -36,7 +36,13 @@ def _mig_slice(node: str) -> ResourceSlice:
         {"name": "gpu-0-mig-0", "attributes": {"type": {"string": "mig"}}, "consumesCounters": half},
         {"name": "gpu-0-mig-1", "attributes": {"type": {"string": "mig"}}, "consumesCounters": half},
     ]
-    spec = {"driver": DRIVER, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "nodeName": node, "devices": devices, "sharedCounters": counters}
+    spec = {
+        "driver": DRIVER,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "nodeName": node,
+        "devices": devices,
+        "sharedCounters": counters,
+    }
     return msgspec.convert({"metadata": {"name": f"{node}-gpus"}, "spec": spec}, ResourceSlice)
 
 
