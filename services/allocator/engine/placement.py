@@ -447,33 +447,26 @@ class Placement:
 
         if whole:
             for part in each_part():
-                yield from self._buckets(part ^ (part & whole), free_ge, need, with_none=False)
+                yield from self._buckets(part ^ (part & whole), free_ge, free, need, with_none=False)
             for part in each_part():
-                yield from self._buckets(part & whole, free_ge, need, with_none=False)
+                yield from self._buckets(part & whole, free_ge, free, need, with_none=False)
             rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
             yield from self._known(rest)
             return
         for part in each_part():
-            yield from self._buckets(part, free_ge, need)
+            yield from self._buckets(part, free_ge, free, need)
 
-    def _buckets(self, viable: int, free_ge: list[int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
+    def _buckets(self, viable: int, free_ge: list[int], free: dict[str, int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
-        the nodes with at least k free) in `_hole_order(need)`, then the most claims holding
-        devices there (`KindIndex.by_claims`), then rank; lazily. `with_none`: then the nodes
-        with none free (they may still have shared devices)."""
+        the nodes with at least k free, `free` their counts by node) in `_hole_order(need)`, then
+        the most claims holding devices there (`KindIndex.by_claims`), then rank; lazily.
+        `with_none`: then the nodes with none free (they may still have shared devices)."""
         top = len(free_ge)
         by_claims, by_claims_first = self.kinds.by_claims, self.kinds.most_claims_first
         # the nodes with a free device not yielded yet: the buckets stop once it is empty (each
         # is one bitset operation as wide as the fleet's ranks, per part of the walk)
         left = viable & free_ge[1] if top > 1 else 0
-        for k in _hole_order(need, top):  # lazily: the first bucket usually holds the node taken
-            if not left:
-                break
-            at_least = left & free_ge[k]
-            if not at_least:
-                continue
-            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
-            left ^= bucket
+        for bucket in self._each_bucket(left, free_ge, free, need):  # lazily: the first bucket usually holds the node taken
             # equally full: the node with the most claims first. It drains last anyway (every claim
             # on it must leave before it is whole again), so one more claim there delays a whole
             # node least; a node with few claims is the next to become whole for a large claim.
@@ -487,6 +480,33 @@ class Placement:
             yield from self._lowest_first(bucket)
         if with_none:
             yield from self._known(viable & ~(free_ge[1] if top > 1 else 0))
+
+    def _each_bucket(self, left: int, free_ge: list[int], free: dict[str, int], need: int) -> Iterator[int]:
+        """The ranks of `left` with exactly k free, for each k with such a node, in
+        `_hole_order(need)`, lazily. Counts reach the hundreds for MIG slices (a node's 400
+        partitions are devices of one kind): with fewer nodes than counts to scan, the nodes'
+        own counts (`free`, by name) are grouped instead of one bitset test per count."""
+        top = len(free_ge)
+        order = _hole_order(need, top)
+        if left.bit_count() * 4 < len(order):
+            names = self.inv.node_names
+            groups: dict[int, int] = {}
+            for rank in iter_bits(left):
+                k = free[names[rank]]
+                groups[k] = groups.get(k, 0) | (1 << rank)
+            place = _hole_place(need, top)
+            for k in sorted(groups, key=place.__getitem__):
+                yield groups[k]
+            return
+        for k in order:
+            if not left:
+                return
+            at_least = left & free_ge[k]
+            if not at_least:
+                continue
+            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
+            left ^= bucket
+            yield bucket
 
     def _lowest_first(self, ranks: int) -> Iterator[int]:
         """The known node ranks of `ranks`, lowest first, lazily (the first node usually fits)."""
@@ -1128,6 +1148,18 @@ def _hole_order(need: int, top: int) -> tuple[int, ...]:
         fits = sorted(range(max(1, need), top), key=lambda k: ((k - need) & (k - need - 1) != 0, k))
         order = _HOLE_ORDERS[key] = (*fits, *range(1, min(need, top)))
     return order
+
+
+_HOLE_PLACES: dict[tuple[int, int], dict[int, int]] = {}
+
+
+def _hole_place(need: int, top: int) -> dict[int, int]:
+    """Each free count of `_hole_order(need, top)` -> its place in that order."""
+    key = (need, top)
+    place = _HOLE_PLACES.get(key)
+    if place is None:
+        place = _HOLE_PLACES[key] = {k: i for i, k in enumerate(_hole_order(need, top))}
+    return place
 
 
 def _demand(plans: list[ClaimPlan]) -> Demand:
