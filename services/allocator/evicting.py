@@ -8,7 +8,8 @@ the claims in its way: it chooses those claims with the same planner (`Engine.pl
 fewest claims, each of which could be placed elsewhere right now, so their Pods' new copies have
 room), and instead of committing new devices for them it writes one `EvictionRequested` per claim
 (its Pods, from ``reservedFor``; the Pod it makes room for; the node). The waiting Pod keeps
-waiting: the status writer evicts through the Eviction API (statuswriter/evictions.py), the
+waiting, the devices it would get there held for it meanwhile as a reservation is
+(`Reservations.evicting`: other claims take them last): the status writer evicts through the Eviction API (statuswriter/evictions.py), the
 cluster deallocates or deletes the evicted Pods' claims, the ingestor reports it, the allocator
 releases them and tries the waiting Pod again; their controllers' new Pods are placed as any other.
 
@@ -49,6 +50,8 @@ class InFlight:
     node: str
     since: float
     note: str
+    devices: int = 0
+    """The devices the planner would give the Pod there (a bitset of engine ids), held for it meanwhile."""
 
 
 @dataclass(slots=True)
@@ -72,10 +75,20 @@ class Evictions:
             held = any((c := book.committed.get(k)) is not None and c.uid == uid for k, uid in found.claims.items())
             if pod not in book.pods or not held or now - found.since >= EVICTION_PATIENCE:
                 del self.inflight[pod]
+                self._hold(book, pod, 0)
 
-    def refused(self, pod: str) -> None:
-        """The requests were not stored: nothing is in flight for the Pod."""
+    def _hold(self, book: Decisions, pod: str, devices: int) -> None:
+        """Hold `devices` for `pod` (0: nothing) as reservations are held: other claims take them last."""
+        if devices:
+            book.reservations.evicting[pod] = devices
+        elif book.reservations.evicting.pop(pod, None) is None:
+            return
+        book.engine.reserve(book.reservations.others(""))
+
+    def refused(self, book: Decisions, pod: str) -> None:
+        """The requests were not stored: nothing is in flight for the Pod, nothing held for it."""
         self.inflight.pop(pod, None)
+        self._hold(book, pod, 0)
 
 
 def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] | None:
@@ -142,5 +155,12 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
         f"; with moves on, dralloc asked to evict Pod(s) {names} (claim(s) {', '.join(r.key for r in requests)}) "
         f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
     )
-    evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note)
+    inv = book.engine.inventory
+    devices = 0
+    for record in plan.placed:
+        for entry in record.entries:
+            if (rec := inv.by_key.get(entry.device)) is not None:
+                devices |= 1 << rec.id
+    evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices)
+    evictions._hold(book, pod_key, devices)
     return requests

@@ -75,6 +75,9 @@ class Reservations:
         """Claim key -> `reservedUntil` of its last failure in ALLOCATIONS (a wait begun by an earlier term)."""
         self.problems: dict[str, str] = {}
         """Claim key -> why its max-wait annotation was not used (told in its failure message)."""
+        self.evicting: dict[str, int] = {}
+        """Pod key -> the devices held for it while the Pods in its way are evicted (evicting.py); kept
+        apart from `held` (which `plan` makes anew), counted by `others` as any reservation."""
 
     def max_wait(self, claim: ResourceClaim) -> float:
         """Seconds the claim may hold a reservation (its annotation, else the default)."""
@@ -101,6 +104,9 @@ class Reservations:
         for key, reservation in self.held.items():
             if key != unit:
                 bits |= reservation.devices
+        for key, devices in self.evicting.items():
+            if key != unit:
+                bits |= devices
         return bits
 
     def plan(self, units: list[Unit], now: float) -> list[str]:

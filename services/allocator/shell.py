@@ -301,7 +301,7 @@ class Allocator:
             try:
                 await (await self.fence.send_batch(list(evictions), began))
             except BaseException:
-                self.book.evictions.refused(step.pod)
+                self.book.evictions.refused(self.book, step.pod)
                 raise
         if not plan.batch:
             return

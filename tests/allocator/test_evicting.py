@@ -75,6 +75,12 @@ def test_the_pods_on_the_node_the_planner_empties_are_asked_to_go_once_while_in_
     assert "dralloc asked to evict Pod(s)" in failure.message and f"on node {node}" in failure.message
     # After the patience, it may be asked again (the Pods are still there: a budget refused).
     assert len(evicting.decide(book, "ml/big", 1000.0 + evicting.EVICTION_PATIENCE)) == 2
+    # The devices it would get there are held for it meanwhile: a newcomer goes to the other node
+    # (4 GPUs free on each: without the hold, the lower rank would take it).
+    assert book.reservations.evicting["ml/big"]
+    _, newcomer = book.allocate(claim("newcomer", 2))
+    assert newcomer is not None and newcomer.node != node
+    book.commit_written(newcomer)
 
 
 def test_once_the_evicted_claims_are_released_the_pod_fits_and_nothing_is_in_flight() -> None:
@@ -89,6 +95,7 @@ def test_once_the_evicted_claims_are_released_the_pod_fits_and_nothing_is_in_fli
     assert [c.node for c in commits] == [requests[0].node]
     book.evictions.settle(book, 1001.0)
     assert book.evictions.inflight == {} and book.evictions.note("ml/big") == ""
+    assert book.reservations.evicting == {} and book.reservations.others("") == 0  # nothing held any more
 
 
 def test_only_claims_reserved_for_pods_are_evicted() -> None:
