@@ -283,6 +283,7 @@ class Decisions:
         """Reserve for the large claims and complete gangs that wait (reservations.py), oldest first,
         at time `now` (seconds since the epoch); returns the failures to write again for the claims
         whose reservation began, moved or ended. The engine holds every reservation until the next call."""
+        self.evictions.settle(self, now)  # (what a Pod placed or gone held while its evictions ran ends here)
         units: list[Unit] = []
         gangs: set[str] = set()
         for key, claim in self.waiting.items():

@@ -146,3 +146,13 @@ async def test_an_eviction_request_in_allocations_is_no_decision_for_a_successor
     assert full.snapshots.loaded_from == "full"
     assert state(through_snapshot) == state(full) == state(leader)
     assert set(full.committed) == {"ml/c0", "ml/c1"}
+
+
+def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
+    book = book_over(TWO_NODES)
+    scattered(book)
+    waiting_big(book)
+    assert evicting.decide(book, "ml/big", 1000.0)
+    book.pod_deleted("ml/big", "")  # gone (or placed) while its evictions ran
+    book.reserve_waiting(1001.0)
+    assert book.evictions.inflight == {} and book.reservations.evicting == {}
