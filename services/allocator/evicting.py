@@ -26,6 +26,7 @@ for another Pod are evicted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReferen
 
 if TYPE_CHECKING:
     from dralloc.allocator.decisions import Decisions
+    from dralloc.allocator.engine import Engine
 
 EVICTION_PATIENCE = 300.0
 """Seconds an eviction stays in flight (nothing more evicted for its Pod) while its claims are held:
@@ -99,17 +101,47 @@ def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] 
     return list(refs)
 
 
-def movable(book: Decisions, unit: ResourceClaim, busy: set[str]) -> dict[str, ResourceClaim]:
-    """The committed claims whose Pods may be evicted for `unit` (see the module docstring), by key."""
+def evictable(unit: ResourceClaim, claims: Iterable[ResourceClaim]) -> dict[str, ResourceClaim]:
+    """Of `claims` (allocated), those whose Pods may be evicted for `unit`, by key: reserved only for
+    Pods, not in a gang, smaller than it, not its own."""
     least = claim_demand(unit)
     out = {}
-    for key, commit in book.committed.items():
-        claim = commit.claim
-        if key == unit.key or key in busy or commit.allocation is None or gang_of(claim) is not None:
-            continue
-        if pod_consumers(claim) is not None and claim_demand(claim) < least:
-            out[key] = claim
+    for claim in claims:
+        if claim.key != unit.key and gang_of(claim) is None and pod_consumers(claim) is not None and claim_demand(claim) < least:
+            out[claim.key] = claim
     return out
+
+
+def movable(book: Decisions, unit: ResourceClaim, busy: set[str]) -> dict[str, ResourceClaim]:
+    """The committed claims whose Pods may be evicted for `unit` (`evictable`), but those being
+    evicted for another Pod (`busy`), by key."""
+    return evictable(unit, (c.claim for k, c in book.committed.items() if k not in busy and c.allocation is not None))
+
+
+def served(engine: Engine, claims: Sequence[ResourceClaim]) -> bool:
+    """Whether a Pod whose claims still to place are `claims` is one evictions serve: one claim, not
+    a gang member, large (it takes a whole node; a small claim fits in holes)."""
+    if len(claims) != 1:
+        return False
+    gang = gang_of(claims[0])
+    return (gang is None or gang[1] <= 1) and bool(reservation_for(engine, list(claims)))
+
+
+def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim]) -> list[str]:
+    """For `dralloc explain` of a Pod that does not fit (its claims still to place: `unit`): the
+    evictions the allocator would ask for with moves on, among the allocated `candidates`; [] for none."""
+    if not served(engine, unit):
+        return []
+    plan = engine.plan_moves(list(unit), evictable(unit[0], candidates))
+    if plan is None:
+        return []
+    by_key = {c.key: c for c in candidates}
+    pods = [f"{(c.metadata.namespace or 'default')}/{p.name}" for m in plan.moves for c in [by_key[m.claim]] for p in pod_consumers(c) or []]
+    return [
+        f"with moves on (DRALLOC_ALLOCATOR_MOVES), the allocator would ask to evict Pod(s) {', '.join(pods)} "
+        f"(claim(s) {', '.join(m.claim for m in plan.moves)}; each restarts elsewhere) to make room on node {', '.join(plan.target)}; "
+        "a PodDisruptionBudget may refuse"
+    ]
 
 
 def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequested]:
@@ -125,9 +157,8 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     if any(k in book.committed for k in keys) or len(keys) != 1 or keys[0] not in book.unused:
         return []  # one claim, none placed (a Pod's claims share a node: moves.py plans for one claim or a gang)
     claim = book.unused[keys[0]]
-    gang = gang_of(claim)
-    if (gang is not None and gang[1] > 1) or not reservation_for(book.engine, [claim]):
-        return []  # a gang's member, or small (a small claim fits in holes)
+    if not served(book.engine, [claim]):
+        return []
     plan = book.engine.plan_moves([claim], movable(book, claim, evictions.busy()))
     if plan is None:
         return []

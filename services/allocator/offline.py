@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dralloc.allocator import moving
+from dralloc.allocator import evicting, moving
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.explanations import Explanation
 from dralloc.allocator.engine.gang import allocate_gang, gang_of, reservation_for
@@ -203,6 +203,8 @@ def allocate_objects(
             _note_holders(result, outcomes, explain)
             if explain and node is None and unit.pod is None:
                 _note_moves(engine, unit, outcomes, result.outcomes, pending, objects)
+            elif explain and node is None and unit.pod is not None:
+                _note_evictions(engine, unit, outcomes, objects)
             result.outcomes += outcomes
     if not loaded.nodes:
         for outcome in result.outcomes:
@@ -235,6 +237,20 @@ def _note_moves(
     came = [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
     placed = [pending[o.claim] for o in before if o.status == "allocated" and o.claim in pending]
     notes = moving.describe(engine, unit.claims, [*came, *placed], unit.gang[2] if unit.gang is not None else None)
+    for outcome in outcomes:
+        if notes and outcome.status == "unsatisfiable":
+            outcome.explanation = outcome.explanation or Explanation()
+            outcome.explanation.notes += notes
+
+
+def _note_evictions(engine: Engine, unit: _Unit, outcomes: Sequence[Outcome], objects: Sequence[tuple[Source, Object]]) -> None:
+    """A large Pod that does not fit: the evictions the allocator would ask for with moves on
+    (evicting.py), among the claims that came allocated and reserved for Pods (`status.reservedFor`:
+    as the cluster shows them)."""
+    if not any(o.status == "unsatisfiable" for o in outcomes):
+        return
+    came = [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
+    notes = evicting.describe(engine, [c for c in unit.claims if c.key not in engine.ledger.claims], came)
     for outcome in outcomes:
         if notes and outcome.status == "unsatisfiable":
             outcome.explanation = outcome.explanation or Explanation()
