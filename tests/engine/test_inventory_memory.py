@@ -150,3 +150,55 @@ def test_node_bits_equal_the_node_mask_without_sorting_ids():
     inv.apply_slice(shared)  # a device local to no node: every node's mask has it
     for name in names:
         assert inv.node_bits(name) == inv.node_mask(name)[0] != inv.local.get(name)
+
+
+def _gpu_slice(node: str, uuids: list[str], *, numa: dict | None = None) -> ResourceSlice:
+    """A node's GPUs as a decoded slice (every value a fresh object, as off the bus)."""
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "productName": {"string": "NVIDIA H100"},
+                "uuid": {"string": uuid},
+                "numa": numa if numa is not None else {"int": i // 2},
+                "driverVersion": {"version": "550.54.15"},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+        for i, uuid in enumerate(uuids)
+    ]
+    spec = {"driver": "gpu.example.com", "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "nodeName": node, "devices": devices}
+    return msgspec.json.decode(msgspec.json.encode({"metadata": {"name": f"{node}-gpus"}, "spec": spec}), type=ResourceSlice)
+
+
+def test_namesakes_share_equal_attribute_values_names_and_capacity_maps_and_stay_equal():
+    slices = [_gpu_slice(f"node-{n}", [f"GPU-{n}-{i}" for i in range(4)]) for n in range(3)]
+    before = [msgspec.json.encode(s) for s in slices]
+    inv = Inventory()
+    for s in slices:
+        inv.apply_slice(s)
+    first, *rest = (s.spec.devices for s in slices)
+    for devices in rest:
+        for mine, theirs in zip(devices, first):
+            assert mine.name is theirs.name and mine.capacity is theirs.capacity
+            for key in ("productName", "numa", "driverVersion"):
+                assert mine.attributes[key] is theirs.attributes[key]
+            assert mine.attributes["uuid"] is not theirs.attributes["uuid"]  # unequal values stay apart
+    assert first[0].attributes["numa"] is not first[2].attributes["numa"]  # numa 0 and 1
+    assert [msgspec.json.encode(s) for s in slices] == before
+    recs = {rec.label: rec for rec in inv.devices if rec is not None}
+    assert recs["gpu.example.com/node-2/gpu-3"].attribute("gpu.example.com/uuid") == ("string", "GPU-2-3")
+    assert recs["gpu.example.com/node-2/gpu-3"].attribute("numa") == ("int", 1)
+
+
+def test_values_of_different_kinds_are_never_merged():
+    inv = Inventory()
+    as_int = _gpu_slice("node-a", ["a"], numa={"int": 1})
+    as_bool = _gpu_slice("node-b", ["b"], numa={"bool": True})
+    two_set = _gpu_slice("node-c", ["c"], numa={"int": 1, "bool": True})  # hostile: two fields
+    for s in (as_int, as_bool, two_set):
+        inv.apply_slice(s)
+    got = [s.spec.devices[0].attributes["numa"] for s in (as_int, as_bool, two_set)]
+    assert len({id(a) for a in got}) == 3
+    assert (got[0].int, got[0].bool) == (1, None) and (got[1].int, got[1].bool) == (None, True)
+    assert (got[2].int, got[2].bool) == (1, True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from dralloc.allocator.engine.repeats import Repeats
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
     Device,
@@ -388,6 +389,7 @@ class Inventory:
         (a node's bitset is as long as the fleet's highest id: one per node would grow with nodes x devices)."""
         self._next_id = 0
         self.attribute_memo = AttributeMemo()
+        self.repeats = Repeats()  # one instance of each repeated attribute value and capacity map
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
         self.taint_rules: dict[str, DeviceTaintRule] = {}
@@ -528,11 +530,13 @@ class Inventory:
 
     def apply_slice(self, slice_: ResourceSlice) -> list[str]:
         """Add or replace a slice and rebuild its pool (and the pool it left); the problems found.
-        The slice is the inventory's from then on (`share_empty_lists` rewrites its devices)."""
+        The slice is the inventory's from then on (`share_empty_lists` and `Repeats.share` rewrite
+        its devices' fields with equal, shared instances)."""
         name = slice_.metadata.name
         old = self.slices.get(name)
         self.slices[name] = slice_
         share_empty_lists(slice_)
+        self.repeats.share(slice_)
         keys = {(slice_.spec.driver, slice_.spec.pool.name)}
         if old is not None:
             keys.add((old.spec.driver, old.spec.pool.name))
