@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -120,7 +121,8 @@ class AllocatorMetrics:
         self.view = FleetReadings()
         """What the exporter thread reads: replaced whole (one reference) by `observed`, never changed."""
         self._view_at = -FRESH_S
-        self._source: tuple[Callable[[], Coroutine[Any, Any, None]], asyncio.AbstractEventLoop] | None = None
+        self._source: tuple[Callable[[], Callable[[], Coroutine[Any, Any, None]] | None], asyncio.AbstractEventLoop] | None = None
+        """(the observer, held weakly: see `watch`; its loop)."""
         self._asked: asyncio.Future[None] | None = None
         meter.create_observable_gauge("dralloc.devices.reserved", [self._observe_reserved], description="devices held for a large claim or gang that waits")
         meter.create_observable_gauge("dralloc.devices.allocated", [self._observe_allocated], description="devices held by committed claims")
@@ -138,8 +140,12 @@ class AllocatorMetrics:
         self._held.clear()
 
     def watch(self, observe: Callable[[], Coroutine[Any, Any, None]], loop: asyncio.AbstractEventLoop) -> None:
-        """The leading allocator: `observe()`, run on `loop`, takes a snapshot and calls `observed`."""
-        self._source = (observe, loop)
+        """The leading allocator: `observe()`, run on `loop`, takes a snapshot and calls `observed`.
+        A bound method is held weakly: an ended term's allocator, and its engine (a fleet's memory),
+        must not live on in the gauges until the next term watches (#17 item 4)."""
+        held: Callable[[], Callable[[], Coroutine[Any, Any, None]] | None]
+        held = weakref.WeakMethod(observe) if hasattr(observe, "__self__") else (lambda: observe)
+        self._source = (held, loop)
 
     def observed(self, snapshot: EngineSnapshot, reserved: Mapping[str, int]) -> None:
         """The owner of the engine hands over a snapshot of it (taken with ``fleet=True``) and its devices
@@ -152,8 +158,9 @@ class AllocatorMetrics:
         source = self._source
         if source is None or time.monotonic() - self._view_at < FRESH_S:
             return self.view
-        observe, loop = source
-        if loop.is_closed():  # the term's loop is gone (a standby, or a test's): its last view stands
+        held, loop = source
+        observe = held()
+        if observe is None or loop.is_closed():  # the term's allocator or loop is gone (a standby, or a test's): its last view stands
             return self.view
         try:
             on_loop = asyncio.get_running_loop() is loop

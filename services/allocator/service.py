@@ -38,7 +38,7 @@ from dralloc.allocator import leader
 from dralloc.allocator.catchup import InventoryMark
 from dralloc.allocator.config import Config
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.memory import freeze_long_lived
+from dralloc.allocator.engine.memory import freeze_long_lived, release_term
 from dralloc.allocator.fence import Fenced
 from dralloc.allocator.shell import Allocator
 from dralloc.bus import Bus, report_lag
@@ -66,6 +66,9 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
                 await asyncio.sleep(0.2)
             else:
                 log.info("allocator: term of epoch %d ended", lease.epoch)
+            del allocator  # the term's engine is garbage now, but frozen (cyclic: only the collector frees it)
+            if not stop.is_set():  # (on the way out the process's end frees it)
+                release_term()
     finally:
         await lease.resign()
 
