@@ -113,6 +113,20 @@ def test_frontier_fleet_is_31250_nodes_with_nvl72_racks():
     assert small.extra == {"nodes": 40} and small.seed == 7
 
 
+def test_the_frontier_fleet_is_built_as_it_is_loaded_the_same_objects_in_the_same_order():
+    import msgspec
+
+    pairs = W.frontier_fleet(40)
+    eager, gpus = W._profile_objects(pairs)
+    lazy = W.frontier(nodes=40).objects
+    assert isinstance(lazy, W.LazyFleet) and lazy.gpus == gpus
+    first = list(lazy)
+    assert [msgspec.json.encode(o) for o in first] == [msgspec.json.encode(o) for o in eager]
+    assert lazy.build_s > 0 and lazy.build_cpu_s > 0  # (taken out of the cold start by `measure`)
+    again = list(lazy)  # each pass builds afresh: the engine owns (and rewrites) what it was given
+    assert len(again) == len(first) and all(a is not b for a, b in zip(again, first))
+
+
 def test_scale_sizes_parse_and_refuse_nonsense():
     assert W.parse_sizes("10k, 50k,250000") == [10_000, 50_000, 250_000]
     for bad in ("10x", "", "5", "2000k"):
