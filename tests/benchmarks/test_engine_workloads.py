@@ -127,6 +127,17 @@ def test_the_frontier_fleet_is_built_as_it_is_loaded_the_same_objects_in_the_sam
     assert len(again) == len(first) and all(a is not b for a, b in zip(again, first))
 
 
+def test_measure_drops_the_frontier_claims_it_has_decided_and_still_counts_them():
+    small = W.frontier(nodes=19, seed=5)
+    count = len(small.claims)
+    result = W.measure("frontier-250k", seed=5, workload=small)
+    assert result["claims"] == count == result["allocated"] + result["unsatisfiable"] + result["errors"]
+    assert small.claims == [None] * count  # the bench keeps no decided claim (the peak RSS is the engine's)
+    churn = W.churn_mixed(arrivals=50, seed=3)
+    W.measure("churn-mixed", seed=3, workload=churn)
+    assert all(c is not None for c in churn.claims)  # other workloads keep theirs
+
+
 def test_scale_sizes_parse_and_refuse_nonsense():
     assert W.parse_sizes("10k, 50k,250000") == [10_000, 50_000, 250_000]
     for bad in ("10x", "", "5", "2000k"):
