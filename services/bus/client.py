@@ -11,7 +11,7 @@ import itertools
 import logging
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -58,6 +58,23 @@ SWEEP_S = 0.25
 
 INITIAL_REFUSALS = 3
 """Refused connections (about a second) before `Bus.connect` gives up on a first connection."""
+
+
+class _Inline:
+    """What nats-py takes for a request's future (`subscribe(future=)`), handing each message to
+    `deliver` at once, in the connection's reader: nats-py (pinned below 3) delivers a message to
+    a subscription that has a future with ``future.set_result(msg)`` right where it reads it,
+    where a subscription with a callback queues it for a task of its own that wakes once per
+    message (a tenth of the cost of an ack, for every `Bus.send`). `deliver` must not raise or
+    block: it runs inside the reader."""
+
+    __slots__ = ("set_result",)
+
+    def __init__(self, deliver: Callable[[Msg], None]) -> None:
+        self.set_result = deliver
+
+    def cancelled(self) -> bool:
+        return False
 
 
 class Bus:
@@ -276,10 +293,11 @@ class Bus:
         # raises the server's error instead of handing it to the waiting future). The ack is a bare
         # future settled by `_on_reply`, given up on by one timer for all of them (`_sweep`): no task,
         # wait_for or timer per message (at thousands of messages a second those were a visible
-        # share of a service's CPU).
+        # share of a service's CPU). The answers are handed to `_on_reply` by nats-py's reader as
+        # they are read (`_Inline`), not through a subscription task woken per answer.
         if not self._reply_prefix:
             self._reply_prefix = self._nc.new_inbox()
-            await self._nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_reply)
+            await self._nc.subscribe(f"{self._reply_prefix}.*", future=_Inline(self._on_reply))  # type: ignore[arg-type]  # (see _Inline)
         token = str(next(self._reply_tokens))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[PubAck] = loop.create_future()
@@ -305,7 +323,8 @@ class Bus:
                 future.set_exception(TimeoutError(f"no answer from JetStream within {timeout:g}s"))
         self._sweeping = loop.call_later(SWEEP_S, self._sweep) if self._replies else None
 
-    async def _on_reply(self, msg: Msg) -> None:
+    def _on_reply(self, msg: Msg) -> None:
+        """One of `send`'s answers, in nats-py's reader: its ack settled (never raises)."""
         pending = self._replies.pop(msg.subject.rpartition(".")[2], None)
         if pending is None:
             return
