@@ -202,3 +202,33 @@ def test_values_of_different_kinds_are_never_merged():
     assert len({id(a) for a in got}) == 3
     assert (got[0].int, got[0].bool) == (1, None) and (got[1].int, got[1].bool) == (None, True)
     assert (got[2].int, got[2].bool) == (1, True)
+
+
+def test_a_pools_slice_names_are_kept_compactly_and_exactly_for_few_and_many_slices():
+    def part(i: int, count: int) -> ResourceSlice:
+        spec = {
+            "driver": "gpu.example.com",
+            "pool": {"name": "big", "generation": 1, "resourceSliceCount": count},
+            "nodeName": "node-a",
+            "devices": [{"name": f"dev-{i}"}],
+        }
+        return msgspec.convert({"metadata": {"name": f"big-{i}"}, "spec": spec}, ResourceSlice)
+
+    inv = Inventory()
+    inv.apply_slice(_slice("small", "node-b", 2))
+    assert inv._pool_slices[("gpu.example.com", "node-b")] == ("small",)  # a tuple, not a set
+    for i in range(12):  # past POOL_NAMES_IN_TUPLE: a set from then on
+        if i:  # incomplete until the twelfth
+            assert not inv.pools[("gpu.example.com", "big")].usable
+        inv.apply_slice(part(i, 12))
+    pool = inv.pools[("gpu.example.com", "big")]
+    assert pool.usable and len(pool.devices) == 12 and set(inv._pool_slices[("gpu.example.com", "big")]) == {f"big-{i}" for i in range(12)}
+    inv.apply_slice(part(3, 12))  # replaced by itself: still one name
+    assert len(inv._pool_slices[("gpu.example.com", "big")]) == 12
+    for i in range(12):
+        inv.remove_slice(f"big-{i}")
+        if i < 11:
+            assert not inv.pools[("gpu.example.com", "big")].usable
+    assert ("gpu.example.com", "big") not in inv._pool_slices and ("gpu.example.com", "big") not in inv.pools
+    inv.remove_slice("small")
+    assert not inv._pool_slices
