@@ -57,9 +57,9 @@ def test_a_node_publishing_two_slices_gets_its_topology_built_once(monkeypatch):
     built: list[str] = []
     real = topology.build_node
 
-    def counting(node, recs, stamp, shapes=None):  # type: ignore[no-untyped-def]
+    def counting(node, recs, stamp, shapes=None, last_names=None):  # type: ignore[no-untyped-def]
         built.append(node)
-        return real(node, recs, stamp, shapes)
+        return real(node, recs, stamp, shapes, last_names)
 
     monkeypatch.setattr(topology, "build_node", counting)
     engine = Engine()  # scoring on: topologies are built as pools change
@@ -232,3 +232,29 @@ def test_a_pools_slice_names_are_kept_compactly_and_exactly_for_few_and_many_sli
     assert ("gpu.example.com", "big") not in inv._pool_slices and ("gpu.example.com", "big") not in inv.pools
     inv.remove_slice("small")
     assert not inv._pool_slices
+
+
+def test_nodes_of_one_profile_share_the_group_names_that_are_alike_and_keep_their_own():
+    from dralloc.discovery.fleet import build_fleet, fleet_nodes
+
+    fleet = [{"profile": "h100-sxm", "count": 3, "prefix": "node"}]
+    built = []
+    for sharing in (True, False):
+        engine = Engine()
+        for node in fleet_nodes(fleet):
+            engine.apply(node)
+        for _, slices in build_fleet(fleet):
+            for slice_ in slices:
+                engine.apply(slice_)
+        topo = engine.placement.topology
+        if not sharing:
+            topo._last_names = None  # type: ignore[assignment]  # each node its own names, to compare with
+            topo._nodes.clear()
+        built.append([topo.node(name) for name in engine.inventory.nodes()])
+    shared, own = built
+    assert [t.names for t in shared] == [t.names for t in own]  # the same names either way
+    a, b, _ = shared
+    alike = [level for level in range(len(topology.GROUP_LEVELS)) if a.names[level] == b.names[level]]
+    assert topology.NUMA in alike and topology.GPU not in alike  # NUMA nodes named alike; GPUs by uuid
+    assert all(a.names[level] is b.names[level] for level in alike)
+    assert all(a.names[level] is not b.names[level] for level in range(len(topology.GROUP_LEVELS)) if level not in alike)

@@ -149,13 +149,19 @@ masks of every node whose device ids run without a gap, shared by them)."""
 _serials = itertools.count(1)
 
 
-def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict[ShapeKey, Shape] | None = None) -> NodeTopology:
+def build_node(
+    node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict[ShapeKey, Shape] | None = None, last_names: dict[int, list[dict[int, str]]] | None = None
+) -> NodeTopology:
     """The topology of one node's devices (networkx graph, components per level).
 
     Devices with the same hubs (a GPU and its MIG partitions) share one graph
     vertex, which keeps the graph of a MIG node as small as that of its GPUs.
     Nodes of one hardware profile have one shape (the same hubs up to their
-    names): with `shapes`, the graph is built once per shape, not per node."""
+    names): with `shapes`, the graph is built once per shape, not per node.
+    With `last_names` (shape serial -> the names of the node of that shape built
+    last), a level whose group names equal that node's shares its dict (PCIe
+    roots and NUMA nodes are named alike on every node of a profile: ~600 bytes
+    a node). Read-only, like the shape's parts."""
     # each device's hubs without repeats, by level (`_hubs` gives them in level order; within a
     # level in its order, which is the same on every node of a profile, so their shape keys agree)
     hub_lists = [tuple(dict.fromkeys(_hubs(rec))) for rec in recs]
@@ -187,6 +193,13 @@ def build_node(node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict
             if own:
                 level_names[gid] = _hub_name(level, own[0])
         names.append(level_names)
+    if last_names is not None:
+        before = last_names.get(serial)
+        if before is not None:
+            names = [same if same == mine else mine for same, mine in zip(before, names)]
+        elif len(last_names) > 1024:
+            last_names.clear()
+        last_names[serial] = names
     cliques = sorted({v[1] for rec in recs if (v := lookup_attribute(rec, NVLINK_CLIQUE)) is not None})
     # a node's ids usually run without a gap (its pools' ids are handed out together): its masks
     # are then its shape's, shared (not a list of bitsets per node, ~1 KB a node at 31,250 nodes)
@@ -269,6 +282,7 @@ class Topology:
         self.inv = inventory
         self._nodes: dict[str, NodeTopology] = {}
         self._shapes: dict[ShapeKey, Shape] = {}
+        self._last_names: dict[int, list[dict[int, str]]] = {}  # (build_node's `last_names`)
         self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
         self._unions: dict[str | None, tuple[dict[str, int], int]] = {}
@@ -308,7 +322,7 @@ class Topology:
         if topo is None or topo.stamp != stamp:
             self._pending.discard(node)
             recs = [rec for i in inv.local.ids(node) if (rec := inv.devices[i]) is not None]
-            topo = self._nodes[node] = build_node(node, recs, stamp, self._shapes)
+            topo = self._nodes[node] = build_node(node, recs, stamp, self._shapes, self._last_names)
         return topo
 
     def domains(self, label: str | None = None) -> tuple[dict[str, str], dict[str, list[str]]]:
