@@ -13,8 +13,10 @@ Outcomes per Pod:
 - 201: evicted; a Normal Event ``Evicted`` on the Pod says it was evicted by dralloc to make room
   for the waiting Pod;
 - a Pod the claim is not reserved for now (read from the cluster first): never evicted, logged;
+- a Pod ``kubectl drain`` would not evict either (`why_not`: a static Pod's mirror, a Pod without a
+  controller to make it again, a DaemonSet's Pod): not evicted, reported as a refusal (below);
 - 404 (gone already) or 409 (the uid precondition: another Pod of that name now): nothing to do;
-- 429 TooManyRequests (a PodDisruptionBudget forbids it now): not evicted. Logged, and a Warning
+- 429 TooManyRequests (a PodDisruptionBudget forbids it now): a refusal. Logged, and a Warning
   Event ``EvictionRefused`` on the waiting Pod names the refusal. Never retried here (the event is
   acknowledged): the allocator asks again at most once per `EVICTION_PATIENCE` of its own;
 - anything else: as the status writes (`kubernetes._classify`: refusals dead-lettered, the rest
@@ -32,6 +34,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from dralloc.kube import body_of, describe
 from dralloc.schemas import events as ev
+from dralloc.schemas.limits import json_problem
 from dralloc.schemas.resource import ResourceClaim
 from dralloc.statuswriter.kube_events import EventRecorder, Involved
 
@@ -41,6 +44,40 @@ EVICTED = "Evicted"
 """The reason of the Normal Event on an evicted Pod."""
 REFUSED = "EvictionRefused"
 """The reason of the Warning Event on the waiting Pod when an eviction was refused."""
+
+
+MIRROR = "kubernetes.io/config.mirror"
+"""The annotation of a static Pod's mirror: the kubelet runs it, the API cannot evict it for good."""
+
+
+class _Owner(msgspec.Struct, rename="camel"):
+    kind: str = ""
+    controller: bool | None = None
+
+
+class _PodMeta(msgspec.Struct, rename="camel"):
+    uid: str = ""
+    annotations: dict[str, str] = {}
+    owner_references: list[_Owner] = []
+
+
+class _Pod(msgspec.Struct):
+    metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
+
+
+def why_not(pod: _Pod) -> str | None:
+    """Why a Pod is not evicted whatever its budget says (None: it may be), as ``kubectl drain`` and the
+    descheduler hold: a static Pod's mirror, a Pod no controller makes again (a bare Pod: evicted, its
+    work is gone for good), a DaemonSet's Pod (made again on the same node: no room is made)."""
+    meta = pod.metadata
+    if MIRROR in meta.annotations:
+        return "it is a static Pod (the kubelet runs it)"
+    controller = next((o for o in meta.owner_references if o.controller), None)
+    if controller is None:
+        return "no controller would make it again (a bare Pod)"
+    if controller.kind == "DaemonSet":
+        return "it is a DaemonSet's Pod (made again on the same node: no room is made)"
+    return None
 
 
 class _Cause(msgspec.Struct):
@@ -117,20 +154,40 @@ class Evictor:
         }
         waiting = f"Pod {request.for_namespace}/{request.for_pod}"
         try:
+            raw = await body_of(core.read_namespaced_pod(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return Evicted(f"{namespace}/{name}", "gone", describe(exc))
+            raise self.classify(exc) from exc
+        try:
+            if (problem := json_problem(raw)) is not None:
+                raise msgspec.DecodeError(problem)
+            pod = msgspec.json.decode(raw, type=_Pod)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return await self._refused(request, name, f"the Pod as the cluster holds it cannot be read: {str(exc)[:200]}")
+        if uid and pod.metadata.uid != uid:
+            return Evicted(f"{namespace}/{name}", "gone", "another Pod has its name now")
+        if (reason := why_not(pod)) is not None:
+            return await self._refused(request, name, f"not evicted: {reason}")
+        try:
             await body_of(core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))  # type: ignore[arg-type]  # the client sends a dict body as is
         except ApiException as exc:
             if exc.status in (404, 409):
                 return Evicted(f"{namespace}/{name}", "gone", describe(exc))
             if exc.status != 429:
                 raise self.classify(exc) from exc
-            words = refusal(exc)
-            log.warning("Pod %s/%s not evicted to make room for %s: %s", namespace, name, waiting, words)
-            target = await self.pod_of(request.for_namespace, request.for_pod)
-            if target is not None:
-                message = f"dralloc could not evict Pod {namespace}/{name} (claim {request.key}) to make room for this Pod: {words}"
-                await self.events.record(target, message, reason=REFUSED, action="Evict")
-            return Evicted(f"{namespace}/{name}", "refused", words)
+            return await self._refused(request, name, refusal(exc))
         where = f" on node {request.node}" if request.node else ""
         message = f"evicted by dralloc to make room for {waiting}{where}: its claim {request.key} was in the way"
         await self.events.record(Involved("Pod", "v1", namespace, name, uid), message, reason=EVICTED, type_="Normal", action="Evict")
         return Evicted(f"{namespace}/{name}", "evicted")
+
+    async def _refused(self, request: ev.EvictionRequested, name: str, words: str) -> Evicted:
+        """Not evicted: logged, and a Warning Event on the waiting Pod says why (never retried here)."""
+        waiting = f"Pod {request.for_namespace}/{request.for_pod}"
+        log.warning("Pod %s/%s not evicted to make room for %s: %s", request.namespace, name, waiting, words)
+        target = await self.pod_of(request.for_namespace, request.for_pod)
+        if target is not None:
+            message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for this Pod: {words}"
+            await self.events.record(target, message, reason=REFUSED, action="Evict")
+        return Evicted(f"{request.namespace}/{name}", "refused", words)

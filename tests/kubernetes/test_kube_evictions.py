@@ -34,12 +34,22 @@ from dralloc.statuswriter.evictions import EVICTED, REFUSED
 from dralloc.statuswriter.kubernetes import KubernetesSink
 from dralloc.statuswriter.sinks import KVSink, read_all
 
+REPLICA_SET = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "small", "uid": "uid-small-rs", "controller": True}]
+"""The controller that makes an evicted Pod again (what the status writer looks for before it evicts)."""
 
-def a_pod(name: str, *, labels: dict[str, str] | None = None, phase: str | None = None, templates: dict[str, str] | None = None) -> dict[str, Any]:
+
+def a_pod(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    phase: str | None = None,
+    templates: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": labels or {}},
+        "metadata": {"name": name, "namespace": NS, "labels": labels or {}, "ownerReferences": owners or []},
         "spec": {
             "containers": [{"name": "main", "image": "busybox"}],
             "resourceClaims": [{"name": entry, "resourceClaimTemplateName": t} for entry, t in (templates or {}).items()],
@@ -191,7 +201,7 @@ async def scattered(cluster: Cluster) -> dict[str, list[str]]:
     api = cluster.apiserver
     api.apply(template("one-gpu"))
     for i in range(8):
-        api.apply(a_pod(f"small-{i}", labels={"app": "small"}, templates={"gpu": "one-gpu"}))
+        api.apply(a_pod(f"small-{i}", labels={"app": "small"}, templates={"gpu": "one-gpu"}, owners=REPLICA_SET))
     on: dict[str, list[str]] = {}
     for i in range(8):
         on.setdefault(await cluster.bound(f"small-{i}"), []).append(f"small-{i}")
@@ -243,7 +253,7 @@ async def test_with_moves_on_the_pods_in_a_large_pods_way_are_evicted_and_it_tak
         assert (requested.for_pod, requested.node) == ("big", node)
     # Their controllers make them again (a ReplicaSet would): dralloc places them beside the others.
     for name in on[node]:
-        api.apply(a_pod(name, labels={"app": "small"}, templates={"gpu": "one-gpu"}))
+        api.apply(a_pod(name, labels={"app": "small"}, templates={"gpu": "one-gpu"}, owners=REPLICA_SET))
     for name in on[node]:
         assert await cluster.bound(name) == other
     # RBAC: every call the status writer made here, its eviction included, is granted.
@@ -312,7 +322,8 @@ async def test_the_local_store_ignores_an_eviction_request_and_the_stream_takes_
 async def test_the_status_writer_evicts_only_pods_the_claim_is_still_reserved_for(apiserver: ApiServer, api: ApiClient) -> None:
     """Zero trust: a request naming a Pod that does not use the claim (or a claim gone, or re-created)
     evicts nothing; one naming its consumer evicts it and says so on it."""
-    user, bystander = apiserver.apply(a_pod("user", phase="Running")), apiserver.apply(a_pod("bystander", phase="Running"))
+    user = apiserver.apply(a_pod("user", phase="Running", owners=REPLICA_SET))
+    bystander = apiserver.apply(a_pod("bystander", phase="Running", owners=REPLICA_SET))
     ref = ResourceClaimConsumerReference(resource="pods", name="user", uid=user["metadata"]["uid"])
     allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
     claim = apiserver.apply(
@@ -338,3 +349,38 @@ async def test_the_status_writer_evicts_only_pods_the_claim_is_still_reserved_fo
     (event,) = events_about(apiserver, "user", EVICTED)
     assert event["involvedObject"]["uid"] == ref.uid and "to make room for Pod ml/big on node node-0" in event["message"]
     assert [e.outcome for e in await sink.evictor.evict(request(ref))] == ["gone"]  # redelivered: 404, fine
+
+
+@pytest.mark.parametrize(
+    ("metadata", "why"),
+    [
+        ({}, "no controller would make it again (a bare Pod)"),
+        ({"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": True}]}, "DaemonSet"),
+        ({"ownerReferences": REPLICA_SET, "annotations": {"kubernetes.io/config.mirror": "x"}}, "static Pod"),
+    ],
+    ids=["bare", "daemonset", "mirror"],
+)
+async def test_pods_drain_would_not_evict_are_not_evicted_and_the_waiting_pod_is_told(
+    apiserver: ApiServer, api: ApiClient, metadata: dict[str, Any], why: str
+) -> None:
+    big = apiserver.apply(a_pod("big", phase="Pending"))
+    pod = a_pod("user", phase="Running")
+    pod["metadata"].update(metadata)
+    user = apiserver.apply(pod)
+    ref = ResourceClaimConsumerReference(resource="pods", name="user", uid=user["metadata"]["uid"])
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
+    claim = apiserver.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": NS},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": allocation, "reservedFor": [{"resource": "pods", "name": "user", "uid": ref.uid}]},
+        }
+    )
+    request = ev.EvictionRequested(namespace=NS, name="c", uid=claim["metadata"]["uid"], pods=[ref], for_namespace=NS, for_pod="big")
+    (done,) = await KubernetesSink(api=api).evictor.evict(request)
+    assert done.outcome == "refused" and why in done.message
+    assert evictions(apiserver) == [] and apiserver.read("pods", NS, "user") is not None
+    (event,) = events_about(apiserver, "big", REFUSED)
+    assert event["involvedObject"]["uid"] == big["metadata"]["uid"] and why in event["message"]
