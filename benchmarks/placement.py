@@ -59,7 +59,7 @@ import msgspec
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.gang import allocate_gang, reservation_for
-from dralloc.allocator.moving import MOVE_AT, configure
+from dralloc.allocator.moving import configure, moves_from
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.schemas.resource import (
     CELDeviceSelector,
@@ -346,7 +346,8 @@ MOVE_POLICIES = ("dralloc_moves", "dralloc_moves_early")
 """dralloc with moves (engine/moves.py), run beside the three with `--moves`: a large claim that would be
 refused while its family has enough free GPUs gets room by moving the small claims in its way.
 `dralloc_moves` is the allocator's `when-refused` (moving.py): at `MOVE_AT` of its wait (25 of 30
-minutes) and at its end (at once when it may not wait), the held-node rules off; `dralloc_moves_early`:
+minutes; a gang: not before, `moves_from`) and at its end (at once when it may not wait), the held-node
+rules off; `dralloc_moves_early`:
 as soon as it starts waiting, and again when the wait ends, the held-node rules on."""
 
 
@@ -446,7 +447,7 @@ def run(
 
     Levers of the move policies (README "Levers measured"; the defaults are the policies as
     shipped): `move_after`, minutes into a wait when moves are tried once before its end (None:
-    `dralloc_moves` at `moving.MOVE_AT` of the wait, early only at its start; at or past the wait's
+    `dralloc_moves` at `moving.moves_from` of the wait, early only at its start; at or past the wait's
     length: only at its end); `reserve` False, no reservations (a wait ends in a move, not in idle held
     GPUs); `by_lost`, among targets moving as many claims the one whose claims had served the
     least GPU time (engine/moves.py `lost`)."""
@@ -459,7 +460,7 @@ def run(
     moving = policy in MOVE_POLICIES
     early = policy == "dralloc_moves_early"
     if policy == "dralloc_moves":  # as the allocator's `when-refused` (moving.py): held-node rules off,
-        configure(engine, "when-refused")  # moves tried at MOVE_AT of the wait and at its end
+        configure(engine, "when-refused")  # moves tried at moves_from of the wait and at its end
     by_node: dict[str, list] = {}
     total_gpus = 0
     for rec in engine.inventory.devices:
@@ -655,7 +656,7 @@ def run(
             if job.max_wait > 0:
                 waiting[job.index] = (job, claims)
                 heapq.heappush(timeline, (job.at + job.max_wait, 1, next(order), job))
-                at = move_after if move_after is not None else job.max_wait * MOVE_AT if policy == "dralloc_moves" else None
+                at = move_after if move_after is not None else moves_from(job.max_wait, job.members > 0) if policy == "dralloc_moves" else None
                 if moving and at is not None and 0 < at < job.max_wait:
                     heapq.heappush(timeline, (job.at + at, 2, next(order), job))
                 if reserving:

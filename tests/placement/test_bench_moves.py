@@ -48,6 +48,28 @@ def test_at_move_at_of_its_wait_the_small_claim_in_the_way_moves_and_restarts():
     assert (numbers["moves"], numbers["claims_moved"], numbers["gpu_hours_lost_to_moves"]) == (1, 1, round(2 * (2.0 + at) / 60, 1))
 
 
+def gang_scattered() -> list:
+    """As `scattered`, with a third HGX node freed at t=20 (whole again) and, at t=25, a gang of two
+    8-GPU members that may wait 5 minutes: one node is whole, the nodes beside it hold one claim each."""
+    jobs = [bench.Job(i, i / 100, 20.0 - i / 100 if i < 3 else 1e9, "h100", 8, 0, None, 0) for i in range(16)]
+    jobs += scattered()[16:19]
+    jobs.append(bench.Job(19, 25.0, 10.0, "h100", 8, 0, None, 2, 5.0))
+    return jobs
+
+
+def test_a_gangs_moves_come_only_when_its_wait_is_over():
+    # when-refused (moving.moves_from): a gang is not moved for at MOVE_AT, only at its wait's end; the
+    # 2-GPU claim (from t=23) moves then, having served 7 minutes
+    moved = bench.run(gang_scattered(), "dralloc_moves", seed=1)
+    assert (moved.large_claims_rejected, moved.moves, moved.claims_moved) == (0, 1, 1)
+    assert moved.large_waits[-1] == pytest.approx(5.0)
+    assert moved.gpu_minutes_lost == pytest.approx(2 * 7.0)
+    # at MOVE_AT, as for a single claim, the same move would have come at 5 x 5/6 minutes
+    sooner = bench.run(gang_scattered(), "dralloc_moves", seed=1, move_after=5.0 * MOVE_AT)
+    assert (sooner.moves, sooner.large_waits[-1]) == (1, pytest.approx(5.0 * MOVE_AT))
+    assert bench.run(gang_scattered(), "dralloc", seed=1).large_rejected_with_enough_free_gpus == 1
+
+
 def test_early_moves_place_the_claim_as_it_starts_waiting():
     early = bench.run(scattered(), "dralloc_moves_early", seed=1)
     assert (early.large_claims_rejected, early.moves, early.large_waits[-1]) == (0, 1, 0.0)

@@ -11,6 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import decisions, submitted
+from test_reservations import NOW, gang_fleet
+from test_reservations import claim as gang_claim
 
 from dralloc.allocator import moving
 from dralloc.allocator.config import Config
@@ -168,6 +170,21 @@ def test_only_large_units_whose_wait_is_over_are_due():
     assert [u.key for u in moving.due(book, "when-refused", 1500.0)] == ["ml/big"]
     assert [u.key for u in moving.due(book, "when-refused", 1600.0)] == ["ml/big"]
     assert moving.due(book, "off", 1600.0) == []
+
+
+def test_a_gangs_moves_are_due_only_when_its_wait_is_over():
+    # (test_reservations.gang_fleet: two cliques of two 4-GPU trays, no room for a gang of two trays)
+    book = gang_fleet()
+    marks = {"dralloc.dev/gang": "train", "dralloc.dev/gang-size": "2", "dralloc.dev/max-wait": "5m"}
+    steps = [book.submitted(gang_claim(f"train-{i}", 4, marks)) for i in range(2)]
+    assert not book.decide_gang(steps[-1]).placed
+    book.reserve_waiting(NOW)
+    assert [u.key for u in moving.due(book, "early", NOW)] == ["gang:ml/train"]
+    # when-refused: not from MOVE_AT (250 s into its 5 minutes) as a single claim, only at its end
+    assert moving.moves_from(300.0, gang=False) == pytest.approx(250.0) and moving.moves_from(300.0, gang=True) == 300.0
+    assert moving.due(book, "when-refused", NOW + 250.0) == []
+    assert moving.due(book, "when-refused", NOW + 299.0) == []
+    assert [u.key for u in moving.due(book, "when-refused", NOW + 300.0)] == ["gang:ml/train"]
 
 
 def test_the_setting_is_off_unless_set_and_a_wrong_one_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch):
