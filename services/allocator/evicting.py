@@ -87,10 +87,30 @@ class Evictions:
             return
         book.engine.reserve(book.reservations.others(""))
 
+    def replayed(self, requests: Iterable[ev.EvictionRequested], now: float) -> None:
+        """After a takeover: the evictions an earlier term asked for (ALLOCATIONS' ``.evict`` subjects,
+        the last per claim), in flight again from `now`, so a Pod's evictions are not asked for again
+        before the patience is over (`settle` drops those whose claims are gone). What they held is
+        not held again."""
+        by_pod: dict[str, list[ev.EvictionRequested]] = {}
+        for request in requests:
+            by_pod.setdefault(f"{request.for_namespace}/{request.for_pod}", []).append(request)
+        for pod, asked in by_pod.items():
+            self.inflight[pod] = InFlight({r.key: r.uid for r in asked}, asked[-1].node, now, note_for(asked, asked[-1].node))
+
     def refused(self, book: Decisions, pod: str) -> None:
         """The requests were not stored: nothing is in flight for the Pod, nothing held for it."""
         self.inflight.pop(pod, None)
         self._hold(book, pod, 0)
+
+
+def note_for(requests: Sequence[ev.EvictionRequested], node: str) -> str:
+    """What a waiting Pod's failure message adds while `requests` are in flight for it."""
+    names = ", ".join(f"{r.namespace}/{p.name}" for r in requests for p in r.pods)
+    return (
+        f"; with moves on, dralloc asked to evict Pod(s) {names} (claim(s) {', '.join(r.key for r in requests)}) "
+        f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
+    )
 
 
 def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] | None:
@@ -181,11 +201,7 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
                 message=why,
             )
         )
-    names = ", ".join(f"{r.namespace}/{p.name}" for r in requests for p in r.pods)
-    note = (
-        f"; with moves on, dralloc asked to evict Pod(s) {names} (claim(s) {', '.join(r.key for r in requests)}) "
-        f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
-    )
+    note = note_for(requests, node)
     inv = book.engine.inventory
     devices = 0
     for record in plan.placed:

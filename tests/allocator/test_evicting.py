@@ -5,10 +5,12 @@ stands for a claim's decision: a successor rebuilds the same state through a sna
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 from test_core import book_over, claim
 from test_pod_units import TWO_NODES, pod, store
-from test_snapshot import CLASSES, standby, state, submit
+from test_snapshot import CLASSES, claim_event, standby, state, submit
 
 from dralloc.allocator import evicting
 from dralloc.allocator.decisions import AllocatePod, Decisions
@@ -156,3 +158,46 @@ def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -
     book.pod_deleted("ml/big", "")  # gone (or placed) while its evictions ran
     book.reserve_waiting(1001.0)
     assert book.evictions.inflight == {} and book.reservations.evicting == {}
+
+
+async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flight(bus) -> None:
+    """The leader (moves on) asks for two Pods' eviction for a large Pod; a successor reads the requests
+    back from ALLOCATIONS and asks for nothing more while they are in flight (moves off: it reads none)."""
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}]):
+        for slice_ in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    leader = Allocator(bus, moves="early")
+    await leader.rebuild()
+
+    async def take(event: ev.Event) -> None:
+        await bus.publish(event)
+        await leader.on_claim(event)
+
+    async def pod_with(name: str, gpus: int) -> ev.ClaimSubmitted:
+        submitted = ev.ClaimSubmitted(claim=claim_event(name, gpus).claim, needs_pod=True)
+        await take(submitted)
+        await take(ev.PodSubmitted(namespace="ml", name=name, uid=f"uid-{name}", claims=[name]))
+        return submitted
+
+    small = [await pod_with(f"s{i}", 2) for i in range(8)]
+    on: dict[str, list[ev.ClaimSubmitted]] = {}
+    for submitted in small:
+        on.setdefault(leader.committed[submitted.claim.key].node or "", []).append(submitted)
+    for gone in [s for kept in on.values() for s in kept[:2]]:  # two leave each node: 4 GPUs free on each
+        meta = gone.claim.metadata
+        await take(ev.ClaimDeleted(namespace="ml", name=meta.name, uid=meta.uid or ""))
+        await take(ev.PodDeleted(namespace="ml", name=meta.name, uid=f"uid-{meta.name}"))
+    await pod_with("big", 8)
+    asked = leader.book.evictions.inflight["ml/big"]
+    assert len(asked.claims) == 2 and {k for k in asked.claims} == {s.claim.key for s in on[asked.node][2:]}
+
+    successor = Allocator(bus, moves="early")
+    await successor.rebuild()
+    found = successor.book.evictions.inflight["ml/big"]
+    assert found.claims == asked.claims and found.node == asked.node and found.note == asked.note
+    assert evicting.decide(successor.book, "ml/big", time.time()) == []  # in flight: nothing asked again
+    without = Allocator(bus)
+    await without.rebuild()
+    assert without.book.evictions.inflight == {}
