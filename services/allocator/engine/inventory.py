@@ -824,7 +824,11 @@ def bits_of(ids: list[int]) -> int:
     """The bitset of `ids`, built in one pass (OR-ing bits one by one is quadratic)."""
     if not ids:
         return 0
-    buf = bytearray((max(ids) >> 3) + 1)
+    # built from the lowest id up, then shifted: a node's few ids near the top of a fleet's
+    # range made a fleet-sized buffer to convert (~1.4 ms at 2,000,000 ids; the shift ~10 us)
+    low = min(ids)
+    buf = bytearray(((max(ids) - low) >> 3) + 1)
     for i in ids:
+        i -= low
         buf[i >> 3] |= 1 << (i & 7)
-    return int.from_bytes(buf, "little")
+    return int.from_bytes(buf, "little") << low
