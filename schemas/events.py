@@ -383,6 +383,14 @@ class AllocationReleased(_Event, tag=True, frozen=True):
         return f"released:{self.uid or self.key}"
 
 
+class HeldDevice(msgspec.Struct, rename="camel", frozen=True):
+    """One device held for a Pod while the Pods in its way are evicted (`EvictionRequested.held`)."""
+
+    driver: str
+    pool: str
+    device: str
+
+
 class EvictionRequested(_Event, tag=True, frozen=True):
     """The allocator asks that the Pods using a claim be evicted (policy/v1 Eviction) to make room for
     a Pod that waits (services/allocator/evicting.py): a claim reserved for a Pod cannot be re-placed
@@ -403,6 +411,12 @@ class EvictionRequested(_Event, tag=True, frozen=True):
     node: str = ""
     """The node the eviction empties for it."""
     message: str = ""
+    held: list[HeldDevice] = []
+    """The devices the Pod would get there, held for it while the eviction is in flight (the same on
+    each request made for it at once): a new leader holds them again (services/allocator/evicting.py)."""
+    asked_at: float = 0.0
+    """When the allocator asked (seconds since the epoch; 0: unknown): a new leader keeps the
+    eviction in flight until that time plus its patience, not longer."""
 
     @property
     def key(self) -> str:
@@ -513,9 +527,18 @@ def identity_problem(event: Event) -> str | None:
         case EvictionRequested(namespace=ns, name=name, for_namespace=for_ns, for_pod=for_pod, pods=pods):
             problem = namespace_error(ns) or name_error(name) or namespace_error(for_ns) or name_error(for_pod)
             problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
+            problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):
             return name_error(name)
     return None
+
+
+def _held_problem(device: HeldDevice) -> str | None:
+    """Why a held device's names are not names a ResourceSlice could carry, or None."""
+    if not is_dns_subdomain(device.driver):
+        return f"held device driver {device.driver[:64]!r} is not a DNS subdomain"
+    problem = pool_name_error(device.pool) or name_error(device.device)
+    return f"held device {device.device[:64]!r}: {problem}" if problem else None

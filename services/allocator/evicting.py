@@ -15,8 +15,12 @@ releases them and tries the waiting Pod again; their controllers' new Pods are p
 
 While a unit's eviction is in flight (`InFlight`: some of its claims still held, for at most
 `EVICTION_PATIENCE`) nothing more is evicted for it, and its failure message says what was asked
-(`Evictions.note`), as do Events on the Pods (evicted, or the waiting one when a
-PodDisruptionBudget refused). A refused eviction leaves the claim held: the Pod waits as any Pod
+and what is held for it until when (`Evictions.note`, `Evictions.shown`: the failure's
+``reservedNodes``/``reservedUntil`` as a reservation's, so `dralloc get claims` shows it; the
+held devices count in the ``dralloc.devices.reserved`` gauge), as do Events on the Pods (evicted,
+or the waiting one when a PodDisruptionBudget refused). The requests carry the devices held and
+when they were asked (`EvictionRequested.held`, ``askedAt``): a new leader reads them back from
+ALLOCATIONS and holds the same devices until the same end (`Evictions.replayed`). A refused eviction leaves the claim held: the Pod waits as any Pod
 that does not fit (it is tried again whenever room changes), and an eviction is asked again only
 after the patience is over. Only a Pod with one claim still to place (not a gang member, no claim
 of it placed already) that is large (it takes a whole node: `gang.reservation_for`) is served,
@@ -26,6 +30,7 @@ for another Pod are evicted.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -55,6 +60,11 @@ class InFlight:
     devices: int = 0
     """The devices the planner would give the Pod there (a bitset of engine ids), held for it meanwhile."""
 
+    @property
+    def until(self) -> float:
+        """When the patience is over (the hold ends then at the latest)."""
+        return self.since + EVICTION_PATIENCE
+
 
 @dataclass(slots=True)
 class Evictions:
@@ -66,6 +76,14 @@ class Evictions:
         """What the waiting Pod's failure message adds while its eviction is in flight ("" when none)."""
         found = self.inflight.get(pod)
         return found.note if found is not None else ""
+
+    def shown(self, pod: str) -> tuple[tuple[str, ...], float]:
+        """(nodes held, until when) for the failure events of the waiting Pod's claims, as a
+        reservation's are shown (`Reservations.shown`); ((), 0.0) when nothing is held for it."""
+        found = self.inflight.get(pod)
+        if found is None or not found.devices:
+            return (), 0.0
+        return tuple(found.node.split(", ")), found.until
 
     def busy(self) -> set[str]:
         """Keys of the claims being evicted for some Pod."""
@@ -87,16 +105,32 @@ class Evictions:
             return
         book.engine.reserve(book.reservations.others(""))
 
-    def replayed(self, requests: Iterable[ev.EvictionRequested], now: float) -> None:
+    def replayed(self, book: Decisions, requests: Iterable[ev.EvictionRequested], now: float) -> None:
         """After a takeover: the evictions an earlier term asked for (ALLOCATIONS' ``.evict`` subjects,
-        the last per claim), in flight again from `now`, so a Pod's evictions are not asked for again
-        before the patience is over (`settle` drops those whose claims are gone). What they held is
-        not held again."""
+        the last per claim), in flight again as they were asked, so a Pod's evictions are not asked
+        for again before the patience is over (`settle` drops those whose claims are gone or whose
+        patience is spent), and the devices they held (`EvictionRequested.held`, those the inventory
+        still has) held again. Only the requests of the Pod's last asking count (an older asking's
+        request for a claim not asked for again is over). A request without ``askedAt`` (an older
+        version's), or one dated after `now`, counts from `now`: never held longer than a patience."""
         by_pod: dict[str, list[ev.EvictionRequested]] = {}
         for request in requests:
             by_pod.setdefault(f"{request.for_namespace}/{request.for_pod}", []).append(request)
+        inv = book.engine.inventory
         for pod, asked in by_pod.items():
-            self.inflight[pod] = InFlight({r.key: r.uid for r in asked}, asked[-1].node, now, note_for(asked, asked[-1].node))
+            since = max(r.asked_at for r in asked)
+            asked = [r for r in asked if r.asked_at == since]
+            since = min(since, now) if since > 0 else now
+            devices = 0
+            for request in asked:
+                for held in request.held:
+                    if (rec := inv.by_key.get((held.driver, held.pool, held.device))) is not None:
+                        devices |= 1 << rec.id
+            node = asked[-1].node
+            self.inflight[pod] = InFlight(
+                {r.key: r.uid for r in asked}, node, since, note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0), devices
+            )
+            self._hold(book, pod, devices)
 
     def refused(self, book: Decisions, pod: str) -> None:
         """The requests were not stored: nothing is in flight for the Pod, nothing held for it."""
@@ -104,13 +138,22 @@ class Evictions:
         self._hold(book, pod, 0)
 
 
-def note_for(requests: Sequence[ev.EvictionRequested], node: str) -> str:
-    """What a waiting Pod's failure message adds while `requests` are in flight for it."""
+HELD_WORDS = "; an eviction hold:"
+"""How a failure message tells of the devices held for a Pod while its evictions run (`note_for`)."""
+
+
+def note_for(requests: Sequence[ev.EvictionRequested], node: str, held_until: float = 0.0) -> str:
+    """What a waiting Pod's failure message adds while `requests` are in flight for it; `held_until`:
+    when the devices held for it meanwhile are let go at the latest (0: none held)."""
     names = ", ".join(f"{r.namespace}/{p.name}" for r in requests for p in r.pods)
-    return (
+    note = (
         f"; with moves on, dralloc asked to evict Pod(s) {names} (claim(s) {', '.join(r.key for r in requests)}) "
         f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
     )
+    if held_until:
+        stamp = datetime.datetime.fromtimestamp(held_until, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        note += f"{HELD_WORDS} node {node} held for it while they go (other claims take its devices last) until {stamp}"
+    return note
 
 
 def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] | None:
@@ -183,6 +226,14 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     if plan is None:
         return []
     node = ", ".join(plan.target)
+    inv = book.engine.inventory
+    devices = 0
+    held = []
+    for record in plan.placed:
+        for entry in record.entries:
+            if (rec := inv.by_key.get(entry.device)) is not None:
+                devices |= 1 << rec.id
+                held.append(ev.HeldDevice(driver=rec.key[0], pool=rec.key[1], device=rec.key[2]))
     requests = []
     for move in plan.moves:
         moved = book.committed[move.claim].claim
@@ -199,15 +250,11 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
                 for_pod=pod.name,
                 node=node,
                 message=why,
+                held=held,
+                asked_at=now,
             )
         )
-    note = note_for(requests, node)
-    inv = book.engine.inventory
-    devices = 0
-    for record in plan.placed:
-        for entry in record.entries:
-            if (rec := inv.by_key.get(entry.device)) is not None:
-                devices |= 1 << rec.id
+    note = note_for(requests, node, now + EVICTION_PATIENCE if devices else 0.0)
     evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices)
     evictions._hold(book, pod_key, devices)
     return requests

@@ -116,7 +116,7 @@ def decide_pod(book: Decisions, step: AllocatePod) -> PodPlan:
     plan.given_back = []
     for claim, outcome in zip(pending, outcomes):  # (the engine commits a unit whole or not at all)
         message = outcome.message if outcome.message.startswith(f"Pod {pod.key}") else f"Pod {pod.key}: {outcome.message}"
-        failure = failure_event(claim, outcome.status, message + book.evictions.note(step.pod), pod.name)
+        failure = failure_event(claim, outcome.status, message + book.evictions.note(step.pod), pod.name, reserved=book.evictions.shown(step.pod))
         if book.failures.get(failure.key) != failure.msg_id:
             plan.failures.append(failure)
     book.pods_waiting.add(step.pod)

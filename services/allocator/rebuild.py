@@ -48,7 +48,7 @@ async def rebuild(allocator: Allocator) -> int:
         allocator.book.replayed(event)
     if allocator.moves != "off":  # evictions asked for by an earlier term stay in flight (evicting.py)
         asked, _ = await allocator.bus.replay("ALLOCATIONS", "dra.allocations.*.*.evict")
-        allocator.book.evictions.replayed([e for e in asked if isinstance(e, ev.EvictionRequested)], time.time())
+        allocator.book.evictions.replayed(allocator.book, [e for e in asked if isinstance(e, ev.EvictionRequested)], time.time())
     released = await release_gone(allocator, allocator.book.gone())
     await allocator.reserve_waiting()  # the waits earlier terms began hold their nodes again, before any claim is decided
     log.info(

@@ -153,14 +153,17 @@ class Reservations:
         return self.held.pop(unit, None) is not None
 
     def per_node(self) -> dict[str, int]:
-        """Node -> devices held there (for the `dralloc.devices.reserved` gauge)."""
+        """Node -> devices held there (for the `dralloc.devices.reserved` gauge): by waiting units, and
+        for Pods while the Pods in their way are evicted (`evicting`)."""
         inv = self.engine.inventory
         out: dict[str, int] = {}
-        for reservation in list(self.held.values()):
-            for i in iter_bits(reservation.devices):
-                rec = inv.devices[i] if i < len(inv.devices) else None
-                if rec is not None and rec.local_node is not None:
-                    out[rec.local_node] = out.get(rec.local_node, 0) + 1
+        devices = 0
+        for bits in [r.devices for r in list(self.held.values())] + list(self.evicting.values()):
+            devices |= bits  # (a device held twice counts once)
+        for i in iter_bits(devices):
+            rec = inv.devices[i] if i < len(inv.devices) else None
+            if rec is not None and rec.local_node is not None:
+                out[rec.local_node] = out.get(rec.local_node, 0) + 1
         return out
 
     def kept_from(self, claim: ResourceClaim) -> str:

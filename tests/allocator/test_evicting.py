@@ -150,6 +150,48 @@ async def test_an_eviction_request_in_allocations_is_no_decision_for_a_successor
     assert set(full.committed) == {"ml/c0", "ml/c1"}
 
 
+def test_an_eviction_hold_is_shown_where_a_reservation_is() -> None:
+    """The waiting Pod's failure names the node held for it and until when (`reservedNodes`,
+    `reservedUntil`, the message: `dralloc get claims`), and the held devices count in the gauge."""
+    book = book_over(TWO_NODES)
+    scattered(book)
+    waiting_big(book)
+    assert book.reservations.per_node() == {}
+    requests = evicting.decide(book, "ml/big", 1000.0)
+    node = requests[0].node
+    assert all(len(r.held) == 8 and r.asked_at == 1000.0 for r in requests)
+    assert {d.device for d in requests[0].held} == {d.device for d in requests[1].held}
+    (failure,) = book.decide_pod(AllocatePod("ml/big")).failures
+    assert failure.reserved_nodes == [node] and failure.reserved_until == 1000.0 + evicting.EVICTION_PATIENCE
+    assert f"{evicting.HELD_WORDS} node {node} held for it while they go" in failure.message
+    assert "until 1970-01-01T00:21:40Z" in failure.message  # 1000 s + the patience
+    assert book.reservations.per_node() == {node: 8}
+    # Once over (the patience spent), nothing is held or shown.
+    book.evictions.settle(book, 1000.0 + evicting.EVICTION_PATIENCE)
+    assert book.evictions.shown("ml/big") == ((), 0.0) and book.reservations.per_node() == {}
+
+
+def test_a_replayed_request_is_held_again_until_its_own_end_and_never_longer() -> None:
+    """`Evictions.replayed`: the devices named held again from the inventory; a request dated in the
+    future counts from now; one of an older version (no askedAt, no devices) holds nothing."""
+    book = book_over(TWO_NODES)
+    scattered(book)
+    waiting_big(book)
+    requests = evicting.decide(book, "ml/big", 1000.0)
+    devices = book.reservations.evicting["ml/big"]
+    fresh = book_over(TWO_NODES)
+    scattered(fresh)
+    waiting_big(fresh)
+    fresh.evictions.replayed(fresh, requests, 1100.0)
+    assert fresh.reservations.evicting["ml/big"] == devices and fresh.evictions.inflight["ml/big"].since == 1000.0
+    future = [msgspec.structs.replace(r, asked_at=5000.0) for r in requests]
+    fresh.evictions.replayed(fresh, future, 1200.0)
+    assert fresh.evictions.inflight["ml/big"].since == 1200.0
+    old = [msgspec.structs.replace(r, asked_at=0.0, held=[]) for r in requests]
+    fresh.evictions.replayed(fresh, old, 1300.0)
+    assert fresh.evictions.inflight["ml/big"].since == 1300.0 and "ml/big" not in fresh.reservations.evicting
+
+
 def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
     book = book_over(TWO_NODES)
     scattered(book)
@@ -193,11 +235,18 @@ async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flig
     asked = leader.book.evictions.inflight["ml/big"]
     assert len(asked.claims) == 2 and {k for k in asked.claims} == {s.claim.key for s in on[asked.node][2:]}
 
+    assert asked.devices and leader.book.reservations.evicting["ml/big"] == asked.devices
+
     successor = Allocator(bus, moves="early")
     await successor.rebuild()
     found = successor.book.evictions.inflight["ml/big"]
     assert found.claims == asked.claims and found.node == asked.node and found.note == asked.note
+    assert found.since == asked.since  # the same patience, not a new one from the takeover
     assert evicting.decide(successor.book, "ml/big", time.time()) == []  # in flight: nothing asked again
+    # What the leader held for the Pod is held again (the same devices, shown as the leader showed them).
+    assert successor.book.reservations.evicting["ml/big"] == asked.devices
+    assert successor.book.reservations.per_node() == leader.book.reservations.per_node() == {asked.node: 8}
+    assert successor.book.evictions.shown("ml/big") == ((asked.node,), asked.since + evicting.EVICTION_PATIENCE)
     without = Allocator(bus)
     await without.rebuild()
     assert without.book.evictions.inflight == {}

@@ -16,6 +16,7 @@ from dralloc.schemas.resource import (
     DeviceRequestAllocationResult,
     ObjectMeta,
     ResourceClaim,
+    ResourceClaimConsumerReference,
     ResourceClaimStatus,
     ResourcePool,
     ResourceSlice,
@@ -100,3 +101,18 @@ def test_token_encoding_is_reversible_and_a_single_valid_token(text: str):
 def test_decode_refuses_with_a_reason(data: bytes, reason: str):
     with pytest.raises(ev.EventDecodeError, match=reason):
         ev.decode(data)
+
+
+def test_an_eviction_request_round_trips_and_refuses_held_devices_no_slice_could_name():
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    held = [ev.HeldDevice(driver="gpu.nvidia.com", pool="node-1", device="gpu-0")]
+    request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="big", held=held, asked_at=12.5)
+    assert ev.decode(ev.encode(request)) == request
+    assert b'"askedAt":12.5' in ev.encode(request)
+    for bad, reason in [
+        (ev.HeldDevice(driver="not a driver", pool="node-1", device="gpu-0"), "held device driver"),
+        (ev.HeldDevice(driver="gpu.nvidia.com", pool="node-1", device="GPU 0"), "held device 'GPU 0'"),
+        (ev.HeldDevice(driver="gpu.nvidia.com", pool="//", device="gpu-0"), "held device 'gpu-0'"),
+    ]:
+        with pytest.raises(ev.EventDecodeError, match=reason):
+            ev.decode(ev.encode(msgspec.structs.replace(request, held=[bad])))
