@@ -21,6 +21,7 @@ subject                                                stream        events
 ``dra.nodes.<name>``                                   INVENTORY     NodePublished/Removed
 ``dra.devicetaintrules.<name>``                        INVENTORY     DeviceTaintRulePublished/Removed
 ``dra.claims.<namespace>.<name>``                      CLAIMS        ClaimSubmitted/Deleted
+``dra.claims.<namespace>.<claim>.evictrefused``         CLAIMS        EvictionRefused
 ``dra.allocations.<namespace>.<name>``                 ALLOCATIONS   AllocationCommitted/Failed/Released
 ``dra.allocations.<namespace>.<name>.evict``           ALLOCATIONS   EvictionRequested
 =====================================================  ============  =======================
@@ -297,6 +298,46 @@ class PodDeleted(_Event, tag=True, frozen=True):
         return f"pod-deleted:{self.uid or self.key}"
 
 
+EVICTION_WORDS_MAX = 1000
+"""The most characters of the API server's words an `EvictionRefused` carries (longer is refused)."""
+
+
+class EvictionRefused(_Event, tag=True, frozen=True):
+    """The Kubernetes status writer tells the allocator that an eviction it asked for
+    (`EvictionRequested`) was refused: a PodDisruptionBudget forbade it (429), or the Pod is one
+    ``kubectl drain`` would not evict. The allocator stops holding devices for the waiting Pod at
+    once, says why in its failure, and asks again only after a backoff
+    (services/allocator/evicting.py). Stream CLAIMS (the allocator's input; ALLOCATIONS is fenced
+    for the allocator's writes alone), subject ``dra.claims.<namespace>.<claim>.evictrefused``
+    (one token more than the claim's own)."""
+
+    namespace: str
+    name: str
+    """The claim in the way (the Pod refused is in its namespace)."""
+    uid: str
+    pod: str
+    """The Pod that was not evicted."""
+    for_namespace: str
+    for_pod: str
+    """The Pod the room was asked for."""
+    asked_at: float = 0.0
+    """The request's ``askedAt``: which asking was refused (an older one's refusal is no news)."""
+    message: str = ""
+    """Why (the API server's words), at most `EVICTION_WORDS_MAX` characters."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def subject(self) -> str:
+        return subject("claims", self.namespace, self.name, "evictrefused")
+
+    @property
+    def msg_id(self) -> str:
+        return f"evict-refused:{self.uid or self.key}:{self.for_namespace}/{self.for_pod}:{self.asked_at!r}:{_digest(self.pod, self.message)}"
+
+
 # --- allocation decisions (written only by the allocator) ------------------------
 
 
@@ -441,7 +482,7 @@ InventoryEvent = (
     | DeviceTaintRulePublished
     | DeviceTaintRuleRemoved
 )
-ClaimEvent = ClaimSubmitted | ClaimDeleted | PodSubmitted | PodDeleted
+ClaimEvent = ClaimSubmitted | ClaimDeleted | PodSubmitted | PodDeleted | EvictionRefused
 AllocationEvent = AllocationCommitted | AllocationFailed | AllocationReleased | EvictionRequested
 Event = InventoryEvent | ClaimEvent | AllocationEvent
 
@@ -458,6 +499,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     ClaimDeleted,
     PodSubmitted,
     PodDeleted,
+    EvictionRefused,
     AllocationCommitted,
     AllocationFailed,
     AllocationReleased,
@@ -529,6 +571,11 @@ def identity_problem(event: Event) -> str | None:
             problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
             problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
+        case EvictionRefused(namespace=ns, name=name, pod=pod, for_namespace=for_ns, for_pod=for_pod, message=words):
+            problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or name_error(for_pod)
+            if problem is None and len(words) > EVICTION_WORDS_MAX:
+                problem = f"its message is {len(words)} characters long (at most {EVICTION_WORDS_MAX})"
+            return f"eviction refusal for claim {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):

@@ -65,6 +65,12 @@ CHANNELS: dict[str, tuple[str, list[str], list[type], str]] = {
         [ev.PodSubmitted, ev.PodDeleted],
         "Stream CLAIMS: Pods waiting for dralloc (scheduling gate dralloc.dev/allocate): their claims, allocated as one unit.",
     ),
+    "evictionRefusals": (
+        "dra.claims.{namespace}.{name}.evictrefused",
+        ["namespace", "name"],
+        [ev.EvictionRefused],
+        "Stream CLAIMS: evictions the Kubernetes status writer could not carry out (a PodDisruptionBudget refused), for the allocator.",
+    ),
     "allocations": (
         "dra.allocations.{namespace}.{name}",
         ["namespace", "name"],
@@ -97,6 +103,13 @@ OPERATIONS: dict[str, tuple[str, str, list[type] | None, str]] = {
     "statusWriterReceivesDecisions": ("receive", "allocations", None, "Durable consumer `statuswriter-<sink>`: local store or Kubernetes status."),
     "allocatorRequestsEvictions": ("send", "evictions", None, "With moves on: evict the Pods whose claims are in a waiting Pod's way."),
     "statusWriterReceivesEvictions": ("receive", "evictions", None, "The Kubernetes sink evicts each Pod (policy/v1 Eviction); the local store ignores it."),
+    "statusWriterReportsEvictionRefusals": ("send", "evictionRefusals", None, "The Kubernetes sink tells the allocator an eviction was refused."),
+    "allocatorReceivesEvictionRefusals": (
+        "receive",
+        "evictionRefusals",
+        None,
+        "Durable consumer `allocator`: the hold ends, the refusal explained, asked again after a backoff.",
+    ),
 }
 
 

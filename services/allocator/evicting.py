@@ -20,9 +20,17 @@ and what is held for it until when (`Evictions.note`, `Evictions.shown`: the fai
 held devices count in the ``dralloc.devices.reserved`` gauge), as do Events on the Pods (evicted,
 or the waiting one when a PodDisruptionBudget refused). The requests carry the devices held and
 when they were asked (`EvictionRequested.held`, ``askedAt``): a new leader reads them back from
-ALLOCATIONS and holds the same devices until the same end (`Evictions.replayed`). A refused eviction leaves the claim held: the Pod waits as any Pod
-that does not fit (it is tried again whenever room changes), and an eviction is asked again only
-after the patience is over. Only a Pod with one claim still to place (not a gang member, no claim
+ALLOCATIONS and holds the same devices until the same end (`Evictions.replayed`).
+
+A refusal (a PodDisruptionBudget, or a Pod ``kubectl drain`` would not evict) comes back from the
+status writer as an `EvictionRefused` (`Evictions.refusal`): the hold ends at once, the waiting
+Pod's failure says who refused and why and when it asks again, and it asks again only after a
+backoff (`REFUSED_BACKOFF`, doubled with each refusal in a row, at most `EVICTION_PATIENCE`),
+planning around the claims refused for a patience (another node, if one can be emptied). The Pod
+waits meanwhile as any Pod that does not fit (tried again whenever room changes); a refusal never
+heard (the status writer down) ends with the patience.
+
+Only a Pod with one claim still to place (not a gang member, no claim
 of it placed already) that is large (it takes a whole node: `gang.reservation_for`) is served,
 and only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted
 for another Pod are evicted.
@@ -47,6 +55,11 @@ EVICTION_PATIENCE = 300.0
 """Seconds an eviction stays in flight (nothing more evicted for its Pod) while its claims are held:
 then it may be asked again (a PodDisruptionBudget may allow it by then), never in a hot loop."""
 
+REFUSED_BACKOFF = 60.0
+"""Seconds after a refusal is heard before the Pod's evictions may be asked again (doubled with each
+refusal in a row for the Pod, at most `EVICTION_PATIENCE`): a budget refuses until a Pod it counts
+is ready again, which takes a while."""
+
 
 @dataclass(slots=True)
 class InFlight:
@@ -59,11 +72,22 @@ class InFlight:
     note: str
     devices: int = 0
     """The devices the planner would give the Pod there (a bitset of engine ids), held for it meanwhile."""
+    asked_at: float = 0.0
+    """The requests' ``askedAt`` (a refusal names the asking it answers)."""
+    retry_at: float = 0.0
+    """Once a refusal is heard: when it may be asked again (0: at the end of the patience)."""
+    refused: list[str] = field(default_factory=list)
+    """What was refused (for the failure message)."""
 
     @property
     def until(self) -> float:
         """When the patience is over (the hold ends then at the latest)."""
         return self.since + EVICTION_PATIENCE
+
+    @property
+    def over(self) -> float:
+        """When it stops being in flight (its Pod's evictions may be asked again)."""
+        return self.retry_at or self.until
 
 
 @dataclass(slots=True)
@@ -71,6 +95,10 @@ class Evictions:
     """Evictions in flight, by the key of the Pod they make room for."""
 
     inflight: dict[str, InFlight] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Pod key -> refusals heard in a row for it (the backoff doubles with each)."""
+    refused_claims: dict[str, float] = field(default_factory=dict)
+    """Claim key -> until when it is not asked to go again (a refusal heard): planned around."""
 
     def note(self, pod: str) -> str:
         """What the waiting Pod's failure message adds while its eviction is in flight ("" when none)."""
@@ -86,16 +114,52 @@ class Evictions:
         return tuple(found.node.split(", ")), found.until
 
     def busy(self) -> set[str]:
-        """Keys of the claims being evicted for some Pod."""
-        return {key for found in self.inflight.values() for key in found.claims}
+        """Keys of the claims being evicted for some Pod, or refused lately (`refused_claims`)."""
+        return {key for found in self.inflight.values() for key in found.claims} | self.refused_claims.keys()
 
     def settle(self, book: Decisions, now: float) -> None:
-        """Forget what is over: the Pod placed or gone, its claims all released, or the patience spent."""
+        """Forget what is over: the Pod placed or gone, its claims all released, or the patience (the
+        backoff, after a refusal) spent."""
         for pod, found in list(self.inflight.items()):
             held = any((c := book.committed.get(k)) is not None and c.uid == uid for k, uid in found.claims.items())
-            if pod not in book.pods or not held or now - found.since >= EVICTION_PATIENCE:
+            if pod not in book.pods or not held or now >= found.over:
                 del self.inflight[pod]
                 self._hold(book, pod, 0)
+                if pod not in book.pods or not held:
+                    self.refusals.pop(pod, None)  # placed, gone, or its evictions done: a new start
+        for key, until in list(self.refused_claims.items()):
+            if now >= until or key not in book.committed:
+                del self.refused_claims[key]
+
+    def refusal(self, book: Decisions, refused: ev.EvictionRefused, now: float) -> bool:
+        """The status writer could not evict a Pod asked for (`EvictionRefused`); returns whether it is
+        news (it answers the Pod's eviction in flight: the same asking, the same claim). Then what was
+        held for the Pod is let go at once (other claims may take it), its failure message says who
+        refused and why, it is asked again only after a backoff, and the claim refused is planned
+        around for a patience. A refusal of anything else (an older asking, a Pod since placed, a
+        forged one) changes nothing."""
+        pod = f"{refused.for_namespace}/{refused.for_pod}"
+        found = self.inflight.get(pod)
+        if found is None or found.claims.get(refused.key) is None or refused.asked_at != found.asked_at:
+            return False
+        if refused.uid and found.claims[refused.key] != refused.uid:
+            return False
+        what = f"Pod {refused.namespace}/{refused.pod} (claim {refused.key})"
+        if any(line.startswith(what) for line in found.refused):
+            return False  # (the same Pod's refusal told again)
+        if not found.refused:  # the first refusal of this asking: the backoff begins
+            count = self.refusals[pod] = self.refusals.get(pod, 0) + 1
+            found.retry_at = now + min(EVICTION_PATIENCE, REFUSED_BACKOFF * 2 ** (count - 1))
+        words = " ".join(refused.message.split())[:300]  # (one line, bounded: it goes into an Event)
+        found.refused.append(f"{what}: {words or 'refused'}")
+        self.refused_claims[refused.key] = now + EVICTION_PATIENCE
+        found.devices = 0
+        self._hold(book, pod, 0)
+        found.note = (
+            f"; with moves on, dralloc asked to evict Pods to make room on node {found.node}, and the cluster refused: "
+            f"{'; '.join(found.refused)}; nothing is held for it now, and it asks again after {_clock(found.retry_at)} (around the claims refused)"
+        )
+        return True
 
     def _hold(self, book: Decisions, pod: str, devices: int) -> None:
         """Hold `devices` for `pod` (0: nothing) as reservations are held: other claims take them last."""
@@ -127,9 +191,8 @@ class Evictions:
                     if (rec := inv.by_key.get((held.driver, held.pool, held.device))) is not None:
                         devices |= 1 << rec.id
             node = asked[-1].node
-            self.inflight[pod] = InFlight(
-                {r.key: r.uid for r in asked}, node, since, note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0), devices
-            )
+            note = note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0)
+            self.inflight[pod] = InFlight({r.key: r.uid for r in asked}, node, since, note, devices, asked[-1].asked_at)
             self._hold(book, pod, devices)
 
     def refused(self, book: Decisions, pod: str) -> None:
@@ -151,9 +214,12 @@ def note_for(requests: Sequence[ev.EvictionRequested], node: str, held_until: fl
         f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
     )
     if held_until:
-        stamp = datetime.datetime.fromtimestamp(held_until, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        note += f"{HELD_WORDS} node {node} held for it while they go (other claims take its devices last) until {stamp}"
+        note += f"{HELD_WORDS} node {node} held for it while they go (other claims take its devices last) until {_clock(held_until)}"
     return note
+
+
+def _clock(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] | None:
@@ -255,6 +321,6 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
             )
         )
     note = note_for(requests, node, now + EVICTION_PATIENCE if devices else 0.0)
-    evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices)
+    evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices, now)
     evictions._hold(book, pod_key, devices)
     return requests

@@ -157,6 +157,8 @@ class Allocator:
                 await self.decide_step(self.book.pod_submitted(event))
             elif isinstance(event, ev.PodDeleted):
                 self.book.pod_deleted(event.key, event.uid)
+            elif isinstance(event, ev.EvictionRefused):
+                await self._eviction_refused(event)
             # Whatever was decided, or not, stands once every write so far is stored.
             tail = self.tail
         return tail if tail is not None and not tail.done() else None
@@ -311,6 +313,17 @@ class Allocator:
             self.book.pod_refused(plan)
             raise
         self.book.pod_stored(plan)
+
+    async def _eviction_refused(self, refused: ev.EvictionRefused) -> None:
+        """The status writer could not evict a Pod asked for (evicting.py `Evictions.refusal`): if it is
+        news, what was held for the waiting Pod is free for others now, and the Pod is decided again
+        at once, so its failure (its Event, `dralloc get claims`) says why it still waits."""
+        pod = f"{refused.for_namespace}/{refused.for_pod}"
+        if self.moves == "off" or not self.book.evictions.refusal(self.book, refused, time.time()):
+            return
+        self.room_changed.set()  # (the held devices may fit a claim that avoided them)
+        if pod in self.book.pods:
+            await self.decide_step(self.book.pod_submitted(self.book.pods[pod]))
 
     async def _allocate_one(self, claim: ResourceClaim, context: Context, began: float) -> None:
         with telemetry.tracer().start_as_current_span("allocate", attributes={"dralloc.claim": claim.key}) as span:

@@ -16,9 +16,10 @@ Outcomes per Pod:
 - a Pod ``kubectl drain`` would not evict either (`why_not`: a static Pod's mirror, a Pod without a
   controller to make it again, a DaemonSet's Pod): not evicted, reported as a refusal (below);
 - 404 (gone already) or 409 (the uid precondition: another Pod of that name now): nothing to do;
-- 429 TooManyRequests (a PodDisruptionBudget forbids it now): a refusal. Logged, and a Warning
-  Event ``EvictionRefused`` on the waiting Pod names the refusal. Never retried here (the event is
-  acknowledged): the allocator asks again at most once per `EVICTION_PATIENCE` of its own;
+- 429 TooManyRequests (a PodDisruptionBudget forbids it now): a refusal. Logged, a Warning
+  Event ``EvictionRefused`` on the waiting Pod names the refusal, and the allocator is told (an
+  `EvictionRefused` event on CLAIMS, its input: it lets go what it held for the waiting Pod and
+  asks again only after a backoff of its own). Never retried here (the request is acknowledged);
 - anything else: as the status writes (`kubernetes._classify`: refusals dead-lettered, the rest
   redelivered; a Pod evicted before that is then gone: 404).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
@@ -125,6 +127,8 @@ class Evictor:
     read_claim: Callable[[str, str], Awaitable[ResourceClaim | None]]
     """The claim as the cluster holds it now (None: gone)."""
     classify: Callable[[ApiException], Exception]
+    tell: Callable[[ev.EvictionRefused], Awaitable[Any]] | None = None
+    """Publishes a refusal for the allocator (the bus's publish; None: not told, it waits out its patience)."""
 
     async def evict(self, request: ev.EvictionRequested) -> list[Evicted]:
         """Evict each Pod of the request that the claim, as the cluster holds it now, is still reserved
@@ -186,6 +190,18 @@ class Evictor:
         """Not evicted: logged, and a Warning Event on the waiting Pod says why (never retried here)."""
         waiting = f"Pod {request.for_namespace}/{request.for_pod}"
         log.warning("Pod %s/%s not evicted to make room for %s: %s", request.namespace, name, waiting, words)
+        if self.tell is not None:  # (first: if the bus is down, the request is redelivered and asked again)
+            told = ev.EvictionRefused(
+                namespace=request.namespace,
+                name=request.name,
+                uid=request.uid,
+                pod=name,
+                for_namespace=request.for_namespace,
+                for_pod=request.for_pod,
+                asked_at=request.asked_at,
+                message=words[: ev.EVICTION_WORDS_MAX],
+            )
+            await self.tell(told)
         target = await self.pod_of(request.for_namespace, request.for_pod)
         if target is not None:
             message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for this Pod: {words}"

@@ -49,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,8 +120,15 @@ class KubernetesSink:
     """A `StatusSink` writing `ResourceClaim.status` through the API server (see the module doc)."""
 
     def __init__(
-        self, config: Any = None, *, api: ApiClient | None = None, report: Callable[[Result], None] | None = None, settings: KubeSettings | None = None
+        self,
+        config: Any = None,
+        *,
+        api: ApiClient | None = None,
+        report: Callable[[Result], None] | None = None,
+        settings: KubeSettings | None = None,
+        tell: Callable[[ev.EvictionRefused], Awaitable[Any]] | None = None,
     ) -> None:
+        """`tell`: publishes an eviction's refusal for the allocator (the bus's publish; evictions.py)."""
         env = KubeSettings.from_env()
         self.settings = settings or KubeSettings(
             server=env.server,
@@ -140,7 +147,7 @@ class KubernetesSink:
         self._foreign: set[str] = set()
         """uids of claims found allocated by someone else: their allocation is never cleared here."""
         self.events = EventRecorder(self._made_client)
-        self.evictor = Evictor(self._client, self.events, self._pod, self._read, _classify)
+        self.evictor = Evictor(self._client, self.events, self._pod, self._read, _classify, tell)
 
     async def close(self) -> None:
         if self._api is not None and self._owns_api:

@@ -53,7 +53,7 @@ async def make_sink(bus: Bus, config: Config) -> StatusSink:
     if config.sink == "kubernetes":
         from dralloc.statuswriter.kubernetes import KubernetesSink  # only when asked: needs a cluster
 
-        return KubernetesSink(config)
+        return KubernetesSink(config, tell=bus.publish)  # (refused evictions told to the allocator)
     return KVSink(await bus.key_value(config.bucket), bus, config.bucket)
 
 

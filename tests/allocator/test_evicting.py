@@ -192,6 +192,49 @@ def test_a_replayed_request_is_held_again_until_its_own_end_and_never_longer() -
     assert fresh.evictions.inflight["ml/big"].since == 1300.0 and "ml/big" not in fresh.reservations.evicting
 
 
+def refusal(request: ev.EvictionRequested, **changes: object) -> ev.EvictionRefused:
+    """What the status writer tells when `request`'s Pod is not evicted (a budget refused)."""
+    told = ev.EvictionRefused(
+        namespace=request.namespace,
+        name=request.name,
+        uid=request.uid,
+        pod=request.pods[0].name,
+        for_namespace=request.for_namespace,
+        for_pod=request.for_pod,
+        asked_at=request.asked_at,
+        message="Cannot evict pod as it would violate the pod's disruption budget.",
+    )
+    return msgspec.structs.replace(told, **changes)
+
+
+def test_a_refusal_heard_lets_the_hold_go_says_why_and_asks_again_elsewhere_after_a_backoff() -> None:
+    book = book_over(TWO_NODES)
+    scattered(book)
+    waiting_big(book)
+    first = evicting.decide(book, "ml/big", 1000.0)
+    node = first[0].node
+    # Not news: another asking, another claim's uid, another Pod, a Pod with nothing in flight.
+    for stale in (refusal(first[0], asked_at=999.0), refusal(first[0], uid="other"), refusal(first[0], for_pod="nobody")):
+        assert not book.evictions.refusal(book, stale, 1001.0)
+    assert book.reservations.per_node() == {node: 8}
+    assert book.evictions.refusal(book, refusal(first[0]), 1001.0)
+    assert not book.evictions.refusal(book, refusal(first[0]), 1002.0)  # told again: nothing new
+    # The hold is let go at once, and the failure says who refused, why, and when it asks again.
+    assert book.reservations.evicting == {} and book.reservations.per_node() == {}
+    (failure,) = book.decide_pod(AllocatePod("ml/big")).failures
+    assert failure.reserved_nodes == [] and failure.reserved_until == 0.0
+    assert f"Pod ml/{first[0].pods[0].name} (claim {first[0].key}): Cannot evict pod" in failure.message
+    assert "asks again after 1970-01-01T00:17:41Z" in failure.message  # 1001 s + REFUSED_BACKOFF
+    # Not asked again during the backoff; after it, around the claim refused: the other node is emptied.
+    assert evicting.decide(book, "ml/big", 1001.0 + evicting.REFUSED_BACKOFF - 1) == []
+    second = evicting.decide(book, "ml/big", 1001.0 + evicting.REFUSED_BACKOFF)
+    assert second and {r.node for r in second} != {node} and first[0].key not in {r.key for r in second}
+    # Refused again: the backoff doubles.
+    now = 1001.0 + evicting.REFUSED_BACKOFF + 1
+    assert book.evictions.refusal(book, refusal(second[0]), now)
+    assert book.evictions.inflight["ml/big"].retry_at == now + 2 * evicting.REFUSED_BACKOFF
+
+
 def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
     book = book_over(TWO_NODES)
     scattered(book)

@@ -208,3 +208,14 @@ def test_a_weakened_stream_is_told_from_one_that_keeps_more(change, problem):
     # made by an older release that kept every message per subject: keeps more, not weakened
     claims = STREAMS["CLAIMS"]
     assert streamcheck.weakened(dataclasses.replace(claims, max_msgs_per_subject=-1), claims) == []
+
+
+async def test_the_status_writer_may_tell_of_a_refused_eviction_and_nothing_else_on_claims(secured):
+    """Its user publishes an EvictionRefused on CLAIMS (its own subjects), never a claim or a Pod there."""
+    server, credentials = secured
+    refused = ev.EvictionRefused(namespace="ml", name="c", uid="u", pod="p", for_namespace="ml", for_pod="big", asked_at=1.0, message="budget")
+    async with await Bus.connect(credentials.url(server.url, "statuswriter"), name="statuswriter") as writer:
+        assert (await asyncio.wait_for(writer.publish(refused), 5)).stream == "CLAIMS"
+        for forged in (claim_event("sneaky"), ev.PodDeleted(namespace="ml", name="big", uid="u")):
+            with pytest.raises((TimeoutError, BusError)):  # a permissions violation: no ack ever comes
+                await asyncio.wait_for(writer.publish(forged), 2)

@@ -166,7 +166,7 @@ async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, moves: s
     settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
     stop = asyncio.Event()
     source = KubernetesSource(None, print, options=KubeSourceOptions(settings=settings, slices=True, claim_templates=True))
-    sink = KubernetesSink(settings=settings)
+    sink = KubernetesSink(settings=settings, tell=bus.publish)  # (as statuswriter.make_sink makes it)
     scheduler = SchedulerStandIn(apiserver, api)
     apiserver.apply(CLASS)
     apiserver.apply(node_slice("node-0", gpus=4))
@@ -297,10 +297,27 @@ async def test_a_disruption_budget_refusing_leaves_the_pods_and_says_so_on_the_w
     (claim,) = cluster.claims_of("big")
     assert not (claim.get("status") or {}).get("allocation")
     assert api.read("pods", NS, "big")["spec"]["schedulingGates"] == [{"name": GATE}]
-    # The allocator's word for it: the waiting claim's failure names the Pods it asked to evict.
-    failed = await cluster.decision(claim["metadata"]["name"], ev.AllocationFailed)
-    assert "dralloc asked to evict Pod(s)" in failed.message and "PodDisruptionBudget" in failed.message
-    # Asked once per Pod, not again and again (the eviction stays in flight for the allocator's patience).
+    # The allocator hears the refusals (EvictionRefused on CLAIMS, from the status writer): what it held
+    # for the waiting Pod is let go at once, and its failure says who refused, why, and when it asks again.
+    told = []
+    for name in [n for names in on.values() for n in names]:
+        subject = ev.subject("claims", NS, cluster.claims_of(name)[0]["metadata"]["name"], "evictrefused")
+        try:
+            told.append((name, ev.decode((await jetstream(cluster.bus).get_last_msg("CLAIMS", subject)).data)))
+        except Exception:  # noqa: BLE001 - not asked to go: no refusal for it
+            continue
+    assert len(told) == 2
+    for name, refused in told:
+        assert isinstance(refused, ev.EvictionRefused) and (refused.pod, refused.for_pod) == (name, "big") and DISRUPTION_BUDGET in refused.message
+    async with asyncio.timeout(30):
+        while True:
+            failed = await cluster.decision(claim["metadata"]["name"], ev.AllocationFailed)
+            if failed.message.count("Cannot evict pod") == 2:
+                break
+            await asyncio.sleep(0.05)
+    assert "the cluster refused" in failed.message and "nothing is held for it now, and it asks again after" in failed.message
+    assert failed.reserved_nodes == [] and failed.reserved_until == 0.0
+    # Asked once per Pod, not again and again (after a refusal, only once a backoff is over).
     asked = len(evictions(api))
     assert asked == 2
     await asyncio.sleep(1.0)
