@@ -36,8 +36,9 @@ Instruments (meter ``dralloc``):
   (some device of the class taken), i.e. free devices a whole-node request
   cannot have. Best fit keeps it low; 0 when nothing is free;
 - ``dralloc.devices.reserved`` (gauge): devices held for a large claim or gang
-  that waits (services/allocator/reservations.py), per ``node``; other claims
-  take them last;
+  that waits (services/allocator/reservations.py), or for a Pod while the Pods
+  in its way are evicted (services/allocator/evicting.py), per ``node``; other
+  claims take them last;
 - ``dralloc.consumer.lag`` (gauge): messages of a stream not yet acked by a
   durable consumer (pending + delivered unacked), per ``stream`` and
   ``consumer``; reported by the process consuming (`report_lag`): the
