@@ -223,12 +223,18 @@ class Engine:
         self.placement.reserve(devices)
 
     def plan_moves(
-        self, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], *, domain_label: str | None = None, lost: Mapping[str, float] | None = None
+        self,
+        claims: Sequence[ResourceClaim],
+        movable: Mapping[str, ResourceClaim],
+        *,
+        domain_label: str | None = None,
+        lost: Mapping[str, float] | None = None,
+        together: bool = False,
     ) -> MovePlan | None:
-        """A plan to make room for `claims` (one, or a gang's members) by re-placing claims of
-        `movable` that are in the way, fewest first (then, with `lost`, least cost); None if none.
-        Changes nothing (moves.py `plan`)."""
-        return moves.plan(self, claims, movable, domain_label=domain_label, lost=lost)
+        """A plan to make room for `claims` (one, a gang's members, or with `together` a Pod's claims,
+        all on one node) by re-placing claims of `movable` that are in the way, fewest first (then,
+        with `lost`, least cost); None if none. Changes nothing (moves.py `plan`)."""
+        return moves.plan(self, claims, movable, domain_label=domain_label, lost=lost, together=together)
 
     def apply_moves(self, plan: MovePlan) -> list[Outcome]:
         """Commit a plan of `plan_moves` all or nothing (moves.py `apply`; raises moves.StalePlan)."""
@@ -426,28 +432,38 @@ class Engine:
             return  # a node no object names (`allocate(node=...)` with an unknown name): nothing to remember
         bit = 1 << rank
         memo = {} if memo is None else memo
+        # without network-attached devices the node's mask is its own devices: the verdict's part
+        # of it is placement's per-node copy (`local_verdict`, shifted by `lo`), read without the
+        # fleet-sized `& mask` operations (each ~10 us at 250,000 GPUs, per node and alternative)
+        topo = self.placement.topology.node(node) if not inv.nonlocal_bits else None
         for plan in plans:
             for request in plan.requests:
                 for alt in request.alts:
-                    verdict = self._verdict(memo, alt, mask)
+                    known = self.verdicts.known(alt) if topo is not None else None
+                    verdict = known if known is not None else self._verdict(memo, alt, mask)
                     info = verdict.nodes(inv.version, alt.learn_key)
                     if info[0] & bit:
                         continue
                     info[0] |= bit
-                    hit = verdict.failed & mask
+                    if known is not None and topo is not None:
+                        matched, hit = self.placement.local_verdict(topo, alt)
+                        lo = topo.lo
+                    else:
+                        hit = verdict.failed & mask
+                        matched, lo = (verdict.matched & mask if not hit else 0), 0
                     if not hit:
-                        matched = verdict.matched & mask
                         if alt.group:
-                            hit = self._learn_groups(verdict, alt, matched, bit)
+                            hit = self._learn_groups(verdict, alt, matched, bit, lo)
                         elif alt.constraint_attributes:
-                            hit = any(all(inv.devices[i].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
+                            hit = any(all(inv.devices[i + lo].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
                         else:
                             hit = matched
                     if hit:
                         info[1] |= bit
 
-    def _learn_groups(self, verdict: Verdict, alt: Alt, matched: int, bit: int) -> bool:
-        """Whether the node (`bit`) has a group of `alt.group` of its `matched` devices, with the
+    def _learn_groups(self, verdict: Verdict, alt: Alt, matched: int, bit: int, lo: int = 0) -> bool:
+        """Whether the node (`bit`) has a group of `alt.group` of its `matched` devices (ids
+        shifted down by `lo`), with the
         same answer noted for the other group sizes of the verdict's node memory that read the same
         attributes and have not seen the node (a node without a pair has no group of 4 or 8 either):
         the claims of those sizes then skip it without a try of their own."""
@@ -458,7 +474,7 @@ class Engine:
         ]
         groups = [alt.group, *(g for g, _ in siblings)]
         # a device adds one to a value at most: with fewer matching devices no group is reached
-        largest = 0 if matched.bit_count() < min(groups) else _largest_group(self.inventory, matched, alt, max(groups))
+        largest = 0 if matched.bit_count() < min(groups) else _largest_group(self.inventory, matched, alt, max(groups), lo)
         for group, info in siblings:
             info[0] |= bit
             if largest >= group:
@@ -654,8 +670,9 @@ class Engine:
         return allocation, entries
 
 
-def _largest_group(inv: Inventory, matched: int, alt: Alt, cap: int) -> int:
-    """The largest group, counted up to `cap`, of the `matched` devices (free or not) that have
+def _largest_group(inv: Inventory, matched: int, alt: Alt, cap: int, lo: int = 0) -> int:
+    """The largest group, counted up to `cap`, of the `matched` devices (ids shifted down by `lo`;
+    free or not) that have
     every constraint attribute: for each match attribute the most of them sharing one value, the
     least of those over the attributes (`cap` without match attributes). A group of `alt.group`
     exists when this reaches it: a matchAttribute over NVLink domains of two cannot hold a claim
@@ -667,7 +684,7 @@ def _largest_group(inv: Inventory, matched: int, alt: Alt, cap: int) -> int:
     best = [0] * len(attributes)
     left = len(attributes)
     for i in iter_bits(matched):
-        rec = inv.devices[i]
+        rec = inv.devices[i + lo]
         if rec is None or any(rec.attribute(a) is None for a in alt.constraint_attributes):
             continue
         for n, attribute in enumerate(attributes):
