@@ -316,8 +316,9 @@ class Decisions:
         return self.reservations.max_wait(claim) > 0
 
     def _as_holder(self, unit: str, work, *args, **kwargs):
-        """Run engine `work` for `unit`: its own reservation is no penalty to it (every other unit's is)."""
-        if self.reservations.held.get(unit) is None:
+        """Run engine `work` for `unit` (a Pod's key for a Pod): its own reservation, or what is held for
+        it while its evictions run, is no penalty to it (every other unit's is)."""
+        if self.reservations.held.get(unit) is None and unit not in self.reservations.evicting:
             return work(*args, **kwargs)
         self.engine.reserve(self.reservations.others(unit))
         try:

@@ -30,10 +30,10 @@ planning around the claims refused for a patience (another node, if one can be e
 waits meanwhile as any Pod that does not fit (tried again whenever room changes); a refusal never
 heard (the status writer down) ends with the patience.
 
-Only a Pod with one claim still to place (not a gang member, no claim
-of it placed already) that is large (it takes a whole node: `gang.reservation_for`) is served,
-and only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted
-for another Pod are evicted.
+Only a Pod whose claims are all still to place (none a gang member, none placed already) and
+large (one claim, or several together on one node, take a whole node: `served`) is served, and
+only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted for
+another Pod are evicted.
 """
 
 from __future__ import annotations
@@ -230,30 +230,37 @@ def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] 
     return list(refs)
 
 
-def evictable(unit: ResourceClaim, claims: Iterable[ResourceClaim]) -> dict[str, ResourceClaim]:
-    """Of `claims` (allocated), those whose Pods may be evicted for `unit`, by key: reserved only for
-    Pods, not in a gang, smaller than it, not its own."""
-    least = claim_demand(unit)
+def evictable(unit: Sequence[ResourceClaim], claims: Iterable[ResourceClaim]) -> dict[str, ResourceClaim]:
+    """Of `claims` (allocated), those whose Pods may be evicted for the Pod whose claims to place are
+    `unit`, by key: reserved only for Pods, not in a gang, smaller than the unit (its claims'
+    devices together), not its own."""
+    least = sum(claim_demand(c) for c in unit)
+    own = {c.key for c in unit}
     out = {}
     for claim in claims:
-        if claim.key != unit.key and gang_of(claim) is None and pod_consumers(claim) is not None and claim_demand(claim) < least:
+        if claim.key not in own and gang_of(claim) is None and pod_consumers(claim) is not None and claim_demand(claim) < least:
             out[claim.key] = claim
     return out
 
 
-def movable(book: Decisions, unit: ResourceClaim, busy: set[str]) -> dict[str, ResourceClaim]:
+def movable(book: Decisions, unit: Sequence[ResourceClaim], busy: set[str]) -> dict[str, ResourceClaim]:
     """The committed claims whose Pods may be evicted for `unit` (`evictable`), but those being
     evicted for another Pod (`busy`), by key."""
     return evictable(unit, (c.claim for k, c in book.committed.items() if k not in busy and c.allocation is not None))
 
 
 def served(engine: Engine, claims: Sequence[ResourceClaim]) -> bool:
-    """Whether a Pod whose claims still to place are `claims` is one evictions serve: one claim, not
-    a gang member, large (it takes a whole node; a small claim fits in holes)."""
-    if len(claims) != 1:
+    """Whether a Pod whose claims still to place are `claims` is one evictions serve: none a gang
+    member, and large: it takes a whole node (one claim: `gang.reservation_for`; several, placed
+    together on one node: their devices together at least as many as the node closest to fitting
+    the largest of them has of its kind). A small unit fits in holes as they come."""
+    if not claims or any((gang := gang_of(c)) is not None and gang[1] > 1 for c in claims):
         return False
-    gang = gang_of(claims[0])
-    return (gang is None or gang[1] <= 1) and bool(reservation_for(engine, list(claims)))
+    if len(claims) == 1:
+        return bool(reservation_for(engine, list(claims)))
+    largest = max(claims, key=claim_demand)
+    node = engine.placement.closest([engine._plan(largest)])  # (what reservation_for asks for one claim)
+    return bool(node) and sum(claim_demand(c) for c in claims) >= node.bit_count()
 
 
 def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim]) -> list[str]:
@@ -261,7 +268,7 @@ def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable
     evictions the allocator would ask for with moves on, among the allocated `candidates`; [] for none."""
     if not served(engine, unit):
         return []
-    plan = engine.plan_moves(list(unit), evictable(unit[0], candidates))
+    plan = engine.plan_moves(list(unit), evictable(unit, candidates), together=True)
     if plan is None:
         return []
     by_key = {c.key: c for c in candidates}
@@ -283,12 +290,12 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     if pod is None or pod_key in evictions.inflight:
         return []
     keys = [f"{pod.namespace}/{name}" for name in pod.claims]
-    if any(k in book.committed for k in keys) or len(keys) != 1 or keys[0] not in book.unused:
-        return []  # one claim, none placed (a Pod's claims share a node: moves.py plans for one claim or a gang)
-    claim = book.unused[keys[0]]
-    if not served(book.engine, [claim]):
+    if not keys or any(k in book.committed or k not in book.unused for k in keys):
+        return []  # none placed yet (a Pod with a shared claim allocated is tied to that claim's node)
+    claims = [book.unused[k] for k in keys]
+    if not served(book.engine, claims):
         return []
-    plan = book.engine.plan_moves([claim], movable(book, claim, evictions.busy()))
+    plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy()), together=True)
     if plan is None:
         return []
     node = ", ".join(plan.target)

@@ -249,8 +249,10 @@ def _note_evictions(engine: Engine, unit: _Unit, outcomes: Sequence[Outcome], ob
     as the cluster shows them)."""
     if not any(o.status == "unsatisfiable" for o in outcomes):
         return
+    if any(c.key in engine.ledger.claims for c in unit.claims):
+        return  # (as the allocator: a Pod with a claim placed already is tied to that claim's node)
     came = [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
-    notes = evicting.describe(engine, [c for c in unit.claims if c.key not in engine.ledger.claims], came)
+    notes = evicting.describe(engine, list(unit.claims), came)
     for outcome in outcomes:
         if notes and outcome.status == "unsatisfiable":
             outcome.explanation = outcome.explanation or Explanation()

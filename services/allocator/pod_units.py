@@ -103,7 +103,8 @@ def decide_pod(book: Decisions, step: AllocatePod) -> PodPlan:
         message = f"Pod {pod.key}: its claims are already allocated on different nodes ({', '.join(sorted(nodes))}); it can never run"
         outcomes = [Outcome(claim=c.key, status="error", message=message) for c in pending]
     else:
-        outcomes = book.engine.allocate(pending, node=next(iter(nodes), None), together=True)
+        # (what is held for it while its evictions run is its own: a node whole again is not kept from it)
+        outcomes = book._as_holder(step.pod, book.engine.allocate, pending, node=next(iter(nodes), None), together=True)
     if all(o.status == "allocated" for o in outcomes):
         plan.batch = [
             ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name, uid=c.metadata.uid or "", allocation=allocation_of(c))

@@ -150,6 +150,30 @@ async def test_an_eviction_request_in_allocations_is_no_decision_for_a_successor
     assert set(full.committed) == {"ml/c0", "ml/c1"}
 
 
+def test_a_pod_with_several_claims_gets_room_for_them_together_on_one_node() -> None:
+    """Two 4-GPU claims of one Pod (8 GPUs on one node; 4 free on each): the Pods on one node are asked
+    to go, what the Pod's two claims would get there is held (all 8 GPUs of that node); once they are
+    released the Pod is placed there. A Pod whose claims together are small asks for nothing."""
+    book = book_over(TWO_NODES)
+    on = scattered(book)
+    for name in ("left", "right"):
+        assert book.submitted(claim(name, 4), needs_pod=True) is None
+    assert book.pod_submitted(pod("big", "left", "right")) == AllocatePod("ml/big")
+    assert not book.decide_pod(AllocatePod("ml/big")).batch
+    requests = evicting.decide(book, "ml/big", 1000.0)
+    (node,) = {r.node for r in requests}
+    assert sorted(r.key for r in requests) == sorted(on[node])
+    assert book.reservations.per_node() == {node: 8} and all(len(r.held) == 8 for r in requests)
+    for request in requests:
+        book.deleted(request.key, request.uid)
+        book.release_stored(request.key)
+    assert {c.node for c in store(book, AllocatePod("ml/big"))} == {node}
+    # Small together (two 1-GPU claims): they fit in holes as they come, nothing is evicted for them.
+    small = [claim("one", 1), claim("two", 1)]
+    assert not evicting.served(book.engine, small)
+    assert evicting.served(book.engine, [claim("a", 4), claim("b", 4)])
+
+
 def test_an_eviction_hold_is_shown_where_a_reservation_is() -> None:
     """The waiting Pod's failure names the node held for it and until when (`reservedNodes`,
     `reservedUntil`, the message: `dralloc get claims`), and the held devices count in the gauge."""

@@ -267,6 +267,22 @@ async def test_with_moves_on_the_pods_in_a_large_pods_way_are_evicted_and_it_tak
     assert calls <= granted(render(INFRA), "dralloc-statuswriter")
 
 
+async def test_a_pod_with_two_claims_gets_room_for_both_on_one_node(moves_on: Cluster) -> None:
+    """Two 2-GPU claims of one Pod (4 GPUs, a whole node; 2 free on each): the Pods on one node are
+    evicted and both claims are allocated there."""
+    cluster, api = moves_on, moves_on.apiserver
+    on = await scattered(cluster)
+    api.apply(template("two-gpus", count=2))
+    api.apply(a_pod("big", templates={"left": "two-gpus", "right": "two-gpus"}))
+    node = await cluster.bound("big")
+    claims = cluster.claims_of("big")
+    assert len(claims) == 2 and {node_of(c) for c in claims} == {node}
+    assert all(len(c["status"]["allocation"]["devices"]["results"]) == 2 for c in claims)
+    assert {r.name for r in evictions(api)} == set(on[node])
+    (other,) = [n for n in on if n != node]
+    assert all(api.read("pods", NS, name) is not None for name in on[other])
+
+
 async def test_with_moves_off_nothing_is_evicted(moves_off: Cluster) -> None:
     cluster, api = moves_off, moves_off.apiserver
     on = await scattered(cluster)

@@ -80,9 +80,11 @@ def plan(
     *,
     domain_label: str | None = None,
     lost: Mapping[str, float] | None = None,
+    together: bool = False,
 ) -> MovePlan | None:
     """A plan that makes room for `claims` (one claim, or a gang's members, all or none in one
-    domain of `domain_label` as for `gang.allocate_gang`) by moving claims of `movable` (key ->
+    domain of `domain_label` as for `gang.allocate_gang`; with `together`, a Pod's claims, all on
+    one node as `Engine.allocate(together=True)` places them) by moving claims of `movable` (key ->
     the claim as allocated: its spec is what a move must satisfy again); claims in the way that are
     not in `movable` are never moved. `lost` (key -> what moving that claim costs, e.g. the GPU
     time it has served, lost when it restarts): among targets that move as many claims, the one
@@ -93,9 +95,9 @@ def plan(
         return None
     keys = {c.key for c in claims}
     movable = {k: c for k, c in movable.items() if k not in keys}
-    if _fits(engine, claims, domain_label):
+    if _fits(engine, claims, domain_label, together):
         return None
-    if len(claims) > 1:
+    if len(claims) > 1 and not together:
         return _gang_plan(engine, claims, movable, domain_label, lost)
     for ranks, blockers in _single_targets(engine, claims, movable, lost)[:MAX_TARGETS]:
         found = _try(engine, claims, ranks, blockers, movable)
@@ -281,13 +283,13 @@ def _devices(record: Record) -> int:
 # --- tries -------------------------------------------------------------------------------------
 
 
-def _fits(engine: Engine, claims: Sequence[ResourceClaim], domain_label: str | None) -> bool:
+def _fits(engine: Engine, claims: Sequence[ResourceClaim], domain_label: str | None, together: bool = False) -> bool:
     """Whether the unit fits as things are (then nothing is worth moving); what it took is given back."""
     kinds = engine.placement.kinds
     keep, kinds.keep = kinds.keep, None
     try:
-        if len(claims) == 1:
-            outcomes = engine.allocate(claims)
+        if len(claims) == 1 or together:
+            outcomes = engine.allocate(claims, together=together)
         else:
             outcomes = allocate_gang(engine, claims, domain_label=domain_label)
         for outcome in outcomes:
