@@ -1,20 +1,14 @@
-"""The shell benchmarks (#17 item 2): `benchmarks/allocator.py` (the allocator service alone, a process
-against a real nats-server) and `benchmarks/send.py` (a send and its ack), once each, small. Nothing
-here asserts a speed: the allocator decides every claim exactly once and its CPU split adds up; the
-send bench runs both ways and leaves nats-py as the bus installs it."""
+"""The shell benchmark (#17 item 2): `benchmarks/allocator.py` (the allocator service alone, a process
+against a real nats-server), once, small. Nothing here asserts a speed: the allocator decides every
+claim exactly once and its CPU split adds up."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from nats.aio.client import Client
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import allocator  # noqa: E402
-import send  # noqa: E402
-
-from dralloc.bus import headers  # noqa: E402
 
 
 async def test_the_allocator_bench_decides_each_claim_once_and_splits_its_cpu():
@@ -30,11 +24,3 @@ def test_the_allocator_bench_claims_are_the_pipelines_mix():
     classes = [c.claim.spec.devices.requests[0].exactly.device_class_name for c in claims]
     assert classes.count("mig.nvidia.com") == 2 and classes.count("gpu.nvidia.com") == 18
     assert len({c.claim.metadata.uid for c in claims}) == 20
-
-
-async def test_the_send_bench_against_a_server_and_in_process_puts_nats_py_back():
-    report = await send.run(messages=300, rounds=1, nats_py_headers=True)
-    assert len(report["us_per_message"]) == 1 and report["nats_py_headers"]
-    assert Client._send_publish is headers.send_publish  # (its comparison with nats-py's own undone)
-    parts = await send.in_process(messages=300, rounds=1)
-    assert {"headers_nats_py_us", "headers_header_block_us", "replies_callback_task_us", "replies_inline_us"} <= set(parts)

@@ -17,6 +17,7 @@ from dralloc.allocator import service
 from dralloc.allocator.catchup import InventoryMark, class_names, names_unknown_class
 from dralloc.allocator.config import Config
 from dralloc.bus import Bus
+from dralloc.bus.raw import connection
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import DeviceClass, ResourceClaim
 
@@ -73,7 +74,7 @@ async def leading(bus: Bus, monkeypatch: pytest.MonkeyPatch):
     async def collect(msg) -> None:  # noqa: ANN001 - a core NATS message
         decisions.append(ev.decode(msg.data))
 
-    sub = await bus._nc.subscribe("dra.allocations.>", cb=collect)
+    sub = await connection(bus).subscribe("dra.allocations.>", cb=collect)
     stop = asyncio.Event()
     task = asyncio.create_task(service.serve(bus, Config(lease_ttl=1.0), stop))
     await bus.publish(claim_of("warm", "gpu.nvidia.com"))
