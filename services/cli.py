@@ -726,9 +726,11 @@ def bench_placement(
         help="dralloc keeps round(FACTOR x recent large placements) whole nodes per node group for large claims (0: off, as the engine's default).",
     ),
     moves: bool = typer.Option(
-        False, "--moves", help="Also run dralloc with moves: small claims in a refused large claim's way restart elsewhere (at the wait's end; and early)."
+        False,
+        "--moves",
+        help="Also run dralloc with moves: small claims in a waiting large claim's way restart elsewhere (from 5/6 of its wait, a gang at its end; and early).",
     ),
-    move_after: float = typer.Option(0.0, "--move-after", help="With --moves: also try moves this many minutes into a wait (0: only at its end)."),
+    move_after: float = typer.Option(0.0, "--move-after", help="With --moves: try moves this many minutes into a wait, and at its end (0: as when-refused)."),
     move_reserve: bool = typer.Option(
         True, "--move-reserve/--move-no-reserve", help="With --moves: --move-no-reserve drops reservations (waits end in moves)."
     ),
