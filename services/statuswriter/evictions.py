@@ -190,7 +190,7 @@ class Evictor:
         """Not evicted: logged, and a Warning Event on the waiting Pod says why (never retried here)."""
         waiting = f"Pod {request.for_namespace}/{request.for_pod}"
         log.warning("Pod %s/%s not evicted to make room for %s: %s", request.namespace, name, waiting, words)
-        if self.tell is not None:  # (first: if the bus is down, the request is redelivered and asked again)
+        if self.tell is not None:
             told = ev.EvictionRefused(
                 namespace=request.namespace,
                 name=request.name,
@@ -201,7 +201,10 @@ class Evictor:
                 asked_at=request.asked_at,
                 message=words[: ev.EVICTION_WORDS_MAX],
             )
-            await self.tell(told)
+            try:
+                await self.tell(told)
+            except Exception as exc:  # noqa: BLE001 - advisory: the allocator then waits out its patience; never evict again for it
+                log.warning("%s: the allocator was not told of the refusal (it asks again after its patience): %s", request.key, exc)
         target = await self.pod_of(request.for_namespace, request.for_pod)
         if target is not None:
             message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for this Pod: {words}"

@@ -411,9 +411,25 @@ async def test_pods_drain_would_not_evict_are_not_evicted_and_the_waiting_pod_is
             "status": {"allocation": allocation, "reservedFor": [{"resource": "pods", "name": "user", "uid": ref.uid}]},
         }
     )
-    request = ev.EvictionRequested(namespace=NS, name="c", uid=claim["metadata"]["uid"], pods=[ref], for_namespace=NS, for_pod="big")
-    (done,) = await KubernetesSink(api=api).evictor.evict(request)
+    request = ev.EvictionRequested(namespace=NS, name="c", uid=claim["metadata"]["uid"], pods=[ref], for_namespace=NS, for_pod="big", asked_at=1000.0)
+    told: list[ev.EvictionRefused] = []
+
+    async def tell(refused: ev.EvictionRefused) -> None:
+        told.append(refused)
+
+    (done,) = await KubernetesSink(api=api, tell=tell).evictor.evict(request)
     assert done.outcome == "refused" and why in done.message
     assert evictions(apiserver) == [] and apiserver.read("pods", NS, "user") is not None
     (event,) = events_about(apiserver, "big", REFUSED)
     assert event["involvedObject"]["uid"] == big["metadata"]["uid"] and why in event["message"]
+    # The allocator is told, naming the asking it answers (and the bus would take it: a valid event).
+    (refused,) = told
+    assert (refused.key, refused.uid, refused.pod, refused.for_pod, refused.asked_at) == (request.key, request.uid, "user", "big", 1000.0)
+    assert why in refused.message and ev.decode(ev.encode(refused)) == refused
+
+    async def bus_down(refused: ev.EvictionRefused) -> None:
+        raise TimeoutError("no ack")
+
+    # Telling it is advisory: the bus down, the request is still done with (never evicted again for it).
+    (done,) = await KubernetesSink(api=api, tell=bus_down).evictor.evict(request)
+    assert done.outcome == "refused"
