@@ -466,7 +466,29 @@ class Placement:
         # the nodes with a free device not yielded yet: the buckets stop once it is empty (each
         # is one bitset operation as wide as the fleet's ranks, per part of the walk)
         left = viable & free_ge[1] if top > 1 else 0
-        for bucket in self._each_bucket(left, free_ge, free, need):  # lazily: the first bucket usually holds the node taken
+        order: tuple[int, ...] | list[int] = _hole_order(need, top)
+        groups: dict[int, int] | None = None
+        if len(order) > 32 and left.bit_count() * 4 < len(order):
+            # counts reach the hundreds for MIG slices (a node's 400 partitions are devices of one
+            # kind): with fewer nodes than counts to scan, the nodes' own counts (`free`, by name)
+            # are grouped instead of one bitset test per count (a few counts: the scan is cheaper)
+            names = self.inv.node_names
+            found: dict[int, int] = {}
+            for rank in iter_bits(left):
+                k = free[names[rank]]
+                found[k] = found.get(k, 0) | (1 << rank)
+            groups, order = found, sorted(found, key=_hole_place(need, top).__getitem__)
+        for k in order:  # lazily: the first bucket usually holds the node taken
+            if not left:
+                break
+            if groups is not None:
+                bucket = groups[k]
+            else:
+                at_least = left & free_ge[k]
+                if not at_least:
+                    continue
+                bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
+            left ^= bucket
             # equally full: the node with the most claims first. It drains last anyway (every claim
             # on it must leave before it is whole again), so one more claim there delays a whole
             # node least; a node with few claims is the next to become whole for a large claim.
@@ -480,33 +502,6 @@ class Placement:
             yield from self._lowest_first(bucket)
         if with_none:
             yield from self._known(viable & ~(free_ge[1] if top > 1 else 0))
-
-    def _each_bucket(self, left: int, free_ge: list[int], free: dict[str, int], need: int) -> Iterator[int]:
-        """The ranks of `left` with exactly k free, for each k with such a node, in
-        `_hole_order(need)`, lazily. Counts reach the hundreds for MIG slices (a node's 400
-        partitions are devices of one kind): with fewer nodes than counts to scan, the nodes'
-        own counts (`free`, by name) are grouped instead of one bitset test per count."""
-        top = len(free_ge)
-        order = _hole_order(need, top)
-        if left.bit_count() * 4 < len(order):
-            names = self.inv.node_names
-            groups: dict[int, int] = {}
-            for rank in iter_bits(left):
-                k = free[names[rank]]
-                groups[k] = groups.get(k, 0) | (1 << rank)
-            place = _hole_place(need, top)
-            for k in sorted(groups, key=place.__getitem__):
-                yield groups[k]
-            return
-        for k in order:
-            if not left:
-                return
-            at_least = left & free_ge[k]
-            if not at_least:
-                continue
-            bucket = at_least ^ (at_least & free_ge[k + 1]) if k + 1 < top else at_least
-            left ^= bucket
-            yield bucket
 
     def _lowest_first(self, ranks: int) -> Iterator[int]:
         """The known node ranks of `ranks`, lowest first, lazily (the first node usually fits)."""
