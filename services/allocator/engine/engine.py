@@ -435,20 +435,22 @@ class Engine:
         # without network-attached devices the node's mask is its own devices: the verdict's part
         # of it is placement's per-node copy (`local_verdict`, shifted by `lo`), read without the
         # fleet-sized `& mask` operations (each ~10 us at 250,000 GPUs, per node and alternative)
-        topo = self.placement.topology.node(node) if not inv.nonlocal_bits else None
+        local = not inv.nonlocal_bits
         for plan in plans:
             for request in plan.requests:
                 for alt in request.alts:
-                    known = self.verdicts.known(alt) if topo is not None else None
+                    known = self.verdicts.known(alt) if local else None
                     verdict = known if known is not None else self._verdict(memo, alt, mask)
                     info = verdict.nodes(inv.version, alt.learn_key)
                     if info[0] & bit:
                         continue
                     info[0] |= bit
-                    if known is not None and topo is not None:
-                        matched, hit = self.placement.local_verdict(topo, alt)
+                    topo = self.placement.topology.node(node) if local else None
+                    if topo is not None:
+                        matched, hit = self.placement.local_verdict(topo, alt)  # (evaluates it there if not yet)
                         lo = topo.lo
                     else:
+                        verdict = self._verdict(memo, alt, mask)  # evaluated on the node's devices
                         hit = verdict.failed & mask
                         matched, lo = (verdict.matched & mask if not hit else 0), 0
                     if not hit:
