@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote
 
 import msgspec
@@ -341,15 +341,40 @@ class EvictionRefused(_Event, tag=True, frozen=True):
 # --- allocation decisions (written only by the allocator) ------------------------
 
 
-class AllocationCommitted(_Event, tag=True, frozen=True):
-    """The claim, with ``status.allocation`` set, as the allocator committed it."""
+class _CommittedMeta(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str | None: ...
+    @property
+    def uid(self) -> str | None: ...
 
-    claim: ResourceClaim
-    node: str | None = None
+
+class _CommittedStatus(Protocol):
+    @property
+    def allocation(self) -> AllocationResult | None: ...
+
+
+class _CommittedClaim(Protocol):
+    @property
+    def metadata(self) -> _CommittedMeta: ...
+    @property
+    def status(self) -> _CommittedStatus | None: ...
+
+
+class CommitView:
+    """A commit's identity and allocation, from its claim: `AllocationCommitted`'s, and those of
+    a partial read of one (the status writer's `reading.Committed`) by the same code."""
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+
+        @property
+        def claim(self) -> _CommittedClaim: ...
 
     @property
     def key(self) -> str:
-        return self.claim.key
+        return f"{self.claim.metadata.namespace or 'default'}/{self.claim.metadata.name}"
 
     @property
     def uid(self) -> str:
@@ -362,6 +387,13 @@ class AllocationCommitted(_Event, tag=True, frozen=True):
     @property
     def subject(self) -> str:
         return subject("allocations", self.claim.metadata.namespace or "default", self.claim.metadata.name)
+
+
+class AllocationCommitted(_Event, CommitView, tag=True, frozen=True):
+    """The claim, with ``status.allocation`` set, as the allocator committed it."""
+
+    claim: ResourceClaim
+    node: str | None = None
 
     @property
     def msg_id(self) -> str:

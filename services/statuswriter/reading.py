@@ -39,28 +39,12 @@ class _Claim(msgspec.Struct, rename="camel"):
     status: _Status | None = None
 
 
-class Committed(msgspec.Struct, tag="AllocationCommitted", tag_field="type", rename="camel", kw_only=True, frozen=True):
-    """An AllocationCommitted as a record needs it (what `ev.AllocationCommitted` offers for it, by the same names)."""
+class Committed(msgspec.Struct, ev.CommitView, tag="AllocationCommitted", tag_field="type", rename="camel", kw_only=True, frozen=True):
+    """An AllocationCommitted as a record needs it (what `ev.AllocationCommitted` offers for it, by the same code)."""
 
     schema_version: int = ev.SCHEMA_VERSION
     claim: _Claim
     node: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.claim.metadata.namespace or 'default'}/{self.claim.metadata.name}"
-
-    @property
-    def uid(self) -> str:
-        return self.claim.metadata.uid or ""
-
-    @property
-    def allocation(self) -> AllocationResult | None:
-        return self.claim.status.allocation if self.claim.status else None
-
-    @property
-    def subject(self) -> str:
-        return ev.subject("allocations", self.claim.metadata.namespace or "default", self.claim.metadata.name)
 
 
 _DECODER = msgspec.json.Decoder(Committed)
