@@ -10,7 +10,8 @@ manifest files) asks here first and refuses with a reason:
 
 - `json_problem(data)`: raw JSON bytes, before any decoder sees them. Cheap: the
   usual message has fewer brackets than the depth limit and no run of 19 digits,
-  and is passed after two C-speed scans.
+  and is passed after two C-speed scans; an inventory slice (hundreds of brackets,
+  none inside a string) after a few more (`_brackets`).
 - `tree_problem(doc)`: an already parsed document (YAML's builtins), iteratively.
 - `without_deep_items(data)`: a Kubernetes list `json_problem` refused, with the items
   that are too deep cut out (and named), so that the others can still be read.
@@ -52,6 +53,7 @@ MAX_NODES = 2_000_000
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 # Structure alone: `{}` become `[]` (a type mismatch is the decoder's to report, depth is the same).
 _BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]"), bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKETS_AND_QUOTES = bytes.maketrans(b"{}", b"[]"), bytes(b for b in range(256) if b not in b'[]{}"')
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19  # the shortest run of digits that can be outside int64
 # An integer token of 19 digits or more: not part of a fraction or an exponent.
@@ -67,15 +69,29 @@ def json_problem(data: bytes | str | msgspec.Raw) -> str | None:
     long_digits = _LONG_RUN in raw.translate(_DIGITS_AS_ZERO)
     if not deep and not long_digits:
         return None  # the usual claim: fewer brackets than the limit, no long number anywhere
-    structure = _without_strings(raw)  # brackets and digits inside strings are text
-    if deep and _depth(structure.translate(*_BRACKETS_ONLY)) > MAX_DEPTH:
+    if deep and _depth(_brackets(raw)) > MAX_DEPTH:
         return f"nested more than {MAX_DEPTH} levels deep"
     if long_digits:
-        for match in _BIG_INT.finditer(structure):
+        for match in _BIG_INT.finditer(_without_strings(raw)):  # (digits inside strings are text)
             if not INT_MIN <= int(match.group()) <= INT_MAX:
                 digits = len(match.group().lstrip(b"-"))
                 return f"an integer of {digits} digits, outside the 64-bit range every integer field has"
     return None
+
+
+def _brackets(raw: bytes) -> bytes:
+    """The JSON text's structure: its brackets outside strings, in order, each as `[` or `]`.
+
+    Fast when no string holds a bracket (an inventory slice: hundreds of brackets, all structure).
+    The text reduced to brackets and quotes (C speed) then has every string as ``""``: with no
+    escaped quote, pairing its quotes left to right, each next to the next, pairs them all. Any
+    quote left unpaired is a string holding a bracket (or malformed text): then the strings are
+    taken out of the text first (`_without_strings`)."""
+    if b"\\" not in raw or b'\\"' not in raw:
+        skeleton = raw.translate(*_BRACKETS_AND_QUOTES)
+        if 2 * skeleton.count(b'""') == skeleton.count(b'"'):  # (count: non-overlapping, from the left)
+            return skeleton.translate(None, b'"')
+    return _without_strings(raw).translate(*_BRACKETS_ONLY)
 
 
 def _without_strings(raw: bytes) -> bytes:

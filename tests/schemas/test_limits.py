@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from dralloc.discovery.fleet import build_fleet
 from dralloc.manifests import load_text
 from dralloc.schemas import events as ev
-from dralloc.schemas.limits import MAX_DEPTH, json_problem, tree_problem
+from dralloc.schemas.limits import _BRACKETS_ONLY, MAX_DEPTH, _brackets, _without_strings, json_problem, tree_problem
 
 DEEP = "[" * 1000 + "]" * 1000  # about 2 KB: what the issue's 3 KB poison looks like
 
@@ -73,6 +76,35 @@ def test_an_integer_outside_int64_is_refused_at_decode():
     assert ev.decode(fine.encode()).claim.metadata.generation == 2**63 - 1
     # long digit runs that are not integers: a string, a fraction
     assert json_problem(b'{"a": "' + b"9" * 400 + b'", "b": 0.' + b"1" * 40 + b"}") is None
+
+
+def test_a_slice_with_hundreds_of_brackets_is_judged_by_its_structure_not_its_strings():
+    # An inventory slice: far more brackets than MAX_DEPTH, all structure, none in a string.
+    ((_, slices),) = build_fleet([("h200-sxm-mig", 1)])
+    published = [ev.encode(ev.ResourceSlicePublished(slice=s)) for s in slices]
+    assert max(data.count(b"[") + data.count(b"{") for data in published) > 10 * MAX_DEPTH
+    assert [json_problem(data) for data in published] == [None] * len(published)
+    doc = json.loads(max(published, key=len))
+    attributes = doc["slice"]["spec"]["devices"][0]["attributes"]
+    # Brackets in a string are text, whether they would open levels or close them: closers in a
+    # string before a nesting past the limit do not hide it, openers do not make a slice too deep.
+    attributes["note"] = {"string": "]" * 2 * MAX_DEPTH}
+    attributes["x"] = {"string": "[" * 2 * MAX_DEPTH}
+    assert json_problem(json.dumps(doc, separators=(",", ":"))) is None
+    deep = MAX_DEPTH  # (inside the slice's own levels: past the limit)
+    attributes["y"] = {"string": json.loads("[" * deep + "]" * deep)}
+    assert json_problem(json.dumps(doc, separators=(",", ":"))) == f"nested more than {MAX_DEPTH} levels deep"
+    del attributes["note"], attributes["x"]
+    assert json_problem(json.dumps(doc, separators=(",", ":"))) == f"nested more than {MAX_DEPTH} levels deep"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet='[]{}"\\a:,', max_size=60))
+def test_the_structure_is_the_same_by_either_path(text):
+    # `_brackets` takes a shortcut when no string holds a bracket; any text (malformed, escaped
+    # quotes, brackets in strings) gives the structure the strings-removed text gives.
+    raw = text.encode()
+    assert _brackets(raw) == _without_strings(raw).translate(*_BRACKETS_ONLY)
 
 
 @pytest.mark.parametrize("name", ["a b", "a\tb", "a*", "a>", "a%20b", "a\x00b", "A", "-a", "a_b", "a/b", "x" * 254, ""])
