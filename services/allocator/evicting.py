@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
+from dralloc.allocator.reservations import pod_unit
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
 
@@ -164,8 +165,8 @@ class Evictions:
     def _hold(self, book: Decisions, pod: str, devices: int) -> None:
         """Hold `devices` for `pod` (0: nothing) as reservations are held: other claims take them last."""
         if devices:
-            book.reservations.evicting[pod] = devices
-        elif book.reservations.evicting.pop(pod, None) is None:
+            book.reservations.evicting[pod_unit(pod)] = devices
+        elif book.reservations.evicting.pop(pod_unit(pod), None) is None:
             return
         book.engine.reserve(book.reservations.others(""))
 

@@ -12,6 +12,7 @@ from dralloc.allocator.claims import allocation_of
 from dralloc.allocator.engine import Outcome
 from dralloc.allocator.engine.gang import gang_of
 from dralloc.allocator.gangs import collect
+from dralloc.allocator.reservations import pod_unit
 from dralloc.allocator.steps import AllocatePod, GangComplete, PodPlan, failure_event
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaimConsumerReference
@@ -104,7 +105,7 @@ def decide_pod(book: Decisions, step: AllocatePod) -> PodPlan:
         outcomes = [Outcome(claim=c.key, status="error", message=message) for c in pending]
     else:
         # (what is held for it while its evictions run is its own: a node whole again is not kept from it)
-        outcomes = book._as_holder(step.pod, book.engine.allocate, pending, node=next(iter(nodes), None), together=True)
+        outcomes = book._as_holder(pod_unit(step.pod), book.engine.allocate, pending, node=next(iter(nodes), None), together=True)
     if all(o.status == "allocated" for o in outcomes):
         plan.batch = [
             ev.AllocationReleased(namespace=c.metadata.namespace or "default", name=c.metadata.name, uid=c.metadata.uid or "", allocation=allocation_of(c))

@@ -61,6 +61,12 @@ class Reservation:
     """When the wait is over (seconds since the epoch)."""
 
 
+def pod_unit(pod: str) -> str:
+    """The unit key of the Pod keyed `pod` (namespace/name): apart from a claim of the same name (a claim
+    placed alone is its own unit, keyed namespace/name too), as a gang's are (``gang:<name>``)."""
+    return f"pod:{pod}"
+
+
 class Reservations:
     """Who holds what (see the module docstring)."""
 
@@ -76,8 +82,9 @@ class Reservations:
         self.problems: dict[str, str] = {}
         """Claim key -> why its max-wait annotation was not used (told in its failure message)."""
         self.evicting: dict[str, int] = {}
-        """Pod key -> the devices held for it while the Pods in its way are evicted (evicting.py); kept
-        apart from `held` (which `plan` makes anew), counted by `others` as any reservation."""
+        """`pod_unit(pod key)` -> the devices held for the Pod while the Pods in its way are evicted
+        (evicting.py); kept apart from `held` (which `plan` makes anew), counted by `others` as any
+        reservation."""
 
     def max_wait(self, claim: ResourceClaim) -> float:
         """Seconds the claim may hold a reservation (its annotation, else the default)."""

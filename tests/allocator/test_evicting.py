@@ -79,10 +79,22 @@ def test_the_pods_on_the_node_the_planner_empties_are_asked_to_go_once_while_in_
     assert len(evicting.decide(book, "ml/big", 1000.0 + evicting.EVICTION_PATIENCE)) == 2
     # The devices it would get there are held for it meanwhile: a newcomer goes to the other node
     # (4 GPUs free on each: without the hold, the lower rank would take it).
-    assert book.reservations.evicting["ml/big"]
+    assert book.reservations.evicting["pod:ml/big"]
     _, newcomer = book.allocate(claim("newcomer", 2))
     assert newcomer is not None and newcomer.node != node
     book.commit_written(newcomer)
+
+
+def test_a_claim_named_as_the_waiting_pod_does_not_take_its_hold_first() -> None:
+    """A Pod and a claim may share a name in a namespace (a claim placed alone is its own unit, keyed
+    namespace/name): the Pod's eviction hold is not that claim's, so it goes elsewhere as any other."""
+    book = book_over(TWO_NODES)
+    scattered(book)
+    assert book.submitted(claim("train-gpus", 8), needs_pod=True) is None
+    assert book.decide_pod(book.pod_submitted(pod("train", "train-gpus"))).failures
+    (node,) = {r.node for r in evicting.decide(book, "ml/train", 1000.0)}
+    _, namesake = book.allocate(claim("train", 2))  # the claim ml/train, not the Pod ml/train
+    assert namesake is not None and namesake.node != node
 
 
 def test_once_the_evicted_claims_are_released_the_pod_fits_and_nothing_is_in_flight() -> None:
@@ -202,18 +214,18 @@ def test_a_replayed_request_is_held_again_until_its_own_end_and_never_longer() -
     scattered(book)
     waiting_big(book)
     requests = evicting.decide(book, "ml/big", 1000.0)
-    devices = book.reservations.evicting["ml/big"]
+    devices = book.reservations.evicting["pod:ml/big"]
     fresh = book_over(TWO_NODES)
     scattered(fresh)
     waiting_big(fresh)
     fresh.evictions.replayed(fresh, requests, 1100.0)
-    assert fresh.reservations.evicting["ml/big"] == devices and fresh.evictions.inflight["ml/big"].since == 1000.0
+    assert fresh.reservations.evicting["pod:ml/big"] == devices and fresh.evictions.inflight["ml/big"].since == 1000.0
     future = [msgspec.structs.replace(r, asked_at=5000.0) for r in requests]
     fresh.evictions.replayed(fresh, future, 1200.0)
     assert fresh.evictions.inflight["ml/big"].since == 1200.0
     old = [msgspec.structs.replace(r, asked_at=0.0, held=[]) for r in requests]
     fresh.evictions.replayed(fresh, old, 1300.0)
-    assert fresh.evictions.inflight["ml/big"].since == 1300.0 and "ml/big" not in fresh.reservations.evicting
+    assert fresh.evictions.inflight["ml/big"].since == 1300.0 and "pod:ml/big" not in fresh.reservations.evicting
 
 
 def refusal(request: ev.EvictionRequested, **changes: object) -> ev.EvictionRefused:
@@ -302,7 +314,7 @@ async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flig
     asked = leader.book.evictions.inflight["ml/big"]
     assert len(asked.claims) == 2 and {k for k in asked.claims} == {s.claim.key for s in on[asked.node][2:]}
 
-    assert asked.devices and leader.book.reservations.evicting["ml/big"] == asked.devices
+    assert asked.devices and leader.book.reservations.evicting["pod:ml/big"] == asked.devices
 
     successor = Allocator(bus, moves="early")
     await successor.rebuild()
@@ -311,7 +323,7 @@ async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flig
     assert found.since == asked.since  # the same patience, not a new one from the takeover
     assert evicting.decide(successor.book, "ml/big", time.time()) == []  # in flight: nothing asked again
     # What the leader held for the Pod is held again (the same devices, shown as the leader showed them).
-    assert successor.book.reservations.evicting["ml/big"] == asked.devices
+    assert successor.book.reservations.evicting["pod:ml/big"] == asked.devices
     assert successor.book.reservations.per_node() == leader.book.reservations.per_node() == {asked.node: 8}
     assert successor.book.evictions.shown("ml/big") == ((asked.node,), asked.since + evicting.EVICTION_PATIENCE)
     without = Allocator(bus)
