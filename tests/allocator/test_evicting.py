@@ -10,14 +10,11 @@ import time
 import msgspec
 from test_core import book_over, claim
 from test_pod_units import TWO_NODES, pod, store
-from test_snapshot import CLASSES, claim_event, standby, state, submit
+from test_snapshot import claim_event, publish_fleet, standby, state, submit
 
 from dralloc.allocator import evicting
 from dralloc.allocator.decisions import AllocatePod, Decisions
 from dralloc.allocator.service import Allocator
-from dralloc.discovery.fleet import build_fleet
-from dralloc.ingestor.sources import events_from_manifests
-from dralloc.manifests import load_paths
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
 from dralloc.schemas.resource import ResourceClaimConsumerReference
@@ -134,11 +131,7 @@ def test_a_small_pod_or_one_that_fits_asks_for_nothing() -> None:
 
 
 async def test_an_eviction_request_in_allocations_is_no_decision_for_a_successor(bus) -> None:
-    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-        await bus.publish(event)
-    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}]):
-        for slice_ in slices:
-            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    await publish_fleet(bus, 2)
     leader = Allocator(bus)
     await leader.rebuild()
     c0, c1 = await submit(bus, leader, "c0"), await submit(bus, leader, "c1")
@@ -284,11 +277,7 @@ def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -
 async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flight(bus) -> None:
     """The leader (moves on) asks for two Pods' eviction for a large Pod; a successor reads the requests
     back from ALLOCATIONS and asks for nothing more while they are in flight (moves off: it reads none)."""
-    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-        await bus.publish(event)
-    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}]):
-        for slice_ in slices:
-            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    await publish_fleet(bus, 2)
     leader = Allocator(bus, moves="early")
     await leader.rebuild()
 

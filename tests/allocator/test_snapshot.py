@@ -28,6 +28,15 @@ from dralloc.schemas.resource import ResourceClaim
 CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
 
 
+async def publish_fleet(bus, nodes: int) -> None:
+    """The example DeviceClasses and `nodes` 8-GPU H100 nodes (node-0, ...) published on `bus`."""
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        await bus.publish(event)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": nodes, "prefix": "node"}]):
+        for slice_ in slices:
+            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+
+
 def claim_event(name: str, gpus: int = 1) -> ev.ClaimSubmitted:
     claim = msgspec.convert(
         {
@@ -75,11 +84,7 @@ async def standby(bus) -> Allocator:
 async def history(bus):
     """A leader's history on two 8-GPU nodes: claims committed and deleted before the snapshot,
     one that does not fit (waiting), the snapshot, then releases and commits after it."""
-    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-        await bus.publish(event)
-    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}]):
-        for slice_ in slices:
-            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    await publish_fleet(bus, 2)
     leader = Allocator(bus)
     await leader.rebuild()
     before = [await submit(bus, leader, f"c{i}") for i in range(12)]
@@ -200,11 +205,7 @@ async def test_an_unusable_snapshot_is_refused_with_its_reason_and_the_stream_re
 
 
 async def test_the_leader_writes_snapshots_by_its_policy_and_not_while_nothing_changed(bus):
-    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-        await bus.publish(event)
-    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "node"}]):
-        for slice_ in slices:
-            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    await publish_fleet(bus, 1)
     leader = Allocator(bus, snapshot=Policy(every=3, seconds=3600))
     await leader.rebuild()
     term = asyncio.Event()
@@ -227,11 +228,7 @@ async def test_the_leader_writes_snapshots_by_its_policy_and_not_while_nothing_c
 
 
 async def test_a_leader_stopped_cleanly_leaves_a_snapshot_that_its_successor_loads_whole(bus):
-    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
-        await bus.publish(event)
-    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "node"}]):
-        for slice_ in slices:
-            await bus.publish(ev.ResourceSlicePublished(slice=slice_))
+    await publish_fleet(bus, 1)
     stop = asyncio.Event()
     leading = asyncio.create_task(serve(bus, Config(lease_ttl=1.0, snapshot=Policy(every=1000, seconds=3600)), stop))
     for i in range(6):

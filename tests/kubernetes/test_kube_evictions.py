@@ -72,6 +72,27 @@ def budget(name: str, allowed: int, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+ALLOCATION = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
+"""One GPU of node-0, as a claim's `status.allocation`."""
+
+
+def allocated_claim(apiserver: ApiServer, name: str, *users: dict[str, Any], finalizers: list[str] | None = None) -> dict[str, Any]:
+    """A ResourceClaim `name` stored with `ALLOCATION` and reserved for the Pods `users` (as stored)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": NS}
+    if finalizers:
+        metadata["finalizers"] = finalizers
+    refs = [{"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in users]
+    return apiserver.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": metadata,
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": ALLOCATION, "reservedFor": refs},
+        }
+    )
+
+
 async def evict(api: ApiClient, name: str, *, uid: str = "", kind: str = "Eviction") -> int:
     """POST pods/{name}/eviction; the status code (an error's too)."""
     body = {"apiVersion": "policy/v1", "kind": kind, "metadata": {"name": name, "namespace": NS}}
@@ -139,20 +160,10 @@ async def test_an_eviction_checks_its_body_and_preconditions_and_deletes_as_a_de
 async def test_the_claim_controller_stand_in_deallocates_a_claim_its_last_pod_left(apiserver: ApiServer, api: ApiClient) -> None:
     apiserver.claim_controller = True
     a, b = apiserver.apply(a_pod("a", phase="Running")), apiserver.apply(a_pod("b", phase="Running"))
-    refs = [{"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in (a, b)]
-    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
-    apiserver.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "shared", "namespace": NS, "finalizers": ["resource.kubernetes.io/delete-protection"]},
-            "spec": {"devices": {"requests": []}},
-            "status": {"allocation": allocation, "reservedFor": refs},
-        }
-    )
+    refs = allocated_claim(apiserver, "shared", a, b, finalizers=["resource.kubernetes.io/delete-protection"])["status"]["reservedFor"]
     assert await evict(api, "a") == 201
     claim = apiserver.read("resourceclaims", NS, "shared")
-    assert claim["status"] == {"allocation": allocation, "reservedFor": refs[1:]}  # still used by b
+    assert claim["status"] == {"allocation": ALLOCATION, "reservedFor": refs[1:]}  # still used by b
     assert await evict(api, "b") == 201
     claim = apiserver.read("resourceclaims", NS, "shared")
     assert claim["status"] == {} and not claim["metadata"].get("finalizers")  # its last consumer gone: deallocated
@@ -358,16 +369,7 @@ async def test_the_status_writer_evicts_only_pods_the_claim_is_still_reserved_fo
     user = apiserver.apply(a_pod("user", phase="Running", owners=REPLICA_SET))
     bystander = apiserver.apply(a_pod("bystander", phase="Running", owners=REPLICA_SET))
     ref = ResourceClaimConsumerReference(resource="pods", name="user", uid=user["metadata"]["uid"])
-    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
-    claim = apiserver.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": NS},
-            "spec": {"devices": {"requests": []}},
-            "status": {"allocation": allocation, "reservedFor": [{"resource": "pods", "name": "user", "uid": ref.uid}]},
-        }
-    )
+    claim = allocated_claim(apiserver, "c", user)
     sink = KubernetesSink(api=api)
 
     def request(*pods: ResourceClaimConsumerReference, uid: str = claim["metadata"]["uid"]) -> ev.EvictionRequested:
@@ -401,16 +403,7 @@ async def test_pods_drain_would_not_evict_are_not_evicted_and_the_waiting_pod_is
     pod["metadata"].update(metadata)
     user = apiserver.apply(pod)
     ref = ResourceClaimConsumerReference(resource="pods", name="user", uid=user["metadata"]["uid"])
-    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.example.com", "pool": "node-0", "device": "gpu-0"}]}}
-    claim = apiserver.apply(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": NS},
-            "spec": {"devices": {"requests": []}},
-            "status": {"allocation": allocation, "reservedFor": [{"resource": "pods", "name": "user", "uid": ref.uid}]},
-        }
-    )
+    claim = allocated_claim(apiserver, "c", user)
     request = ev.EvictionRequested(namespace=NS, name="c", uid=claim["metadata"]["uid"], pods=[ref], for_namespace=NS, for_pod="big", asked_at=1000.0)
     told: list[ev.EvictionRefused] = []
 
