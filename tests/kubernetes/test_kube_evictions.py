@@ -16,17 +16,13 @@ from typing import Any
 
 import pytest
 from kube_emulator import DISRUPTION_BUDGET, ApiServer
-from kube_scheduler import SchedulerStandIn
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
-from test_kube_pods import CLASS, INFRA, NS, Cluster, _verb, granted, node_of, node_slice, render, template
+from test_kube_pods import INFRA, NS, Cluster, _verb, granted, node_of, render, start_cluster, template
 
-from dralloc.allocator import service as allocator
 from dralloc.bus import Bus, streamcheck
 from dralloc.bus.raw import jetstream
-from dralloc.ingestor import service as ingestor
-from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.podgate import GATE
-from dralloc.kube import KubeSettings, body_of, user_agent
+from dralloc.kube import body_of, user_agent
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaimConsumerReference
 from dralloc.statuswriter import service as statuswriter
@@ -172,37 +168,17 @@ async def test_the_claim_controller_stand_in_deallocates_a_claim_its_last_pod_le
 # --- the whole path -------------------------------------------------------------------------------
 
 
-async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, moves: str) -> AsyncIterator[Cluster]:
-    apiserver.claim_controller = True
-    settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
-    stop = asyncio.Event()
-    source = KubernetesSource(None, print, options=KubeSourceOptions(settings=settings, slices=True, claim_templates=True))
-    sink = KubernetesSink(settings=settings, tell=bus.publish)  # (as statuswriter.make_sink makes it)
-    scheduler = SchedulerStandIn(apiserver, api)
-    apiserver.apply(CLASS)
-    apiserver.apply(node_slice("node-0", gpus=4))
-    apiserver.apply(node_slice("node-1", gpus=4))
-    tasks = [
-        asyncio.create_task(ingestor.serve(bus, ingestor.Config(source="kubernetes"), stop, source=source)),
-        asyncio.create_task(allocator.serve(bus, allocator.Config(ack_wait=5, retry_after=0.05, moves=moves), stop)),
-        asyncio.create_task(statuswriter.serve(bus, statuswriter.Config(sink="kubernetes", ack_wait=5), stop, sink=sink)),
-        asyncio.create_task(scheduler.run(stop)),
-    ]
-    yield Cluster(apiserver, bus, scheduler)
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), 10)
-    await sink.close()
-
-
 @pytest.fixture
 async def moves_on(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
-    async for cluster in start_cluster(apiserver, bus, api, "early"):
+    apiserver.claim_controller = True
+    async for cluster in start_cluster(apiserver, bus, api, gpus=4, moves="early"):
         yield cluster
 
 
 @pytest.fixture
 async def moves_off(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
-    async for cluster in start_cluster(apiserver, bus, api, "off"):
+    apiserver.claim_controller = True
+    async for cluster in start_cluster(apiserver, bus, api, gpus=4):
         yield cluster
 
 

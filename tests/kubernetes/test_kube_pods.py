@@ -135,19 +135,20 @@ class Cluster:
                 await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def cluster(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
+async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, *, gpus: int = 2, moves: str = "off") -> AsyncIterator[Cluster]:
+    """The four parts over `apiserver` (two nodes of `gpus` GPUs each, allocator moves `moves`) with the
+    stand-in for kube-scheduler; the status writer tells refusals on `bus` as statuswriter.make_sink's does."""
     settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
     stop = asyncio.Event()
     source = KubernetesSource(None, print, options=KubeSourceOptions(settings=settings, slices=True, claim_templates=True))
-    sink = KubernetesSink(settings=settings)
+    sink = KubernetesSink(settings=settings, tell=bus.publish)
     scheduler = SchedulerStandIn(apiserver, api)
     apiserver.apply(CLASS)
-    apiserver.apply(node_slice("node-0"))
-    apiserver.apply(node_slice("node-1"))
+    apiserver.apply(node_slice("node-0", gpus=gpus))
+    apiserver.apply(node_slice("node-1", gpus=gpus))
     tasks = [
         asyncio.create_task(ingestor.serve(bus, ingestor.Config(source="kubernetes"), stop, source=source)),
-        asyncio.create_task(allocator.serve(bus, allocator.Config(ack_wait=5, retry_after=0.05), stop)),
+        asyncio.create_task(allocator.serve(bus, allocator.Config(ack_wait=5, retry_after=0.05, moves=moves), stop)),
         asyncio.create_task(statuswriter.serve(bus, statuswriter.Config(sink="kubernetes", ack_wait=5), stop, sink=sink)),
         asyncio.create_task(scheduler.run(stop)),
     ]
@@ -155,6 +156,12 @@ async def cluster(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterat
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     await sink.close()
+
+
+@pytest.fixture
+async def cluster(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
+    async for running in start_cluster(apiserver, bus, api):
+        yield running
 
 
 def node_of(claim_obj: dict[str, Any]) -> str:
