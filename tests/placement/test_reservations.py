@@ -205,6 +205,15 @@ def full_but_clique_a(book: Decisions) -> None:
         assert book.engine.allocate([claim(f"fill-{node}", 3)], node=node)[0].status == "allocated"
 
 
+def tray_gang_waits(book: Decisions) -> None:
+    """A gang of two 4-GPU claims (5 minutes' wait) that does not fit yet, holding clique a's tray (a-0, a-1)."""
+    marks = {"dralloc.dev/gang": "train", "dralloc.dev/gang-size": "2", "dralloc.dev/max-wait": "5m"}
+    steps = [book.submitted(claim(f"train-{i}", 4, marks)) for i in range(2)]
+    assert not book.decide_gang(steps[-1]).placed
+    book.reserve_waiting(NOW)
+    assert book.reservations.held["gang:ml/train"].nodes == ("a-0", "a-1")
+
+
 def test_a_held_node_whole_again_is_kept_from_smaller_claims_but_not_from_one_as_large():
     control = gang_fleet()
     full_but_clique_a(control)
@@ -213,11 +222,7 @@ def test_a_held_node_whole_again_is_kept_from_smaller_claims_but_not_from_one_as
 
     book = gang_fleet()
     full_but_clique_a(book)
-    marks = {"dralloc.dev/gang": "train", "dralloc.dev/gang-size": "2", "dralloc.dev/max-wait": "5m"}
-    steps = [book.submitted(claim(f"train-{i}", 4, marks)) for i in range(2)]
-    assert not book.decide_gang(steps[-1]).placed
-    book.reserve_waiting(NOW)
-    assert book.reservations.held["gang:ml/train"].nodes == ("a-0", "a-1")
+    tray_gang_waits(book)
     assert book.allocate(claim("small", 1))[0].node == "a-0"  # held, but not whole: taken last, as before
     # a-1 is whole and held for the gang: a smaller claim is refused (it waits) rather than break it
     outcome = book.engine.allocate([claim("small-2", 1)], explain=True)[0]
@@ -253,10 +258,6 @@ def test_with_the_held_node_rules_off_a_held_node_whole_again_is_only_tried_last
     book = gang_fleet()
     book.engine.placement.held_rules = False
     full_but_clique_a(book)
-    marks = {"dralloc.dev/gang": "train", "dralloc.dev/gang-size": "2", "dralloc.dev/max-wait": "5m"}
-    steps = [book.submitted(claim(f"train-{i}", 4, marks)) for i in range(2)]
-    assert not book.decide_gang(steps[-1]).placed
-    book.reserve_waiting(NOW)
-    assert book.reservations.held["gang:ml/train"].nodes == ("a-0", "a-1")
+    tray_gang_waits(book)
     assert book.allocate(claim("small", 1))[0].node == "a-0"
     assert book.allocate(claim("small-2", 1))[0].node == "a-1"
