@@ -370,9 +370,10 @@ class Decisions:
     def pod_deleted(self, key: str, uid: str) -> None:
         pod_units.pod_deleted(self, key, uid)
 
-    def decide_pod(self, step: AllocatePod) -> PodPlan:
-        """`pod_units.decide_pod`: the engine places a Pod's claims together, on one node."""
-        return pod_units.decide_pod(self, step)
+    def decide_pod(self, step: AllocatePod, evict_at: float | None = None) -> PodPlan:
+        """`pod_units.decide_pod`: the engine places a Pod's claims together, on one node; with
+        `evict_at` (moves on) the Pods in its way are to be evicted if it does not fit."""
+        return pod_units.decide_pod(self, step, evict_at)
 
     def pod_stored(self, plan: PodPlan) -> None:
         pod_units.pod_stored(self, plan)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from dralloc.allocator import evicting
 from dralloc.allocator.claims import allocation_of
 from dralloc.allocator.engine import Outcome
 from dralloc.allocator.engine.gang import gang_of
@@ -82,10 +83,12 @@ def pod_step(book: Decisions, key: str) -> AllocatePod | GangComplete | ev.Alloc
     return AllocatePod(key)
 
 
-def decide_pod(book: Decisions, step: AllocatePod) -> PodPlan:
+def decide_pod(book: Decisions, step: AllocatePod, evict_at: float | None = None) -> PodPlan:
     """The engine places the Pod's claims not allocated yet together, on one node: the node of
     its claims already allocated (a shared claim), if any. Allocated: `batch` (the engine holds
-    the devices until `pod_stored` or `pod_refused`); not: each claim's failure, the Pod waits."""
+    the devices until `pod_stored` or `pod_refused`); not: each claim's failure, the Pod waits, and
+    with `evict_at` (moves on: the time now) the evictions to ask for it (`evicting.decide`), which
+    its failures tell of."""
     pod = book.pods[step.pod]
     keys = [f"{pod.namespace}/{name}" for name in pod.claims]
     pending = [book.unused[k] for k in keys if k not in book.committed]
@@ -116,6 +119,8 @@ def decide_pod(book: Decisions, step: AllocatePod) -> PodPlan:
     for claim in plan.given_back:  # no better place: they keep what they had
         book.engine.restore(book.committed[claim.key].claim)
     plan.given_back = []
+    if evict_at is not None:
+        plan.evictions = evicting.decide(book, step.pod, evict_at)
     for claim, outcome in zip(pending, outcomes):  # (the engine commits a unit whole or not at all)
         message = outcome.message if outcome.message.startswith(f"Pod {pod.key}") else f"Pod {pod.key}: {outcome.message}"
         failure = failure_event(claim, outcome.status, message + book.evictions.note(step.pod), pod.name, reserved=book.evictions.shown(step.pod))

@@ -39,7 +39,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
-from dralloc.allocator import evicting, leader, moving
+from dralloc.allocator import leader, moving
 from dralloc.allocator.catchup import InventoryMark, names_unknown_class
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine, Outcome
@@ -289,19 +289,15 @@ class Allocator:
     async def _allocate_pod(self, step: AllocatePod, began: float) -> None:
         """A Pod's claims are all here: allocated together on one node, their commits written as one
         atomic batch (all or none); or each claim's failure, and the Pod waits for room."""
-        evictions: list[ev.EvictionRequested] = []
+        evict_at = time.time() if self.moves != "off" else None  # moves in a cluster: evict the Pods in its way (evicting.py)
         with telemetry.tracer().start_as_current_span("allocate pod", attributes={"dralloc.pod": step.pod}) as span:
-            plan = await self._engine_work(self.book.decide_pod, step)
-            if not plan.batch and self.moves != "off":  # moves in a cluster: evict the Pods in its way (evicting.py)
-                evictions = await self._engine_work(evicting.decide, self.book, step.pod, time.time())
-                if evictions:
-                    plan = await self._engine_work(self.book.decide_pod, step)  # (its failures now say what was asked)
-            span.set_attribute("dralloc.outcome", "allocated" if plan.batch else "evicting" if evictions else "waiting")
+            plan = await self._engine_work(self.book.decide_pod, step, evict_at)
+            span.set_attribute("dralloc.outcome", "allocated" if plan.batch else "evicting" if plan.evictions else "waiting")
         for failure in plan.failures:
             await self._send_failure(failure, began)
-        if evictions:
+        if plan.evictions:
             try:
-                await (await self.fence.send_batch(list(evictions), began))
+                await (await self.fence.send_batch(list(plan.evictions), began))
             except BaseException:
                 self.book.evictions.refused(self.book, step.pod)
                 raise

@@ -46,11 +46,14 @@ class AllocatePod:
 @dataclass(slots=True)
 class PodPlan:
     """A Pod's decisions: `batch` (its claims' commits, all or none, written as one atomic batch)
-    or `failures` (every claim not yet allocated fails with the unit's reason; none holds devices)."""
+    or `failures` (every claim not yet allocated fails with the unit's reason; none holds devices),
+    then `evictions` (with moves on: the Pods in its way to evict, evicting.py; their failures say so)."""
 
     pod: str
     batch: list[ev.AllocationEvent] = field(default_factory=list)
     failures: list[ev.AllocationFailed] = field(default_factory=list)
+    evictions: list[ev.EvictionRequested] = field(default_factory=list)
+    """The requests to write as one atomic batch after the failures (`Evictions.refused` if not stored)."""
     given_back: list[ResourceClaim] = field(default_factory=list)
     """Claims dralloc committed for this Pod that the batch releases (first) and places again: their
     node no longer fits the claims the cluster holds (a write of the unit lost to kube-scheduler)."""

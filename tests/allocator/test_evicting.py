@@ -82,6 +82,27 @@ def test_the_pods_on_the_node_the_planner_empties_are_asked_to_go_once_while_in_
     book.commit_written(newcomer)
 
 
+def test_deciding_the_pod_with_moves_on_plans_its_evictions_and_its_failures_tell_of_them() -> None:
+    """`decide_pod(step, evict_at)`: one decision gives the Pod's failures and the evictions for it, the
+    failures already naming what was asked and the node held (as `reservedNodes`); without `evict_at`
+    (moves off) nothing is asked."""
+    book = book_over(TWO_NODES)
+    on = scattered(book)
+    assert book.submitted(claim("big", 8), needs_pod=True) is None
+    step = book.pod_submitted(pod("big", "big"))
+    assert isinstance(step, AllocatePod)
+    off = book.decide_pod(step)
+    assert off.evictions == [] and off.failures and book.evictions.inflight == {}
+    plan = book.decide_pod(step, 1000.0)
+    assert not plan.batch and len(plan.evictions) == 2
+    (node,) = {r.node for r in plan.evictions}
+    assert sorted(r.key for r in plan.evictions) == sorted(on[node])
+    (failure,) = plan.failures
+    assert "dralloc asked to evict Pod(s)" in failure.message and f"{evicting.HELD_WORDS} node {node}" in failure.message
+    assert failure.reserved_nodes == [node] and failure.reserved_until == 1000.0 + evicting.EVICTION_PATIENCE
+    assert book.decide_pod(step, 1001.0).evictions == []  # in flight: nothing asked again
+
+
 def test_a_claim_named_as_the_waiting_pod_does_not_take_its_hold_first() -> None:
     """A Pod and a claim may share a name in a namespace (a claim placed alone is its own unit, keyed
     namespace/name): the Pod's eviction hold is not that claim's, so it goes elsewhere as any other."""
