@@ -37,6 +37,7 @@ undo it with any URL-unquote function.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import unquote
@@ -324,6 +325,9 @@ class EvictionRefused(_Event, tag=True, frozen=True):
     """The request's ``askedAt``: which asking was refused (an older one's refusal is no news)."""
     message: str = ""
     """Why (the API server's words), at most `EVICTION_WORDS_MAX` characters."""
+    refused_at: float = 0.0
+    """When it was refused (seconds since the epoch; 0: unknown): the allocator's backoff counts from
+    then, also for a leader that replays the refusal after a takeover (a finite number, not negative)."""
 
     @property
     def key(self) -> str:
@@ -607,6 +611,8 @@ def identity_problem(event: Event) -> str | None:
             problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or name_error(for_pod)
             if problem is None and len(words) > EVICTION_WORDS_MAX:
                 problem = f"its message is {len(words)} characters long (at most {EVICTION_WORDS_MAX})"
+            if problem is None and not (math.isfinite(event.refused_at) and event.refused_at >= 0):
+                problem = f"refusedAt {event.refused_at!r} is not a time (seconds since the epoch)"
             return f"eviction refusal for claim {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")

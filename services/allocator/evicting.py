@@ -148,6 +148,8 @@ class Evictions:
         what = f"Pod {refused.namespace}/{refused.pod} (claim {refused.key})"
         if any(line.startswith(what) for line in found.refused):
             return False  # (the same Pod's refusal told again)
+        if found.asked_at <= refused.refused_at <= now:
+            now = refused.refused_at  # (when it was refused: the same backoff for a leader that replays it)
         if not found.refused:  # the first refusal of this asking: the backoff begins
             count = self.refusals[pod] = self.refusals.get(pod, 0) + 1
             found.retry_at = now + min(EVICTION_PATIENCE, REFUSED_BACKOFF * 2 ** (count - 1))
@@ -170,14 +172,17 @@ class Evictions:
             return
         book.engine.reserve(book.reservations.others(""))
 
-    def replayed(self, book: Decisions, requests: Iterable[ev.EvictionRequested], now: float) -> None:
+    def replayed(self, book: Decisions, requests: Iterable[ev.EvictionRequested], now: float, refusals: Iterable[ev.EvictionRefused] = ()) -> None:
         """After a takeover: the evictions an earlier term asked for (ALLOCATIONS' ``.evict`` subjects,
         the last per claim), in flight again as they were asked, so a Pod's evictions are not asked
         for again before the patience is over (`settle` drops those whose claims are gone or whose
         patience is spent), and the devices they held (`EvictionRequested.held`, those the inventory
         still has) held again. Only the requests of the Pod's last asking count (an older asking's
         request for a claim not asked for again is over). A request without ``askedAt`` (an older
-        version's), or one dated after `now`, counts from `now`: never held longer than a patience."""
+        version's), or one dated after `now`, counts from `now`: never held longer than a patience.
+        Then the `refusals` CLAIMS still holds (they expire after `bus.REFUSAL_TTL_S`) are heard
+        again (`refusal`, from when each was refused): what a refused asking held stays let go, and
+        it is asked again after the same backoff (counted as the first refusal in a row)."""
         by_pod: dict[str, list[ev.EvictionRequested]] = {}
         for request in requests:
             by_pod.setdefault(f"{request.for_namespace}/{request.for_pod}", []).append(request)
@@ -195,6 +200,8 @@ class Evictions:
             note = note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0)
             self.inflight[pod] = InFlight({r.key: r.uid for r in asked}, node, since, note, devices, asked[-1].asked_at)
             self._hold(book, pod, devices)
+        for refused in refusals:
+            self.refusal(book, refused, now)
 
     def refused(self, book: Decisions, pod: str) -> None:
         """The requests were not stored: nothing is in flight for the Pod, nothing held for it."""

@@ -48,7 +48,9 @@ async def rebuild(allocator: Allocator) -> int:
         allocator.book.replayed(event)
     if allocator.moves != "off":  # evictions asked for by an earlier term stay in flight (evicting.py)
         asked, _ = await allocator.bus.replay("ALLOCATIONS", "dra.allocations.*.*.evict")
-        allocator.book.evictions.replayed(allocator.book, [e for e in asked if isinstance(e, ev.EvictionRequested)], time.time())
+        requests = [e for e in asked if isinstance(e, ev.EvictionRequested)]
+        refusals = [e for e in claims if isinstance(e, ev.EvictionRefused)]  # (heard by an earlier term: not delivered again)
+        allocator.book.evictions.replayed(allocator.book, requests, time.time(), refusals)
     released = await release_gone(allocator, allocator.book.gone())
     await allocator.reserve_waiting()  # the waits earlier terms began hold their nodes again, before any claim is decided
     log.info(

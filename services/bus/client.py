@@ -27,7 +27,7 @@ from dralloc import natsauth, telemetry
 from dralloc.bus import consume, deadletter, kv, lookup, read, replay, streams
 from dralloc.bus.errors import BusError, PublishRefused
 from dralloc.bus.headers import install as install_header_parser
-from dralloc.bus.streams import MAX_BATCH, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
+from dralloc.bus.streams import MAX_BATCH, REFUSAL_TTL_S, RESUBMITTABLE, TOMBSTONES, header_bytes, tombstone_ttl_from_env
 from dralloc.schemas import events
 from dralloc.schemas.events import Event
 
@@ -93,6 +93,8 @@ class Bus:
         """The one timer that gives up on acks past their time (`_sweep`), while any is awaited."""
         self.tombstone_ttl = tombstone_ttl if tombstone_ttl is not None else tombstone_ttl_from_env()
         """Seconds a tombstone this bus publishes stays stored (`TOMBSTONE_TTL_S`)."""
+        self.refusal_ttl = REFUSAL_TTL_S
+        """Seconds an EvictionRefused this bus publishes stays stored (`REFUSAL_TTL_S`)."""
         self.closed = asyncio.Event()
         """Set when the connection is closed for good (the client gave up, or the server closed it on a
         protocol error): nothing more will be delivered on it (`run_service` exits non-zero)."""
@@ -365,6 +367,8 @@ class Bus:
         marks = {**(headers or {}), "Nats-Msg-Id": msg_id}
         if isinstance(event, TOMBSTONES):  # the subject empties once every consumer has seen it
             marks["Nats-TTL"] = f"{max(1, round(self.tombstone_ttl))}s"
+        elif isinstance(event, events.EvictionRefused):  # it matters for an eviction's patience, then expires
+            marks["Nats-TTL"] = f"{max(1, round(self.refusal_ttl))}s"
         if telemetry.recording():
             attributes = {
                 "messaging.system": "nats",

@@ -72,6 +72,12 @@ TOMBSTONE_TTL_S = 24 * 3600.0
 ``DRALLOC_TOMBSTONE_TTL`` (seconds) says otherwise: long enough that every consumer has seen it.
 A claim whose delete expired unseen (the allocator down longer) is released at the next rebuild."""
 
+REFUSAL_TTL_S = 600.0
+"""How long an EvictionRefused stays in CLAIMS (``Nats-TTL``): twice the allocator's eviction patience
+(services/allocator/evicting.py ``EVICTION_PATIENCE``, 300 s), the longest a refusal changes anything
+(the eviction it answers is over by then). A leader taking over within it replays the refusal; one
+refusal per claim in the way no longer stays for good."""
+
 TOMBSTONES = (events.ClaimDeleted, events.PodDeleted)
 """Events published with ``Nats-TTL``. (Not AllocationReleased: ALLOCATIONS keeps every decision,
 so an expired release would bring back the commit before it. A PodDeleted that expires unseen

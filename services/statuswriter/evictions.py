@@ -27,6 +27,7 @@ Outcomes per Pod:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,7 @@ class Evictor:
                 for_pod=request.for_pod,
                 asked_at=request.asked_at,
                 message=words[: ev.EVICTION_WORDS_MAX],
+                refused_at=time.time(),
             )
             try:
                 await self.tell(told)

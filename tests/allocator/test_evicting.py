@@ -5,7 +5,9 @@ stands for a claim's decision: a successor rebuilds the same state through a sna
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from test_core import book_over, claim
@@ -15,6 +17,7 @@ from test_snapshot import claim_event, publish_fleet, standby, state, submit
 from dralloc.allocator import evicting
 from dralloc.allocator.decisions import AllocatePod, Decisions
 from dralloc.allocator.service import Allocator
+from dralloc.bus.streams import REFUSAL_TTL_S
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
 from dralloc.schemas.resource import ResourceClaimConsumerReference
@@ -295,9 +298,10 @@ def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -
     assert book.evictions.inflight == {} and book.reservations.evicting == {}
 
 
-async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flight(bus) -> None:
-    """The leader (moves on) asks for two Pods' eviction for a large Pod; a successor reads the requests
-    back from ALLOCATIONS and asks for nothing more while they are in flight (moves off: it reads none)."""
+async def asking_leader(bus) -> tuple[Allocator, Callable[[ev.Event], Awaitable[None]], dict[str, list[ev.ClaimSubmitted]]]:
+    """A leader (moves on) over two 8-GPU nodes, each with two 2-GPU Pods' claims left on it, that asked
+    for the eviction of one node's two Pods for the 8-GPU Pod ml/big: the leader, how it takes an event
+    (published, then decided), and node -> the Pods' claims left there."""
     await publish_fleet(bus, 2)
     leader = Allocator(bus, moves="early")
     await leader.rebuild()
@@ -321,8 +325,15 @@ async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flig
         await take(ev.ClaimDeleted(namespace="ml", name=meta.name, uid=meta.uid or ""))
         await take(ev.PodDeleted(namespace="ml", name=meta.name, uid=f"uid-{meta.name}"))
     await pod_with("big", 8)
+    return leader, take, {node: kept[2:] for node, kept in on.items()}
+
+
+async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flight(bus) -> None:
+    """The leader (moves on) asks for two Pods' eviction for a large Pod; a successor reads the requests
+    back from ALLOCATIONS and asks for nothing more while they are in flight (moves off: it reads none)."""
+    leader, _, on = await asking_leader(bus)
     asked = leader.book.evictions.inflight["ml/big"]
-    assert len(asked.claims) == 2 and {k for k in asked.claims} == {s.claim.key for s in on[asked.node][2:]}
+    assert len(asked.claims) == 2 and {k for k in asked.claims} == {s.claim.key for s in on[asked.node]}
 
     assert asked.devices and leader.book.reservations.evicting["pod:ml/big"] == asked.devices
 
@@ -339,3 +350,36 @@ async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flig
     without = Allocator(bus)
     await without.rebuild()
     assert without.book.evictions.inflight == {}
+
+
+async def test_a_refusal_heard_before_a_takeover_stands_for_the_successor_and_then_expires(bus) -> None:
+    """An EvictionRefused the leader heard (and acked: the durable consumer does not hand it to a
+    successor) is replayed from CLAIMS at the rebuild: the successor holds nothing for the refused
+    asking and asks again after the same backoff, from when it was refused. The refusal carries a TTL
+    (`REFUSAL_TTL_S`, longer than the patience) and expires: CLAIMS does not keep one per claim for good."""
+    leader, take, _ = await asking_leader(bus)
+    asked = leader.book.evictions.inflight["ml/big"]
+    key, uid = next(iter(asked.claims.items()))
+    name = key.split("/", 1)[1]
+    told = ev.EvictionRefused(
+        namespace="ml", name=name, uid=uid, pod=name, for_namespace="ml", for_pod="big", asked_at=asked.asked_at,
+        message="Cannot evict pod as it would violate the pod's disruption budget.", refused_at=asked.asked_at,
+    )  # fmt: skip
+    await take(told)
+    heard = leader.book.evictions.inflight["ml/big"]
+    assert heard.retry_at == asked.asked_at + evicting.REFUSED_BACKOFF and leader.book.reservations.evicting == {}
+
+    successor = Allocator(bus, moves="early")
+    await successor.rebuild()
+    found = successor.book.evictions.inflight["ml/big"]
+    assert found.refused == heard.refused and found.retry_at == heard.retry_at and found.note == heard.note
+    assert successor.book.reservations.evicting == {} and successor.book.reservations.per_node() == {}
+    assert successor.book.evictions.refused_claims == leader.book.evictions.refused_claims == {key: asked.asked_at + evicting.EVICTION_PATIENCE}
+
+    stored = await bus.last_message("CLAIMS", told.subject)
+    assert stored is not None and stored.headers["Nats-TTL"] == f"{round(REFUSAL_TTL_S)}s" and REFUSAL_TTL_S >= evicting.EVICTION_PATIENCE
+    bus.refusal_ttl = 1.0
+    await bus.publish(msgspec.structs.replace(told, pod="another"))
+    async with asyncio.timeout(15):
+        while await bus.last_message("CLAIMS", told.subject) is not None:
+            await asyncio.sleep(0.2)  # until it expires

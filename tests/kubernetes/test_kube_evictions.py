@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -394,6 +395,7 @@ async def test_pods_drain_would_not_evict_are_not_evicted_and_the_waiting_pod_is
     # The allocator is told, naming the asking it answers (and the bus would take it: a valid event).
     (refused,) = told
     assert (refused.key, refused.uid, refused.pod, refused.for_pod, refused.asked_at) == (request.key, request.uid, "user", "big", 1000.0)
+    assert 1000.0 < refused.refused_at <= time.time()  # (when: the allocator backs off from then)
     assert why in refused.message and ev.decode(ev.encode(refused)) == refused
 
     async def bus_down(refused: ev.EvictionRefused) -> None:

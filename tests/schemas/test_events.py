@@ -103,6 +103,15 @@ def test_decode_refuses_with_a_reason(data: bytes, reason: str):
         ev.decode(data)
 
 
+def test_an_eviction_refusal_round_trips_and_refuses_a_refused_at_that_is_no_time():
+    refused = ev.EvictionRefused(namespace="ml", name="c", uid="u1", pod="p", for_namespace="ml", for_pod="big", asked_at=12.5, refused_at=13.25)
+    assert ev.decode(ev.encode(refused)) == refused and b'"refusedAt":13.25' in ev.encode(refused)
+    for bad, reason in [(b"-1", "refusedAt -1.0 is not a time"), (b"1e999", "Number out of range")]:
+        data = ev.encode(refused).replace(b'"refusedAt":13.25', b'"refusedAt":' + bad)
+        with pytest.raises(ev.EventDecodeError, match=reason):
+            ev.decode(data)
+
+
 def test_an_eviction_request_round_trips_and_refuses_held_devices_no_slice_could_name():
     pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
     held = [ev.HeldDevice(driver="gpu.nvidia.com", pool="node-1", device="gpu-0")]
