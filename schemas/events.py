@@ -328,6 +328,8 @@ class EvictionRefused(_Event, tag=True, frozen=True):
     refused_at: float = 0.0
     """When it was refused (seconds since the epoch; 0: unknown): the allocator's backoff counts from
     then, also for a leader that replays the refusal after a takeover (a finite number, not negative)."""
+    gang: str = ""
+    """The request's ``gang`` (the room was asked for that gang of Pods), "" for a Pod alone."""
 
     @property
     def key(self) -> str:
@@ -494,6 +496,9 @@ class EvictionRequested(_Event, tag=True, frozen=True):
     asked_at: float = 0.0
     """When the allocator asked (seconds since the epoch; 0: unknown): a new leader keeps the
     eviction in flight until that time plus its patience, not longer."""
+    gang: str = ""
+    """The gang of Pods (annotation ``dralloc.dev/gang``, in ``forNamespace``; an object name) the room is
+    made for, ``forPod`` one of its Pods; "" when it is made for the Pod alone."""
 
     @property
     def key(self) -> str:
@@ -606,6 +611,7 @@ def identity_problem(event: Event) -> str | None:
             problem = namespace_error(ns) or name_error(name) or namespace_error(for_ns) or name_error(for_pod)
             problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
             problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
+            problem = problem or (_gang_problem(event.gang) if event.gang else None)
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
         case EvictionRefused(namespace=ns, name=name, pod=pod, for_namespace=for_ns, for_pod=for_pod, message=words):
             problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or name_error(for_pod)
@@ -613,12 +619,19 @@ def identity_problem(event: Event) -> str | None:
                 problem = f"its message is {len(words)} characters long (at most {EVICTION_WORDS_MAX})"
             if problem is None and not (math.isfinite(event.refused_at) and event.refused_at >= 0):
                 problem = f"refusedAt {event.refused_at!r} is not a time (seconds since the epoch)"
+            problem = problem or (_gang_problem(event.gang) if event.gang else None)
             return f"eviction refusal for claim {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
             return name_error(name) or pool_name_error(pool) or (None if is_dns_subdomain(driver) else f"driver {driver!r} is not a DNS subdomain")
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):
             return name_error(name)
     return None
+
+
+def _gang_problem(gang: str) -> str | None:
+    """Why an eviction's gang is not a gang name it may carry (an object name), or None."""
+    problem = name_error(gang)
+    return f"gang: {problem}" if problem else None
 
 
 def _held_problem(device: HeldDevice) -> str | None:

@@ -271,7 +271,11 @@ class Decisions:
             message += self.reservations.words(unit) + self.reservations.kept_from(claim)
         if (problem := self.reservations.problems.get(claim.key)) is not None:
             message += f"; {problem}"
-        failure = failure_event(claim, status, message, self._pod_of(claim.key), reserved=self.reservations.shown(unit))
+        reserved = self.reservations.shown(unit)
+        if unit in self.evictions.inflight:  # (a gang of Pods whose evictions run: evicting.py)
+            message += self.evictions.note(unit)
+            reserved = self.evictions.shown(unit) if self.evictions.shown(unit)[0] else reserved
+        failure = failure_event(claim, status, message, self._pod_of(claim.key), reserved=reserved)
         return failure if self.failures.get(failure.key) != failure.msg_id else None
 
     def _pod_of(self, key: str) -> str:
@@ -353,9 +357,10 @@ class Decisions:
 
     # -- gangs (gangs.py) and Pods (pod_units.py) -----------------------------------------------
 
-    def decide_gang(self, complete: GangComplete) -> GangPlan:
-        """`gangs.decide_gang`: the engine places a complete gang's members inside one domain."""
-        return gangs.decide_gang(self, complete)
+    def decide_gang(self, complete: GangComplete, evict_at: float | None = None) -> GangPlan:
+        """`gangs.decide_gang`: the engine places a complete gang's members inside one domain; with
+        `evict_at` (moves on) the Pods in a gang of Pods' way are to be evicted if it does not fit."""
+        return gangs.decide_gang(self, complete, evict_at)
 
     def batch_stored(self, plan: GangPlan) -> None:
         gangs.batch_stored(self, plan)

@@ -33,7 +33,17 @@ heard (the status writer down) ends with the patience.
 Only a Pod whose claims are all still to place (none a gang member, none placed already) and
 large (one claim, or several together on one node, take a whole node: `served`) is served, and
 only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted for
-another Pod are evicted.
+another unit are evicted. A complete gang of Pods (each member a Pod's claim, none placed) that
+takes whole nodes is served the same way (`decide_gang`: the planner places its members inside
+one domain; claims smaller than each member are evicted), its requests naming the gang
+(`EvictionRequested.gang`) and its first member's Pod; what is in flight is kept by unit
+(``pod:<ns>/<name>`` or ``gang:<ns>/<gang>``, `unit_of`), and the hold is the unit's.
+
+Not served: a Pod whose (shared) claim is placed already (it is tied to that node: emptying it
+means evicting around a claim that stays), and claims from files or `submit` blocked by Pods'
+claims: a claim of its own is not scheduled by Kubernetes and has no Pod to make room for or tell,
+so evicting Pods for it would put dralloc's placement of an unscheduled claim above running Pods
+(moves.py re-places claims of their own in place instead, never a Pod's).
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
+from dralloc.allocator.engine.moves import MovePlan
 from dralloc.allocator.reservations import pod_unit
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
+from dralloc.schemas.validation import name_error
 
 if TYPE_CHECKING:
     from dralloc.allocator.decisions import Decisions
@@ -93,23 +105,24 @@ class InFlight:
 
 @dataclass(slots=True)
 class Evictions:
-    """Evictions in flight, by the key of the Pod they make room for."""
+    """Evictions in flight, by the unit they make room for (`unit_of`: ``pod:<ns>/<name>`` for a Pod,
+    ``gang:<ns>/<gang>`` for a gang of Pods)."""
 
     inflight: dict[str, InFlight] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
-    """Pod key -> refusals heard in a row for it (the backoff doubles with each)."""
+    """Unit key -> refusals heard in a row for it (the backoff doubles with each)."""
     refused_claims: dict[str, float] = field(default_factory=dict)
     """Claim key -> until when it is not asked to go again (a refusal heard): planned around."""
 
-    def note(self, pod: str) -> str:
-        """What the waiting Pod's failure message adds while its eviction is in flight ("" when none)."""
-        found = self.inflight.get(pod)
+    def note(self, unit: str) -> str:
+        """What the waiting unit's failure messages add while its eviction is in flight ("" when none)."""
+        found = self.inflight.get(unit)
         return found.note if found is not None else ""
 
-    def shown(self, pod: str) -> tuple[tuple[str, ...], float]:
-        """(nodes held, until when) for the failure events of the waiting Pod's claims, as a
+    def shown(self, unit: str) -> tuple[tuple[str, ...], float]:
+        """(nodes held, until when) for the failure events of the waiting unit's claims, as a
         reservation's are shown (`Reservations.shown`); ((), 0.0) when nothing is held for it."""
-        found = self.inflight.get(pod)
+        found = self.inflight.get(unit)
         if found is None or not found.devices:
             return (), 0.0
         return tuple(found.node.split(", ")), found.until
@@ -119,15 +132,16 @@ class Evictions:
         return {key for found in self.inflight.values() for key in found.claims} | self.refused_claims.keys()
 
     def settle(self, book: Decisions, now: float) -> None:
-        """Forget what is over: the Pod placed or gone, its claims all released, or the patience (the
-        backoff, after a refusal) spent."""
-        for pod, found in list(self.inflight.items()):
+        """Forget what is over: the Pod (the gang) placed or gone, its claims all released, or the
+        patience (the backoff, after a refusal) spent."""
+        for unit, found in list(self.inflight.items()):
             held = any((c := book.committed.get(k)) is not None and c.uid == uid for k, uid in found.claims.items())
-            if pod not in book.pods or not held or now >= found.over:
-                del self.inflight[pod]
-                self._hold(book, pod, 0)
-                if pod not in book.pods or not held:
-                    self.refusals.pop(pod, None)  # placed, gone, or its evictions done: a new start
+            waits = _waits(book, unit)
+            if not waits or not held or now >= found.over:
+                del self.inflight[unit]
+                self._hold(book, unit, 0)
+                if not waits or not held:
+                    self.refusals.pop(unit, None)  # placed, gone, or its evictions done: a new start
         for key, until in list(self.refused_claims.items()):
             if now >= until or key not in book.committed:
                 del self.refused_claims[key]
@@ -139,8 +153,8 @@ class Evictions:
         refused and why, it is asked again only after a backoff, and the claim refused is planned
         around for a patience. A refusal of anything else (an older asking, a Pod since placed, a
         forged one) changes nothing."""
-        pod = f"{refused.for_namespace}/{refused.for_pod}"
-        found = self.inflight.get(pod)
+        unit = unit_of(refused)
+        found = self.inflight.get(unit)
         if found is None or found.claims.get(refused.key) is None or refused.asked_at != found.asked_at:
             return False
         if refused.uid and found.claims[refused.key] != refused.uid:
@@ -151,24 +165,24 @@ class Evictions:
         if found.asked_at <= refused.refused_at <= now:
             now = refused.refused_at  # (when it was refused: the same backoff for a leader that replays it)
         if not found.refused:  # the first refusal of this asking: the backoff begins
-            count = self.refusals[pod] = self.refusals.get(pod, 0) + 1
+            count = self.refusals[unit] = self.refusals.get(unit, 0) + 1
             found.retry_at = now + min(EVICTION_PATIENCE, REFUSED_BACKOFF * 2 ** (count - 1))
         words = " ".join(refused.message.split())[:300]  # (one line, bounded: it goes into an Event)
         found.refused.append(f"{what}: {words or 'refused'}")
         self.refused_claims[refused.key] = now + EVICTION_PATIENCE
         found.devices = 0
-        self._hold(book, pod, 0)
+        self._hold(book, unit, 0)
         found.note = (
             f"; with moves on, dralloc asked to evict Pods to make room on node {found.node}, and the cluster refused: "
             f"{'; '.join(found.refused)}; nothing is held for it now, and it asks again after {_clock(found.retry_at)} (around the claims refused)"
         )
         return True
 
-    def _hold(self, book: Decisions, pod: str, devices: int) -> None:
-        """Hold `devices` for `pod` (0: nothing) as reservations are held: other claims take them last."""
+    def _hold(self, book: Decisions, unit: str, devices: int) -> None:
+        """Hold `devices` for `unit` (0: nothing) as reservations are held: other claims take them last."""
         if devices:
-            book.reservations.evicting[pod_unit(pod)] = devices
-        elif book.reservations.evicting.pop(pod_unit(pod), None) is None:
+            book.reservations.evicting[unit] = devices
+        elif book.reservations.evicting.pop(unit, None) is None:
             return
         book.engine.reserve(book.reservations.others(""))
 
@@ -183,11 +197,11 @@ class Evictions:
         Then the `refusals` CLAIMS still holds (they expire after `bus.REFUSAL_TTL_S`) are heard
         again (`refusal`, from when each was refused): what a refused asking held stays let go, and
         it is asked again after the same backoff (counted as the first refusal in a row)."""
-        by_pod: dict[str, list[ev.EvictionRequested]] = {}
+        by_unit: dict[str, list[ev.EvictionRequested]] = {}
         for request in requests:
-            by_pod.setdefault(f"{request.for_namespace}/{request.for_pod}", []).append(request)
+            by_unit.setdefault(unit_of(request), []).append(request)
         inv = book.engine.inventory
-        for pod, asked in by_pod.items():
+        for unit, asked in by_unit.items():
             since = max(r.asked_at for r in asked)
             asked = [r for r in asked if r.asked_at == since]
             since = min(since, now) if since > 0 else now
@@ -198,15 +212,31 @@ class Evictions:
                         devices |= 1 << rec.id
             node = asked[-1].node
             note = note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0)
-            self.inflight[pod] = InFlight({r.key: r.uid for r in asked}, node, since, note, devices, asked[-1].asked_at)
-            self._hold(book, pod, devices)
+            self.inflight[unit] = InFlight({r.key: r.uid for r in asked}, node, since, note, devices, asked[-1].asked_at)
+            self._hold(book, unit, devices)
         for refused in refusals:
             self.refusal(book, refused, now)
 
-    def refused(self, book: Decisions, pod: str) -> None:
-        """The requests were not stored: nothing is in flight for the Pod, nothing held for it."""
-        self.inflight.pop(pod, None)
-        self._hold(book, pod, 0)
+    def refused(self, book: Decisions, unit: str) -> None:
+        """The requests were not stored: nothing is in flight for the unit, nothing held for it."""
+        self.inflight.pop(unit, None)
+        self._hold(book, unit, 0)
+
+
+def unit_of(event: ev.EvictionRequested | ev.EvictionRefused) -> str:
+    """The unit an eviction's request (or its refusal) makes room for: its gang's
+    (``gang:<ns>/<gang>``), or its Pod's (`reservations.pod_unit`)."""
+    if event.gang:
+        return f"gang:{event.for_namespace}/{event.gang}"
+    return pod_unit(f"{event.for_namespace}/{event.for_pod}")
+
+
+def _waits(book: Decisions, unit: str) -> bool:
+    """Whether the unit still waits to be placed (a Pod not placed, deleted or ungated; a gang of Pods
+    not placed, with members still here)."""
+    if unit.startswith("gang:"):
+        return bool(book.gangs.get(unit[len("gang:") :]))
+    return unit[len("pod:") :] in book.pods
 
 
 HELD_WORDS = "; an eviction hold:"
@@ -238,11 +268,11 @@ def pod_consumers(claim: ResourceClaim) -> list[ResourceClaimConsumerReference] 
     return list(refs)
 
 
-def evictable(unit: Sequence[ResourceClaim], claims: Iterable[ResourceClaim]) -> dict[str, ResourceClaim]:
+def evictable(unit: Sequence[ResourceClaim], claims: Iterable[ResourceClaim], *, gang: bool = False) -> dict[str, ResourceClaim]:
     """Of `claims` (allocated), those whose Pods may be evicted for the Pod whose claims to place are
     `unit`, by key: reserved only for Pods, not in a gang, smaller than the unit (its claims'
-    devices together), not its own."""
-    least = sum(claim_demand(c) for c in unit)
+    devices together; for a `gang`'s members, each placed on its own node: than each), not its own."""
+    least = min(claim_demand(c) for c in unit) if gang else sum(claim_demand(c) for c in unit)
     own = {c.key for c in unit}
     out = {}
     for claim in claims:
@@ -251,10 +281,10 @@ def evictable(unit: Sequence[ResourceClaim], claims: Iterable[ResourceClaim]) ->
     return out
 
 
-def movable(book: Decisions, unit: Sequence[ResourceClaim], busy: set[str]) -> dict[str, ResourceClaim]:
+def movable(book: Decisions, unit: Sequence[ResourceClaim], busy: set[str], *, gang: bool = False) -> dict[str, ResourceClaim]:
     """The committed claims whose Pods may be evicted for `unit` (`evictable`), but those being
-    evicted for another Pod (`busy`), by key."""
-    return evictable(unit, (c.claim for k, c in book.committed.items() if k not in busy and c.allocation is not None))
+    evicted for another unit (`busy`), by key."""
+    return evictable(unit, (c.claim for k, c in book.committed.items() if k not in busy and c.allocation is not None), gang=gang)
 
 
 def served(engine: Engine, claims: Sequence[ResourceClaim]) -> bool:
@@ -295,7 +325,7 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     evictions = book.evictions
     evictions.settle(book, now)
     pod = book.pods.get(pod_key)
-    if pod is None or pod_key in evictions.inflight:
+    if pod is None or pod_unit(pod_key) in evictions.inflight:
         return []
     keys = [f"{pod.namespace}/{name}" for name in pod.claims]
     if not keys or any(k in book.committed or k not in book.unused for k in keys):
@@ -306,6 +336,38 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy()), together=True)
     if plan is None:
         return []
+    return _ask(book, pod_unit(pod_key), plan, pod.namespace, pod.name, "", now)
+
+
+def decide_gang(book: Decisions, gang: str, claims: Sequence[ResourceClaim], domain: str | None, now: float) -> list[ev.EvictionRequested]:
+    """For a complete gang of Pods (`gang`: ``<ns>/<name>``; `claims`: its members, none placed) that
+    did not fit: the evictions to ask for, at time `now`, as `decide` asks for a Pod's. Served: every
+    member reserved for a Pod (a gang of claims from files or `submit` is moves.py's), the gang large
+    (it takes whole nodes, `gang.reservation_for`, as moves.py's gangs), its name a name an event may
+    carry. Evicted: claims reserved for Pods, not in a gang, smaller than each member
+    (`evictable(gang=True)`), the plan the moves planner's for a gang (its members inside one domain).
+    The requests name the first member's Pod as the one room is made for (its Events tell of
+    refusals) and the gang (`EvictionRequested.gang`)."""
+    evictions = book.evictions
+    evictions.settle(book, now)
+    unit = f"gang:{gang}"
+    namespace, name = gang.split("/", 1)
+    pods = [book.reserved.get(c.key) for c in claims]
+    if not claims or unit in evictions.inflight or book.gang_held.get(gang) or name_error(name) is not None:
+        return []
+    if not all(refs and refs[0].resource == "pods" for refs in pods):
+        return []  # not a gang of Pods
+    if not reservation_for(book.engine, claims, domain_label=domain):
+        return []  # small: its members fit in holes as they come
+    plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy(), gang=True), domain_label=domain)
+    if plan is None:
+        return []
+    return _ask(book, unit, plan, namespace, pods[0][0].name, name, now)  # type: ignore[index]  # (all checked above)
+
+
+def _ask(book: Decisions, unit: str, plan: MovePlan, namespace: str, pod: str, gang: str, now: float) -> list[ev.EvictionRequested]:
+    """The requests that carry out `plan` for `unit` (made for the Pod `namespace`/`pod`, of `gang` if
+    any), recorded as in flight, the devices the plan gives the unit held for it meanwhile."""
     node = ", ".join(plan.target)
     inv = book.engine.inventory
     devices = 0
@@ -315,27 +377,27 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
             if (rec := inv.by_key.get(entry.device)) is not None:
                 devices |= 1 << rec.id
                 held.append(ev.HeldDevice(driver=rec.key[0], pool=rec.key[1], device=rec.key[2]))
+    waiting = f"gang {namespace}/{gang} (Pod {namespace}/{pod})" if gang else f"Pod {namespace}/{pod}"
     requests = []
     for move in plan.moves:
         moved = book.committed[move.claim].claim
         meta = moved.metadata
-        pods = pod_consumers(moved) or []
-        why = f"Pod {pod_key} waits for room on node {node}: dralloc moves (DRALLOC_ALLOCATOR_MOVES)"
         requests.append(
             ev.EvictionRequested(
                 namespace=meta.namespace or "default",
                 name=meta.name,
                 uid=meta.uid or "",
-                pods=pods,
-                for_namespace=pod.namespace,
-                for_pod=pod.name,
+                pods=pod_consumers(moved) or [],
+                for_namespace=namespace,
+                for_pod=pod,
                 node=node,
-                message=why,
+                message=f"{waiting} waits for room on node {node}: dralloc moves (DRALLOC_ALLOCATOR_MOVES)",
                 held=held,
                 asked_at=now,
+                gang=gang,
             )
         )
     note = note_for(requests, node, now + EVICTION_PATIENCE if devices else 0.0)
-    evictions.inflight[pod_key] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices, now)
-    evictions._hold(book, pod_key, devices)
+    book.evictions.inflight[unit] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices, now)
+    book.evictions._hold(book, unit, devices)
     return requests

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from dralloc.allocator import evicting
 from dralloc.allocator.claims import allocation_of
 from dralloc.allocator.engine.gang import allocate_gang
 from dralloc.allocator.steps import GangComplete, GangPlan, failure_event
@@ -33,10 +34,12 @@ def collect(book: Decisions, claim: ResourceClaim, name: str, size: int, domain:
     return GangComplete(name, size, domain)
 
 
-def decide_gang(book: Decisions, complete: GangComplete) -> GangPlan:
+def decide_gang(book: Decisions, complete: GangComplete, evict_at: float | None = None) -> GangPlan:
     """The engine places the members not committed inside one domain, that of the committed ones
     if any (engine/gang.py). A gang that cannot be completed where its committed members are is
-    given back and decided again whole, in the same batch."""
+    given back and decided again whole, in the same batch. One that does not fit, none of it
+    committed, with `evict_at` (moves on: the time now): the evictions to ask for it if it is a
+    gang of Pods (`evicting.decide_gang`)."""
     name, domain = complete.name, complete.domain
     members = book.gangs[name]
     held = [book.committed[key].claim for key in book.gang_held.get(name, ())]
@@ -58,6 +61,8 @@ def decide_gang(book: Decisions, complete: GangComplete) -> GangPlan:
         for member, outcome in plan.unplaced:
             if outcome.status == "unsatisfiable":
                 book.messages[member.key] = outcome.message
+        if evict_at is not None:
+            plan.evictions = evicting.decide_gang(book, name, claims, domain, evict_at)
         return plan
     plan.batch = [
         ev.AllocationReleased(namespace=m.metadata.namespace or "default", name=m.metadata.name, uid=m.metadata.uid or "", allocation=allocation_of(m))

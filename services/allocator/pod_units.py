@@ -123,7 +123,8 @@ def decide_pod(book: Decisions, step: AllocatePod, evict_at: float | None = None
         plan.evictions = evicting.decide(book, step.pod, evict_at)
     for claim, outcome in zip(pending, outcomes):  # (the engine commits a unit whole or not at all)
         message = outcome.message if outcome.message.startswith(f"Pod {pod.key}") else f"Pod {pod.key}: {outcome.message}"
-        failure = failure_event(claim, outcome.status, message + book.evictions.note(step.pod), pod.name, reserved=book.evictions.shown(step.pod))
+        unit = pod_unit(step.pod)
+        failure = failure_event(claim, outcome.status, message + book.evictions.note(unit), pod.name, reserved=book.evictions.shown(unit))
         if book.failures.get(failure.key) != failure.msg_id:
             plan.failures.append(failure)
     book.pods_waiting.add(step.pod)

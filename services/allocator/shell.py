@@ -46,6 +46,7 @@ from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.fence import Fence
 from dralloc.allocator.intake import Intake, Taken
 from dralloc.allocator.rebuild import rebuild
+from dralloc.allocator.reservations import pod_unit
 from dralloc.allocator.retry import retry_waiting
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
@@ -299,7 +300,7 @@ class Allocator:
             try:
                 await (await self.fence.send_batch(list(plan.evictions), began))
             except BaseException:
-                self.book.evictions.refused(self.book, step.pod)
+                self.book.evictions.refused(self.book, pod_unit(step.pod))
                 raise
         if not plan.batch:
             return
@@ -317,8 +318,8 @@ class Allocator:
         pod = f"{refused.for_namespace}/{refused.for_pod}"
         if self.moves == "off" or not self.book.evictions.refusal(self.book, refused, time.time()):
             return
-        self.room_changed.set()  # (the held devices may fit a claim that avoided them)
-        if pod in self.book.pods:
+        self.room_changed.set()  # (the held devices may fit a claim that avoided them; a gang's failures are written again there)
+        if not refused.gang and pod in self.book.pods:
             await self.decide_step(self.book.pod_submitted(self.book.pods[pod]))
 
     async def _allocate_one(self, claim: ResourceClaim, context: Context, began: float) -> None:
@@ -385,12 +386,19 @@ class Allocator:
         """A gang's members are all here: its decisions are written as one atomic batch (see the module docstring)."""
         began = time.perf_counter()
         attributes: dict[str, str | int] = {"dralloc.gang": complete.name, "dralloc.gang.size": complete.size}
+        evict_at = time.time() if self.moves != "off" else None  # a gang of Pods evicts the Pods in its way (evicting.py)
         with telemetry.tracer().start_as_current_span("allocate gang", attributes=attributes):
-            plan = await self._engine_work(self.book.decide_gang, complete)
+            plan = await self._engine_work(self.book.decide_gang, complete, evict_at)
         if plan.unplaced and self.book.may_hold(plan.unplaced[0][0]):
             await self.reserve_waiting()  # (the gang may hold a domain's nodes now: the failures say so)
         for member, outcome in plan.unplaced:  # all wait, none holds devices
             await self._send_failure(self.book.failure(member, outcome.status, outcome.message))
+        if plan.evictions:
+            try:
+                await (await self.fence.send_batch(list(plan.evictions), began))
+            except BaseException:
+                self.book.evictions.refused(self.book, f"gang:{complete.name}")
+                raise
         if not plan.batch:
             return
         traces = [self.book.contexts.get(event.key) for event in plan.batch]

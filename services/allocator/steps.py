@@ -72,6 +72,9 @@ class GangPlan:
     batch: list[ev.AllocationEvent] = field(default_factory=list)
     placed: bool = False
     unplaced: list[tuple[ResourceClaim, Outcome]] = field(default_factory=list)
+    evictions: list[ev.EvictionRequested] = field(default_factory=list)
+    """With `unplaced`, for a gang of Pods with moves on: the Pods in its way to evict (evicting.py),
+    written as one atomic batch after the members' failures (which tell of them)."""
 
 
 def failure_event(claim: ResourceClaim, status: str, message: str, pod: str = "", reserved: tuple[tuple[str, ...], float] = ((), 0.0)) -> ev.AllocationFailed:

@@ -97,6 +97,12 @@ class _Refusal(msgspec.Struct):
     details: _Details = msgspec.field(default_factory=_Details)
 
 
+def _waiting(request: ev.EvictionRequested) -> str:
+    """The unit the room is asked for, in words: its Pod, or its gang and the Pod named for it."""
+    pod = f"Pod {request.for_namespace}/{request.for_pod}"
+    return f"gang {request.for_namespace}/{request.gang} ({pod})" if request.gang else pod
+
+
 def refusal(exc: ApiException) -> str:
     """The API server's words for a refused eviction: its message and causes (the budget named)."""
     try:
@@ -157,7 +163,7 @@ class Evictor:
             "metadata": {"name": name, "namespace": namespace},
             "deleteOptions": {"preconditions": {"uid": uid}} if uid else {},
         }
-        waiting = f"Pod {request.for_namespace}/{request.for_pod}"
+        waiting = _waiting(request)
         try:
             raw = await body_of(core.read_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as exc:
@@ -189,7 +195,7 @@ class Evictor:
 
     async def _refused(self, request: ev.EvictionRequested, name: str, words: str) -> Evicted:
         """Not evicted: logged, and a Warning Event on the waiting Pod says why (never retried here)."""
-        waiting = f"Pod {request.for_namespace}/{request.for_pod}"
+        waiting = _waiting(request)
         log.warning("Pod %s/%s not evicted to make room for %s: %s", request.namespace, name, waiting, words)
         if self.tell is not None:
             told = ev.EvictionRefused(
@@ -202,6 +208,7 @@ class Evictor:
                 asked_at=request.asked_at,
                 message=words[: ev.EVICTION_WORDS_MAX],
                 refused_at=time.time(),
+                gang=request.gang,
             )
             try:
                 await self.tell(told)
@@ -209,6 +216,7 @@ class Evictor:
                 log.warning("%s: the allocator was not told of the refusal (it asks again after its patience): %s", request.key, exc)
         target = await self.pod_of(request.for_namespace, request.for_pod)
         if target is not None:
-            message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for this Pod: {words}"
+            whom = f"this Pod's gang {request.gang}" if request.gang else "this Pod"
+            message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for {whom}: {words}"
             await self.events.record(target, message, reason=REFUSED, action="Evict")
         return Evicted(f"{request.namespace}/{name}", "refused", words)

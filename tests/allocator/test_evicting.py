@@ -15,12 +15,12 @@ from test_pod_units import TWO_NODES, pod, store
 from test_snapshot import claim_event, publish_fleet, standby, state, submit
 
 from dralloc.allocator import evicting
-from dralloc.allocator.decisions import AllocatePod, Decisions
+from dralloc.allocator.decisions import AllocatePod, Decisions, GangComplete
 from dralloc.allocator.service import Allocator
 from dralloc.bus.streams import REFUSAL_TTL_S
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
-from dralloc.schemas.resource import ResourceClaimConsumerReference
+from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
 
 
 def scattered(book: Decisions, *, pods: bool = True) -> dict[str, list[str]]:
@@ -129,7 +129,7 @@ def test_once_the_evicted_claims_are_released_the_pod_fits_and_nothing_is_in_fli
     commits = store(book, AllocatePod("ml/big"))
     assert [c.node for c in commits] == [requests[0].node]
     book.evictions.settle(book, 1001.0)
-    assert book.evictions.inflight == {} and book.evictions.note("ml/big") == ""
+    assert book.evictions.inflight == {} and book.evictions.note("pod:ml/big") == ""
     assert book.reservations.evicting == {} and book.reservations.others("") == 0  # nothing held any more
 
 
@@ -221,7 +221,7 @@ def test_an_eviction_hold_is_shown_where_a_reservation_is() -> None:
     assert book.reservations.per_node() == {node: 8}
     # Once over (the patience spent), nothing is held or shown.
     book.evictions.settle(book, 1000.0 + evicting.EVICTION_PATIENCE)
-    assert book.evictions.shown("ml/big") == ((), 0.0) and book.reservations.per_node() == {}
+    assert book.evictions.shown("pod:ml/big") == ((), 0.0) and book.reservations.per_node() == {}
 
 
 def test_a_replayed_request_is_held_again_until_its_own_end_and_never_longer() -> None:
@@ -236,13 +236,13 @@ def test_a_replayed_request_is_held_again_until_its_own_end_and_never_longer() -
     scattered(fresh)
     waiting_big(fresh)
     fresh.evictions.replayed(fresh, requests, 1100.0)
-    assert fresh.reservations.evicting["pod:ml/big"] == devices and fresh.evictions.inflight["ml/big"].since == 1000.0
+    assert fresh.reservations.evicting["pod:ml/big"] == devices and fresh.evictions.inflight["pod:ml/big"].since == 1000.0
     future = [msgspec.structs.replace(r, asked_at=5000.0) for r in requests]
     fresh.evictions.replayed(fresh, future, 1200.0)
-    assert fresh.evictions.inflight["ml/big"].since == 1200.0
+    assert fresh.evictions.inflight["pod:ml/big"].since == 1200.0
     old = [msgspec.structs.replace(r, asked_at=0.0, held=[]) for r in requests]
     fresh.evictions.replayed(fresh, old, 1300.0)
-    assert fresh.evictions.inflight["ml/big"].since == 1300.0 and "pod:ml/big" not in fresh.reservations.evicting
+    assert fresh.evictions.inflight["pod:ml/big"].since == 1300.0 and "pod:ml/big" not in fresh.reservations.evicting
 
 
 def refusal(request: ev.EvictionRequested, **changes: object) -> ev.EvictionRefused:
@@ -256,6 +256,7 @@ def refusal(request: ev.EvictionRequested, **changes: object) -> ev.EvictionRefu
         for_pod=request.for_pod,
         asked_at=request.asked_at,
         message="Cannot evict pod as it would violate the pod's disruption budget.",
+        gang=request.gang,
     )
     return msgspec.structs.replace(told, **changes)
 
@@ -285,7 +286,7 @@ def test_a_refusal_heard_lets_the_hold_go_says_why_and_asks_again_elsewhere_afte
     # Refused again: the backoff doubles.
     now = 1001.0 + evicting.REFUSED_BACKOFF + 1
     assert book.evictions.refusal(book, refusal(second[0]), now)
-    assert book.evictions.inflight["ml/big"].retry_at == now + 2 * evicting.REFUSED_BACKOFF
+    assert book.evictions.inflight["pod:ml/big"].retry_at == now + 2 * evicting.REFUSED_BACKOFF
 
 
 def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
@@ -332,21 +333,21 @@ async def test_a_successor_keeps_the_evictions_an_earlier_term_asked_for_in_flig
     """The leader (moves on) asks for two Pods' eviction for a large Pod; a successor reads the requests
     back from ALLOCATIONS and asks for nothing more while they are in flight (moves off: it reads none)."""
     leader, _, on = await asking_leader(bus)
-    asked = leader.book.evictions.inflight["ml/big"]
+    asked = leader.book.evictions.inflight["pod:ml/big"]
     assert len(asked.claims) == 2 and {k for k in asked.claims} == {s.claim.key for s in on[asked.node]}
 
     assert asked.devices and leader.book.reservations.evicting["pod:ml/big"] == asked.devices
 
     successor = Allocator(bus, moves="early")
     await successor.rebuild()
-    found = successor.book.evictions.inflight["ml/big"]
+    found = successor.book.evictions.inflight["pod:ml/big"]
     assert found.claims == asked.claims and found.node == asked.node and found.note == asked.note
     assert found.since == asked.since  # the same patience, not a new one from the takeover
     assert evicting.decide(successor.book, "ml/big", time.time()) == []  # in flight: nothing asked again
     # What the leader held for the Pod is held again (the same devices, shown as the leader showed them).
     assert successor.book.reservations.evicting["pod:ml/big"] == asked.devices
     assert successor.book.reservations.per_node() == leader.book.reservations.per_node() == {asked.node: 8}
-    assert successor.book.evictions.shown("ml/big") == ((asked.node,), asked.since + evicting.EVICTION_PATIENCE)
+    assert successor.book.evictions.shown("pod:ml/big") == ((asked.node,), asked.since + evicting.EVICTION_PATIENCE)
     without = Allocator(bus)
     await without.rebuild()
     assert without.book.evictions.inflight == {}
@@ -358,7 +359,7 @@ async def test_a_refusal_heard_before_a_takeover_stands_for_the_successor_and_th
     asking and asks again after the same backoff, from when it was refused. The refusal carries a TTL
     (`REFUSAL_TTL_S`, longer than the patience) and expires: CLAIMS does not keep one per claim for good."""
     leader, take, _ = await asking_leader(bus)
-    asked = leader.book.evictions.inflight["ml/big"]
+    asked = leader.book.evictions.inflight["pod:ml/big"]
     key, uid = next(iter(asked.claims.items()))
     name = key.split("/", 1)[1]
     told = ev.EvictionRefused(
@@ -366,12 +367,12 @@ async def test_a_refusal_heard_before_a_takeover_stands_for_the_successor_and_th
         message="Cannot evict pod as it would violate the pod's disruption budget.", refused_at=asked.asked_at,
     )  # fmt: skip
     await take(told)
-    heard = leader.book.evictions.inflight["ml/big"]
+    heard = leader.book.evictions.inflight["pod:ml/big"]
     assert heard.retry_at == asked.asked_at + evicting.REFUSED_BACKOFF and leader.book.reservations.evicting == {}
 
     successor = Allocator(bus, moves="early")
     await successor.rebuild()
-    found = successor.book.evictions.inflight["ml/big"]
+    found = successor.book.evictions.inflight["pod:ml/big"]
     assert found.refused == heard.refused and found.retry_at == heard.retry_at and found.note == heard.note
     assert successor.book.reservations.evicting == {} and successor.book.reservations.per_node() == {}
     assert successor.book.evictions.refused_claims == leader.book.evictions.refused_claims == {key: asked.asked_at + evicting.EVICTION_PATIENCE}
@@ -383,3 +384,82 @@ async def test_a_refusal_heard_before_a_takeover_stands_for_the_successor_and_th
     async with asyncio.timeout(15):
         while await bus.last_message("CLAIMS", told.subject) is not None:
             await asyncio.sleep(0.2)  # until it expires
+
+
+THREE_NODES = [{"profile": "h100-sxm", "count": 3, "prefix": "n"}]  # 8 GPUs each
+
+
+def gang_claim(name: str, gang: str, size: int, gpus: int) -> ResourceClaim:
+    """A member of the gang ml/`gang` of `size` (any nodes: domain "")."""
+    return claim(name, gpus, {"dralloc.dev/gang": gang, "dralloc.dev/gang-size": str(size), "dralloc.dev/gang-domain": ""})
+
+
+def gang_of_pods(book: Decisions, size: int = 2, gpus: int = 8) -> GangComplete:
+    """`size` Pods, each with a `gpus`-GPU claim of the gang ml/job, submitted: the gang is complete."""
+    step = None
+    for i in range(size):
+        assert book.submitted(gang_claim(f"g{i}", "job", size, gpus), needs_pod=True) is None
+        step = book.pod_submitted(pod(f"g{i}", f"g{i}"))
+    assert isinstance(step, GangComplete)
+    return step
+
+
+def test_a_gang_of_pods_that_does_not_fit_asks_for_the_pods_in_its_way_and_takes_their_nodes() -> None:
+    """Two 8-GPU Pods of one gang over three 8-GPU nodes holding 2-GPU Pods' claims (one on each of two
+    nodes, two on the third: no node whole): the Pods on the two nodes with one each are asked to go
+    (their claims fit on the third), the gang's two nodes held; its members' failures say so; once the
+    claims are released the gang takes those nodes. A gang of claims of their own asks for nothing."""
+    book = book_over(THREE_NODES)
+    on: dict[str, list[str]] = {}
+    for i in range(12):
+        assert book.submitted(claim(f"s{i}", 2), needs_pod=True) is None
+        (commit,) = store(book, book.pod_submitted(pod(f"s{i}", f"s{i}")))
+        on.setdefault(commit.node or "", []).append(commit.key)
+    kept = dict(zip(sorted(on), (1, 1, 2)))
+    for node, keys in on.items():
+        for key in keys[kept[node] :]:
+            assert book.deleted(key, "") is not None
+            book.release_stored(key)
+            book.pod_deleted(key, "")
+        on[node] = keys[: kept[node]]
+    complete = gang_of_pods(book)
+    assert book.decide_gang(complete).evictions == []  # moves off
+    plan = book.decide_gang(complete, 1000.0)
+    assert plan.unplaced and not plan.batch
+    emptied = sorted(n for n in on if len(on[n]) == 1)
+    assert sorted(r.key for r in plan.evictions) == sorted(k for n in emptied for k in on[n])
+    for request in plan.evictions:
+        assert (request.for_namespace, request.for_pod, request.gang, request.asked_at) == ("ml", "g0", "job", 1000.0)
+        assert request.node == ", ".join(emptied) and len(request.held) == 16
+        assert request.pods == [ResourceClaimConsumerReference(resource="pods", name=request.name, uid=f"uid-{request.name}")]
+        assert evicting.unit_of(request) == "gang:ml/job"
+    assert book.reservations.per_node() == {n: 8 for n in emptied}
+    for member, outcome in plan.unplaced:
+        failure = book.failure(member, outcome.status, outcome.message)
+        assert failure is not None and "dralloc asked to evict Pod(s)" in failure.message and failure.pod == member.metadata.name
+        assert failure.reserved_nodes == emptied and failure.reserved_until == 1000.0 + evicting.EVICTION_PATIENCE
+    assert book.decide_gang(complete, 1001.0).evictions == []  # in flight: nothing asked again
+    # A refusal names the gang: the hold is let go.
+    assert book.evictions.refusal(book, refusal(plan.evictions[0], refused_at=1001.0), 1002.0)
+    assert book.reservations.per_node() == {} and book.evictions.inflight["gang:ml/job"].retry_at == 1001.0 + evicting.REFUSED_BACKOFF
+    assert not book.evictions.refusal(book, refusal(plan.evictions[1], gang=""), 1002.0)  # not the gang's: no news
+    # Asked again after the backoff (around the claim refused: no other plan), or, with the claims gone, placed.
+    for request in plan.evictions:
+        assert book.deleted(request.key, request.uid) is not None
+        book.release_stored(request.key)
+    placed = book.decide_gang(complete, 1100.0)
+    assert placed.placed and sorted(e.node or "" for e in placed.batch if isinstance(e, ev.AllocationCommitted)) == emptied
+    book.batch_stored(placed)
+    book.evictions.settle(book, 1101.0)
+    assert book.evictions.inflight == {} and book.reservations.evicting == {}
+
+
+def test_a_gang_of_claims_of_their_own_asks_for_no_eviction() -> None:
+    book = book_over(TWO_NODES)
+    scattered(book)
+    complete = None
+    for i in range(2):
+        complete = book.submitted(gang_claim(f"g{i}", "job", 2, 8))
+    assert isinstance(complete, GangComplete)
+    plan = book.decide_gang(complete, 1000.0)
+    assert plan.unplaced and plan.evictions == [] and book.evictions.inflight == {}

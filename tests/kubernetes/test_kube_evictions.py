@@ -183,24 +183,27 @@ async def moves_off(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIter
         yield cluster
 
 
-async def scattered(cluster: Cluster) -> dict[str, list[str]]:
-    """Eight 1-GPU Pods fill both nodes; two leave each: node -> the two small Pods left on it (2 GPUs free
-    on each node, 4 in all, none whole). They run (phase Running, as the kubelet would say)."""
+async def scattered(cluster: Cluster, kept: tuple[int, ...] = (2, 2)) -> dict[str, list[str]]:
+    """1-GPU Pods fill the 4-GPU nodes (one per `kept`); all but `kept` leave each (in node order): node ->
+    the small Pods left on it (by default two on each of two nodes: 2 GPUs free on each, 4 in all, none
+    whole). They run (phase Running, as the kubelet would say)."""
     api = cluster.apiserver
     api.apply(template("one-gpu"))
-    for i in range(8):
+    count = 4 * len(kept)
+    for i in range(count):
         api.apply(a_pod(f"small-{i}", labels={"app": "small"}, templates={"gpu": "one-gpu"}, owners=REPLICA_SET))
     on: dict[str, list[str]] = {}
-    for i in range(8):
+    for i in range(count):
         on.setdefault(await cluster.bound(f"small-{i}"), []).append(f"small-{i}")
-    assert sorted(len(names) for names in on.values()) == [4, 4]
+    assert sorted(len(names) for names in on.values()) == [4] * len(kept)
+    leave = dict(zip(sorted(on), (4 - k for k in kept)))
     for node, names in on.items():
-        for name in names[:2]:
+        for name in names[: leave[node]]:
             (made,) = cluster.claims_of(name)
             api.remove("pods", NS, name)
             await cluster.gone("resourceclaims", made["metadata"]["name"])
             await cluster.decision(made["metadata"]["name"], ev.AllocationReleased)
-        on[node] = names[2:]
+        on[node] = names[leave[node] :]
     for names in on.values():
         for name in names:
             current = api.read("pods", NS, name)
@@ -269,6 +272,37 @@ async def test_a_pod_with_two_claims_gets_room_for_both_on_one_node(moves_on: Cl
     assert {r.name for r in evictions(api)} == set(on[node])
     (other,) = [n for n in on if n != node]
     assert all(api.read("pods", NS, name) is not None for name in on[other])
+
+
+@pytest.fixture
+async def three_nodes(apiserver: ApiServer, bus: Bus, api: ApiClient) -> AsyncIterator[Cluster]:
+    apiserver.claim_controller = True
+    async for cluster in start_cluster(apiserver, bus, api, gpus=4, nodes=3, moves="early"):
+        yield cluster
+
+
+async def test_a_gang_of_pods_gets_room_by_evicting_the_pods_in_its_way(three_nodes: Cluster) -> None:
+    """A gang of two 4-GPU Pods over three 4-GPU nodes with one small Pod left on each of two and two on
+    the third (none whole): the small Pods on the first two are evicted (their claims would fit on the
+    third), and the gang takes those two nodes; the third node's Pods stay."""
+    cluster, api = three_nodes, three_nodes.apiserver
+    on = await scattered(cluster, (1, 1, 2))
+    emptied = sorted(n for n, names in on.items() if len(names) == 1)
+    claims = {name: cluster.claims_of(name)[0]["metadata"]["name"] for names in on.values() for name in names}
+    gang = {"dralloc.dev/gang": "job", "dralloc.dev/gang-size": "2", "dralloc.dev/gang-domain": ""}
+    api.apply(template("four-gpus", count=4, annotations=gang))
+    for name in ("g0", "g1"):
+        api.apply(a_pod(name, templates={"gpus": "four-gpus"}))
+    assert sorted([await cluster.bound("g0"), await cluster.bound("g1")]) == emptied
+    assert {r.name for r in evictions(api)} == {on[n][0] for n in emptied}
+    (kept,) = [n for n in on if n not in emptied]
+    assert all(api.read("pods", NS, name) is not None for name in on[kept])
+    for node in emptied:
+        (event,) = events_about(api, on[node][0], EVICTED)
+        assert f"to make room for gang {NS}/job (Pod {NS}/g0) on node {', '.join(emptied)}" in event["message"]
+        subject = ev.subject("allocations", NS, claims[on[node][0]], "evict")
+        requested = ev.decode((await jetstream(cluster.bus).get_last_msg("ALLOCATIONS", subject)).data)
+        assert isinstance(requested, ev.EvictionRequested) and (requested.gang, requested.for_pod) == ("job", "g0")
 
 
 async def test_with_moves_off_nothing_is_evicted(moves_off: Cluster) -> None:

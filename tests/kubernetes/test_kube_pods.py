@@ -135,8 +135,8 @@ class Cluster:
                 await asyncio.sleep(0.05)
 
 
-async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, *, gpus: int = 2, moves: str = "off") -> AsyncIterator[Cluster]:
-    """The four parts over `apiserver` (two nodes of `gpus` GPUs each, allocator moves `moves`) with the
+async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, *, gpus: int = 2, nodes: int = 2, moves: str = "off") -> AsyncIterator[Cluster]:
+    """The four parts over `apiserver` (`nodes` nodes of `gpus` GPUs each, allocator moves `moves`) with the
     stand-in for kube-scheduler; the status writer tells refusals on `bus` as statuswriter.make_sink's does."""
     settings = KubeSettings(server=str(apiserver.url).rstrip("/"))
     stop = asyncio.Event()
@@ -144,8 +144,8 @@ async def start_cluster(apiserver: ApiServer, bus: Bus, api: ApiClient, *, gpus:
     sink = KubernetesSink(settings=settings, tell=bus.publish)
     scheduler = SchedulerStandIn(apiserver, api)
     apiserver.apply(CLASS)
-    apiserver.apply(node_slice("node-0", gpus=gpus))
-    apiserver.apply(node_slice("node-1", gpus=gpus))
+    for i in range(nodes):
+        apiserver.apply(node_slice(f"node-{i}", gpus=gpus))
     tasks = [
         asyncio.create_task(ingestor.serve(bus, ingestor.Config(source="kubernetes"), stop, source=source)),
         asyncio.create_task(allocator.serve(bus, allocator.Config(ack_wait=5, retry_after=0.05, moves=moves), stop)),

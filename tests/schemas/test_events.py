@@ -112,6 +112,17 @@ def test_an_eviction_refusal_round_trips_and_refuses_a_refused_at_that_is_no_tim
             ev.decode(data)
 
 
+def test_an_eviction_for_a_gang_names_the_gang_as_an_object_name():
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="g0", gang="job")
+    refused = ev.EvictionRefused(namespace="ml", name="c", uid="u1", pod="p", for_namespace="ml", for_pod="g0", gang="job")
+    for event in (request, refused):
+        assert ev.decode(ev.encode(event)) == event and b'"gang":"job"' in ev.encode(event)
+        for bad in ("Job One", "x" * 254, "a/b"):
+            with pytest.raises(ev.EventDecodeError, match="gang: "):
+                ev.decode(ev.encode(msgspec.structs.replace(event, gang=bad)))
+
+
 def test_an_eviction_request_round_trips_and_refuses_held_devices_no_slice_could_name():
     pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
     held = [ev.HeldDevice(driver="gpu.nvidia.com", pool="node-1", device="gpu-0")]
