@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from pipeline import claim_event
 
+from dralloc.allocator import shell
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus, StoredMessage
 from dralloc.schemas import events as ev
@@ -55,3 +57,22 @@ async def test_a_delete_taken_behind_its_claim_waits_for_the_claim_and_releases_
     await asyncio.gather(*(p for p in (first, second) if p is not None))
     assert [type(d).__name__ for d in await decisions(bus)] == ["AllocationCommitted", "AllocationReleased"]
     assert not allocator.engine.ledger.claims  # its devices are free again
+
+
+async def test_a_backlog_is_written_hop_by_hop_not_after_all_of_it_is_decided(bus: Bus, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(shell, "HOP_NS", 0)  # every hop to the engine's thread ends after one claim
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    sent_before: list[int] = []  # per claim, the decisions sent when the engine took it up
+    allocate = allocator.book.allocate
+
+    def noting(claim, context=None):  # type: ignore[no-untyped-def]
+        sent_before.append(allocator.fence.last_seq)
+        return allocate(claim, context)
+
+    monkeypatch.setattr(allocator.book, "allocate", noting)
+    pending = [await allocator.take_claim(claim_event(f"c{i}", gpus=1)) for i in range(4)]  # taken at once: one run
+    await asyncio.gather(*pending)
+    first = sent_before[0]
+    assert sent_before == [first, first + 1, first + 2, first + 3]  # each decided after the one before it was sent
+    assert [type(d).__name__ for d in await decisions(bus)] == ["AllocationCommitted"] * 4
