@@ -329,7 +329,9 @@ class EvictionRefused(_Event, tag=True, frozen=True):
     """When it was refused (seconds since the epoch; 0: unknown): the allocator's backoff counts from
     then, also for a leader that replays the refusal after a takeover (a finite number, not negative)."""
     gang: str = ""
-    """The request's ``gang`` (the room was asked for that gang of Pods), "" for a Pod alone."""
+    """The request's ``gang`` (the room was asked for that gang), "" for a Pod or claim alone."""
+    for_claim: str = ""
+    """The request's ``forClaim`` (the room was asked for that claim of its own; ``forPod`` is "")."""
 
     @property
     def key(self) -> str:
@@ -497,8 +499,11 @@ class EvictionRequested(_Event, tag=True, frozen=True):
     """When the allocator asked (seconds since the epoch; 0: unknown): a new leader keeps the
     eviction in flight until that time plus its patience, not longer."""
     gang: str = ""
-    """The gang of Pods (annotation ``dralloc.dev/gang``, in ``forNamespace``; an object name) the room is
-    made for, ``forPod`` one of its Pods; "" when it is made for the Pod alone."""
+    """The gang (annotation ``dralloc.dev/gang``, in ``forNamespace``; an object name) the room is made
+    for, ``forPod`` (``forClaim``) one of its Pods (claims); "" when it is made for one Pod or claim."""
+    for_claim: str = ""
+    """A claim of its own (from a file or ``dralloc submit``, reserved for no Pod) the room is made for;
+    then ``forPod`` is "" (no Pod waits, none is told)."""
 
     @property
     def key(self) -> str:
@@ -510,7 +515,7 @@ class EvictionRequested(_Event, tag=True, frozen=True):
 
     @property
     def msg_id(self) -> str:
-        return f"evict:{self.uid or self.key}:{self.for_namespace}/{self.for_pod}:{_digest(*(p.uid for p in self.pods))}"
+        return f"evict:{self.uid or self.key}:{self.for_namespace}/{self.for_pod or 'claim:' + self.for_claim}:{_digest(*(p.uid for p in self.pods))}"
 
 
 InventoryEvent = (
@@ -608,13 +613,13 @@ def identity_problem(event: Event) -> str | None:
             problem = namespace_error(ns) or name_error(name)
             return f"Pod {ns}/{name}: {problem}" if problem else None
         case EvictionRequested(namespace=ns, name=name, for_namespace=for_ns, for_pod=for_pod, pods=pods):
-            problem = namespace_error(ns) or name_error(name) or namespace_error(for_ns) or name_error(for_pod)
+            problem = namespace_error(ns) or name_error(name) or namespace_error(for_ns) or _for_problem(for_pod, event.for_claim)
             problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
             problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
             problem = problem or (_gang_problem(event.gang) if event.gang else None)
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
         case EvictionRefused(namespace=ns, name=name, pod=pod, for_namespace=for_ns, for_pod=for_pod, message=words):
-            problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or name_error(for_pod)
+            problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or _for_problem(for_pod, event.for_claim)
             if problem is None and len(words) > EVICTION_WORDS_MAX:
                 problem = f"its message is {len(words)} characters long (at most {EVICTION_WORDS_MAX})"
             if problem is None and not (math.isfinite(event.refused_at) and event.refused_at >= 0):
@@ -626,6 +631,16 @@ def identity_problem(event: Event) -> str | None:
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):
             return name_error(name)
     return None
+
+
+def _for_problem(pod: str, claim: str) -> str | None:
+    """Why what an eviction makes room for is not one Pod or one claim named as an object is, or None."""
+    if not claim:
+        return name_error(pod)
+    if pod:
+        return f"forPod {pod[:64]!r} and forClaim {claim[:64]!r}: room is made for one Pod or one claim"
+    problem = name_error(claim)
+    return f"forClaim: {problem}" if problem else None
 
 
 def _gang_problem(gang: str) -> str | None:

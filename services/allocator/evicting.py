@@ -39,11 +39,15 @@ one domain; claims smaller than each member are evicted), its requests naming th
 (`EvictionRequested.gang`) and its first member's Pod; what is in flight is kept by unit
 (``pod:<ns>/<name>`` or ``gang:<ns>/<gang>``, `unit_of`), and the hold is the unit's.
 
-Not served: a Pod whose (shared) claim is placed already (it is tied to that node: emptying it
-means evicting around a claim that stays), and claims from files or `submit` blocked by Pods'
-claims: a claim of its own is not scheduled by Kubernetes and has no Pod to make room for or tell,
-so evicting Pods for it would put dralloc's placement of an unscheduled claim above running Pods
-(moves.py re-places claims of their own in place instead, never a Pod's).
+A large unit of claims of their own (from files or `submit`, reserved for no Pod: a claim or a
+gang of them) blocked by Pods' claims is served too, when its moves are due (moving.py `due`) and
+no move in place makes room (`decide_unit`): evicting those Pods is what Kubernetes allows (their
+budgets are honoured). No Pod waits: the requests name the claim (``forClaim``), its failure tells
+of them, and a refusal is told to the allocator only.
+
+Not served: a Pod whose (shared) claim is placed already: it is tied to that claim's node, so the
+room must be made there, around a claim that stays; the planner plans where a unit may go, not
+room on a given node beside claims it may not move (a change to engine/moves.py, not done).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
 from dralloc.allocator.engine.moves import MovePlan
-from dralloc.allocator.reservations import pod_unit
+from dralloc.allocator.reservations import Unit, pod_unit
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
 from dralloc.schemas.validation import name_error
@@ -225,18 +229,22 @@ class Evictions:
 
 def unit_of(event: ev.EvictionRequested | ev.EvictionRefused) -> str:
     """The unit an eviction's request (or its refusal) makes room for: its gang's
-    (``gang:<ns>/<gang>``), or its Pod's (`reservations.pod_unit`)."""
+    (``gang:<ns>/<gang>``), its Pod's (`reservations.pod_unit`), or its claim's (``<ns>/<claim>``)."""
     if event.gang:
         return f"gang:{event.for_namespace}/{event.gang}"
+    if event.for_claim:
+        return f"{event.for_namespace}/{event.for_claim}"
     return pod_unit(f"{event.for_namespace}/{event.for_pod}")
 
 
 def _waits(book: Decisions, unit: str) -> bool:
-    """Whether the unit still waits to be placed (a Pod not placed, deleted or ungated; a gang of Pods
-    not placed, with members still here)."""
+    """Whether the unit still waits to be placed (a Pod not placed, deleted or ungated; a gang not
+    placed, with members still here; a claim of its own not placed or deleted)."""
+    if unit.startswith("pod:"):
+        return unit[len("pod:") :] in book.pods
     if unit.startswith("gang:"):
         return bool(book.gangs.get(unit[len("gang:") :]))
-    return unit[len("pod:") :] in book.pods
+    return unit in book.waiting
 
 
 HELD_WORDS = "; an eviction hold:"
@@ -247,9 +255,10 @@ def note_for(requests: Sequence[ev.EvictionRequested], node: str, held_until: fl
     """What a waiting Pod's failure message adds while `requests` are in flight for it; `held_until`:
     when the devices held for it meanwhile are let go at the latest (0: none held)."""
     names = ", ".join(f"{r.namespace}/{p.name}" for r in requests for p in r.pods)
+    told = ": see this Pod's Events" if requests and requests[0].for_pod else ""  # (a claim of its own has no Events)
     note = (
         f"; with moves on, dralloc asked to evict Pod(s) {names} (claim(s) {', '.join(r.key for r in requests)}) "
-        f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse: see this Pod's Events)"
+        f"to make room on node {node}; it waits for them to go (a PodDisruptionBudget may refuse{told})"
     )
     if held_until:
         note += f"{HELD_WORDS} node {node} held for it while they go (other claims take its devices last) until {_clock(held_until)}"
@@ -336,7 +345,7 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy()), together=True)
     if plan is None:
         return []
-    return _ask(book, pod_unit(pod_key), plan, pod.namespace, pod.name, "", now)
+    return _ask(book, pod_unit(pod_key), plan, pod.namespace, now, pod=pod.name)
 
 
 def decide_gang(book: Decisions, gang: str, claims: Sequence[ResourceClaim], domain: str | None, now: float) -> list[ev.EvictionRequested]:
@@ -362,12 +371,40 @@ def decide_gang(book: Decisions, gang: str, claims: Sequence[ResourceClaim], dom
     plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy(), gang=True), domain_label=domain)
     if plan is None:
         return []
-    return _ask(book, unit, plan, namespace, pods[0][0].name, name, now)  # type: ignore[index]  # (all checked above)
+    return _ask(book, unit, plan, namespace, now, pod=pods[0][0].name, gang=name)  # type: ignore[index]  # (all checked above)
 
 
-def _ask(book: Decisions, unit: str, plan: MovePlan, namespace: str, pod: str, gang: str, now: float) -> list[ev.EvictionRequested]:
-    """The requests that carry out `plan` for `unit` (made for the Pod `namespace`/`pod`, of `gang` if
-    any), recorded as in flight, the devices the plan gives the unit held for it meanwhile."""
+def decide_unit(book: Decisions, unit: Unit, now: float) -> list[ev.EvictionRequested]:
+    """For a large unit of claims of their own (from files or `submit`: a claim, or a gang of them) whose
+    moves are due (moving.py `due`) and that no move in place makes room for (`moving.decide` found no
+    plan): the evictions of the Pods in its way to ask for, at time `now`, as `decide` asks for a Pod's
+    (claims reserved for Pods, not in a gang, smaller than each of its claims). Kubernetes allows it (an
+    eviction honours the Pods' budgets); no Pod waits, so the requests name the claim (``forClaim``:
+    the first one, and the gang) and the refusals are told only to the allocator. [] for none: a unit
+    with a Pod's claim (`decide`, `decide_gang` serve those), one in flight already, or no plan."""
+    evictions = book.evictions
+    evictions.settle(book, now)
+    claims = list(unit.claims)
+    if not claims or unit.key in evictions.inflight or any(book.reserved.get(c.key) for c in claims):
+        return []
+    gang = gang_of(claims[0])
+    name = gang[0].split("/", 1)[1] if gang is not None and gang[1] > 1 else ""
+    if name and name_error(name) is not None:
+        return []  # (a gang name no event may carry)
+    movable_claims = movable(book, claims, evictions.busy(), gang=len(claims) > 1)
+    plan = book._as_holder(unit.key, book.engine.plan_moves, claims, movable_claims, domain_label=unit.domain)
+    if plan is None:
+        return []
+    first = claims[0].metadata
+    return _ask(book, unit.key, plan, first.namespace or "default", now, claim=first.name, gang=name)
+
+
+def _ask(
+    book: Decisions, unit: str, plan: MovePlan, namespace: str, now: float, *, pod: str = "", claim: str = "", gang: str = ""
+) -> list[ev.EvictionRequested]:
+    """The requests that carry out `plan` for `unit` (made for the Pod `namespace`/`pod`, or the claim
+    `namespace`/`claim`; of `gang` if any), recorded as in flight, the devices the plan gives the unit
+    held for it meanwhile."""
     node = ", ".join(plan.target)
     inv = book.engine.inventory
     devices = 0
@@ -377,7 +414,8 @@ def _ask(book: Decisions, unit: str, plan: MovePlan, namespace: str, pod: str, g
             if (rec := inv.by_key.get(entry.device)) is not None:
                 devices |= 1 << rec.id
                 held.append(ev.HeldDevice(driver=rec.key[0], pool=rec.key[1], device=rec.key[2]))
-    waiting = f"gang {namespace}/{gang} (Pod {namespace}/{pod})" if gang else f"Pod {namespace}/{pod}"
+    waiting = f"Pod {namespace}/{pod}" if pod else f"claim {namespace}/{claim}"
+    waiting = f"gang {namespace}/{gang} ({waiting})" if gang else waiting
     requests = []
     for move in plan.moves:
         moved = book.committed[move.claim].claim
@@ -395,6 +433,7 @@ def _ask(book: Decisions, unit: str, plan: MovePlan, namespace: str, pod: str, g
                 held=held,
                 asked_at=now,
                 gang=gang,
+                for_claim=claim,
             )
         )
     note = note_for(requests, node, now + EVICTION_PATIENCE if devices else 0.0)

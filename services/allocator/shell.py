@@ -39,14 +39,14 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from dralloc import telemetry
-from dralloc.allocator import leader, moving
+from dralloc.allocator import evicting, leader, moving
 from dralloc.allocator.catchup import InventoryMark, names_unknown_class
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.fence import Fence
 from dralloc.allocator.intake import Intake, Taken
 from dralloc.allocator.rebuild import rebuild
-from dralloc.allocator.reservations import pod_unit
+from dralloc.allocator.reservations import Unit, pod_unit
 from dralloc.allocator.retry import retry_waiting
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
@@ -423,12 +423,19 @@ class Allocator:
     async def make_moves(self) -> None:
         """Moves for the large units whose turn it is (moving.py): each unit's moves and its commits
         written as one atomic batch; the engine goes back to the stream's state if it is not stored.
+        A unit of claims of their own that no move in place makes room for asks for the Pods in its
+        way to be evicted instead (`evicting.decide_unit`; its failures, written again, tell of it).
         Called from the retry round, holding `lock`."""
         for unit in moving.due(self.book, self.moves, time.time()):
             began = time.perf_counter()
+            asked: list[ev.EvictionRequested] = []
             with telemetry.tracer().start_as_current_span("move", attributes={"dralloc.claim": unit.key}) as span:
                 moves = await self._engine_work(moving.decide, self.book, unit)
-                span.set_attribute("dralloc.outcome", "moved" if moves is not None else "no plan")
+                if moves is None:
+                    asked = await self._engine_work(evicting.decide_unit, self.book, unit, time.time())
+                span.set_attribute("dralloc.outcome", "moved" if moves is not None else "evicting" if asked else "no plan")
+            if asked:
+                await self._ask_evictions(unit, asked, began)
             if moves is None:
                 continue
             traces = [self.book.contexts.get(event.key) for event in moves.batch]
@@ -438,6 +445,17 @@ class Allocator:
                 moving.refused(self.book, moves)
                 raise
             moving.stored(self.book, moves)
+
+    async def _ask_evictions(self, unit: Unit, asked: list[ev.EvictionRequested], began: float) -> None:
+        """Write the failures of a unit of claims of their own again (they now tell of the evictions
+        asked for it), then the requests as one atomic batch (`Evictions.refused` if not stored)."""
+        for claim in unit.claims:
+            await self._send_failure(self.book.failure(claim, "unsatisfiable", self.book.messages.get(claim.key, "")))
+        try:
+            await (await self.fence.send_batch(list(asked), began))
+        except BaseException:
+            self.book.evictions.refused(self.book, unit.key)
+            raise
 
     async def reserve_waiting(self) -> None:
         """Write the failures of waiting claims whose reservation began, moved or ended (reservations.py)."""

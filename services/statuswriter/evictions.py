@@ -99,8 +99,8 @@ class _Refusal(msgspec.Struct):
 
 def _waiting(request: ev.EvictionRequested) -> str:
     """The unit the room is asked for, in words: its Pod, or its gang and the Pod named for it."""
-    pod = f"Pod {request.for_namespace}/{request.for_pod}"
-    return f"gang {request.for_namespace}/{request.gang} ({pod})" if request.gang else pod
+    waiting = f"Pod {request.for_namespace}/{request.for_pod}" if request.for_pod else f"claim {request.for_namespace}/{request.for_claim}"
+    return f"gang {request.for_namespace}/{request.gang} ({waiting})" if request.gang else waiting
 
 
 def refusal(exc: ApiException) -> str:
@@ -209,12 +209,13 @@ class Evictor:
                 message=words[: ev.EVICTION_WORDS_MAX],
                 refused_at=time.time(),
                 gang=request.gang,
+                for_claim=request.for_claim,
             )
             try:
                 await self.tell(told)
             except Exception as exc:  # noqa: BLE001 - advisory: the allocator then waits out its patience; never evict again for it
                 log.warning("%s: the allocator was not told of the refusal (it asks again after its patience): %s", request.key, exc)
-        target = await self.pod_of(request.for_namespace, request.for_pod)
+        target = await self.pod_of(request.for_namespace, request.for_pod) if request.for_pod else None  # (a claim of its own: no Pod to tell)
         if target is not None:
             whom = f"this Pod's gang {request.gang}" if request.gang else "this Pod"
             message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for {whom}: {words}"

@@ -14,7 +14,7 @@ from test_core import book_over, claim
 from test_pod_units import TWO_NODES, pod, store
 from test_snapshot import claim_event, publish_fleet, standby, state, submit
 
-from dralloc.allocator import evicting
+from dralloc.allocator import evicting, moving
 from dralloc.allocator.decisions import AllocatePod, Decisions, GangComplete
 from dralloc.allocator.service import Allocator
 from dralloc.bus.streams import REFUSAL_TTL_S
@@ -463,3 +463,39 @@ def test_a_gang_of_claims_of_their_own_asks_for_no_eviction() -> None:
     assert isinstance(complete, GangComplete)
     plan = book.decide_gang(complete, 1000.0)
     assert plan.unplaced and plan.evictions == [] and book.evictions.inflight == {}
+
+
+def test_a_claim_of_its_own_that_no_move_in_place_helps_asks_for_the_pods_in_its_way() -> None:
+    """An 8-GPU claim from a file or `submit` (no Pod) over two 8-GPU nodes holding two 2-GPU Pods'
+    claims each: no claim of its own to move in place, so the Pods on one node are asked to go (their
+    claims fit on the other), the request names the claim (``forClaim``; no Pod), its failure tells of
+    it and shows the node held, and once the Pods' claims are released the claim takes that node."""
+    book = book_over(TWO_NODES)
+    on = scattered(book)
+    big = claim("big", 8)
+    outcome, commit = book.allocate(big)
+    assert commit is None and outcome.status == "unsatisfiable"
+    (unit,) = moving.due(book, "early", 1000.0)
+    assert moving.decide(book, unit) is None  # nothing of its own in the way
+    requests = evicting.decide_unit(book, unit, 1000.0)
+    (node,) = {r.node for r in requests}
+    assert sorted(r.key for r in requests) == sorted(on[node])
+    for request in requests:
+        assert (request.for_namespace, request.for_pod, request.for_claim, request.gang) == ("ml", "", "big", "")
+        assert evicting.unit_of(request) == "ml/big" and ev.decode(ev.encode(request)) == request
+        assert request.message.startswith(f"claim ml/big waits for room on node {node}")
+    failure = book.failure(big, "unsatisfiable", book.messages["ml/big"])
+    assert failure is not None and "dralloc asked to evict Pod(s)" in failure.message and "see this Pod's Events" not in failure.message
+    assert failure.reserved_nodes == [node] and failure.pod == ""
+    assert evicting.decide_unit(book, unit, 1001.0) == []  # in flight
+    _, newcomer = book.allocate(claim("newcomer", 2))  # the hold: a newcomer goes to the other node
+    assert newcomer is not None and newcomer.node != node
+    book.commit_written(newcomer)
+    for request in requests:
+        assert book.deleted(request.key, request.uid) is not None
+        book.release_stored(request.key)
+    _, placed = book.allocate(big)
+    assert placed is not None and placed.node == node
+    book.commit_written(placed)
+    book.evictions.settle(book, 1002.0)
+    assert book.evictions.inflight == {} and book.reservations.evicting == {}

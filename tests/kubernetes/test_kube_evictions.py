@@ -15,17 +15,18 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 from kube_emulator import DISRUPTION_BUDGET, ApiServer
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
-from test_kube_pods import INFRA, NS, Cluster, _verb, granted, node_of, render, start_cluster, template
+from test_kube_pods import INFRA, NS, Cluster, _verb, claim, granted, node_of, node_slice, render, start_cluster, template
 
 from dralloc.bus import Bus, streamcheck
 from dralloc.bus.raw import jetstream
 from dralloc.ingestor.podgate import GATE
 from dralloc.kube import body_of, user_agent
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import ResourceClaimConsumerReference
+from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
 from dralloc.statuswriter import service as statuswriter
 from dralloc.statuswriter.evictions import EVICTED, REFUSED
 from dralloc.statuswriter.kubernetes import KubernetesSink
@@ -305,6 +306,29 @@ async def test_a_gang_of_pods_gets_room_by_evicting_the_pods_in_its_way(three_no
         assert isinstance(requested, ev.EvictionRequested) and (requested.gang, requested.for_pod) == ("job", "g0")
 
 
+async def test_a_claim_submitted_of_its_own_gets_room_by_evicting_the_pods_in_its_way(moves_on: Cluster) -> None:
+    """A 4-GPU claim of its own (published on the bus as `dralloc submit` does: no Pod, no claim in the
+    API server) with 2 GPUs free on each node, held only by Pods' claims: once moves are due (the next
+    retry round: a node comes) the Pods on one node are evicted and the claim takes it."""
+    cluster, api = moves_on, moves_on.apiserver
+    on = await scattered(cluster)
+    submitted = ev.ClaimSubmitted(
+        claim=msgspec.convert({**claim("batch-job", 4), "metadata": {"name": "batch-job", "namespace": NS, "uid": "uid-batch"}}, ResourceClaim)
+    )
+    await cluster.bus.publish(submitted)
+    failed = await cluster.decision("batch-job", ev.AllocationFailed)
+    assert failed.reason == "unsatisfiable" and evictions(api) == []
+    api.apply(node_slice("node-2", gpus=1))  # room changes (still no node with four): the retry round moves
+    committed = await cluster.decision("batch-job", ev.AllocationCommitted)
+    node = committed.node
+    assert {r.name for r in evictions(api)} == set(on[node])
+    (other,) = [n for n in on if n != node]
+    assert all(api.read("pods", NS, name) is not None for name in on[other])
+    for name in on[node]:
+        (event,) = events_about(api, name, EVICTED)
+        assert f"to make room for claim {NS}/batch-job on node {node}" in event["message"]
+
+
 async def test_with_moves_off_nothing_is_evicted(moves_off: Cluster) -> None:
     cluster, api = moves_off, moves_off.apiserver
     on = await scattered(cluster)
@@ -438,3 +462,24 @@ async def test_pods_drain_would_not_evict_are_not_evicted_and_the_waiting_pod_is
     # Telling it is advisory: the bus down, the request is still done with (never evicted again for it).
     (done,) = await KubernetesSink(api=api, tell=bus_down).evictor.evict(request)
     assert done.outcome == "refused"
+
+
+async def test_a_refusal_for_a_claim_of_its_own_is_told_to_the_allocator_only(apiserver: ApiServer, api: ApiClient) -> None:
+    """An eviction asked for a claim of its own (``forClaim``, no Pod waits) that is refused: the
+    allocator is told (the claim named), and no Event is recorded, there being no waiting Pod to tell."""
+    user = apiserver.apply(a_pod("user", phase="Running"))  # a bare Pod: drain would not evict it
+    ref = ResourceClaimConsumerReference(resource="pods", name="user", uid=user["metadata"]["uid"])
+    claim = allocated_claim(apiserver, "c", user)
+    request = ev.EvictionRequested(
+        namespace=NS, name="c", uid=claim["metadata"]["uid"], pods=[ref], for_namespace=NS, for_pod="", for_claim="batch", asked_at=1000.0
+    )
+    told: list[ev.EvictionRefused] = []
+
+    async def tell(refused: ev.EvictionRefused) -> None:
+        told.append(refused)
+
+    (done,) = await KubernetesSink(api=api, tell=tell).evictor.evict(request)
+    assert done.outcome == "refused" and apiserver.read("pods", NS, "user") is not None
+    (refused,) = told
+    assert (refused.for_pod, refused.for_claim, refused.pod) == ("", "batch", "user") and ev.decode(ev.encode(refused)) == refused
+    assert [e for e in apiserver.objects_of("events") if e["reason"] == REFUSED] == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import msgspec
 import pytest
@@ -121,6 +122,22 @@ def test_an_eviction_for_a_gang_names_the_gang_as_an_object_name():
         for bad in ("Job One", "x" * 254, "a/b"):
             with pytest.raises(ev.EventDecodeError, match="gang: "):
                 ev.decode(ev.encode(msgspec.structs.replace(event, gang=bad)))
+
+
+def test_an_eviction_is_for_one_pod_or_one_claim_named_as_objects_are():
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="", for_claim="batch")
+    refused = ev.EvictionRefused(namespace="ml", name="c", uid="u1", pod="p", for_namespace="ml", for_pod="", for_claim="batch")
+    for event in (request, refused):
+        assert ev.decode(ev.encode(event)) == event and b'"forClaim":"batch"' in ev.encode(event)
+        for changes, reason in [
+            ({"for_pod": "big"}, "forPod 'big' and forClaim 'batch': room is made for one Pod or one claim"),
+            ({"for_claim": ""}, "'' is not"),
+            ({"for_claim": "Batch Job"}, "forClaim: 'Batch Job' is not"),
+        ]:
+            with pytest.raises(ev.EventDecodeError, match=re.escape(reason)):
+                ev.decode(ev.encode(msgspec.structs.replace(event, **changes)))
+    assert request.msg_id != msgspec.structs.replace(request, for_claim="other").msg_id
 
 
 def test_an_eviction_request_round_trips_and_refuses_held_devices_no_slice_could_name():
