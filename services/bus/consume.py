@@ -88,6 +88,7 @@ async def consume(
         ack_policy=AckPolicy.EXPLICIT,
         max_deliver=max_deliver,
         ack_wait=ack_wait,
+        max_ack_pending=MAX_IN_FLIGHT,
     )
     if durable is None:
         config.inactive_threshold = 30.0

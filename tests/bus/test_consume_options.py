@@ -8,7 +8,7 @@ import asyncio
 from opentelemetry import trace
 
 from dralloc import telemetry
-from dralloc.bus import Bus, decode_event
+from dralloc.bus import MAX_IN_FLIGHT, Bus, decode_event
 from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ObjectMeta, ResourceClaim
@@ -26,7 +26,7 @@ async def consume_until(bus: Bus, count: int, **kwargs) -> list:
         seen.append((event, trace.get_current_span().get_span_context().trace_id))
 
     stop = asyncio.Event()
-    task = asyncio.create_task(bus.consume("CLAIMS", handler, stop, durable=None, **kwargs))
+    task = asyncio.create_task(bus.consume("CLAIMS", handler, stop, **{"durable": None, **kwargs}))
     try:
         async with asyncio.timeout(10):
             while len(seen) < count:
@@ -85,3 +85,11 @@ async def test_without_context_no_span_is_current_while_nothing_records_and_with
     assert with_context[0][1] == int(published, 16)  # the handler continues the publisher's trace
     assert without[0][1] == 0  # nothing current: no span was made for it
     assert without[0][0] == with_context[0][0]
+
+
+async def test_the_server_holds_back_no_earlier_than_the_consumers_own_limit_of_unacked_messages(bus: Bus):
+    # JetStream's default max_ack_pending (1,000) is below MAX_IN_FLIGHT: it, not ours, was the limit in force
+    await bus.publish(claim("a"))
+    await consume_until(bus, 1, durable="limits")
+    info = await jetstream(bus).consumer_info("CLAIMS", "limits")
+    assert info.config.max_ack_pending == MAX_IN_FLIGHT
