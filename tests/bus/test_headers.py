@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dralloc.bus import Bus, headers
+from dralloc.bus import Bus, header_bytes, headers
 
 BLOCKS = [
     b"",
@@ -30,3 +30,18 @@ def test_headers_read_as_nats_py_reads_them(block: bytes):
 def test_the_bus_makes_nats_py_use_it():
     assert Bus is not None  # (importing the bus installed it)
     assert headers.installed()
+
+
+@pytest.mark.parametrize(
+    "marks",
+    [
+        {"Nats-Msg-Id": "committed:uid-1:1@abc:7", "Nats-Expected-Last-Sequence": "6"},
+        {"Café": "naïve €", "Plain": "ascii"},  # UTF-8: more bytes than characters, in a name and a value
+        {"Dralloc-Epoch": 3},  # (a value that is not a string is written as its str)
+        {},
+    ],
+    ids=["ascii", "non-ascii", "int", "none"],
+)
+def test_header_bytes_is_the_header_block_as_written(marks: dict):
+    block = b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in marks.items()) + b"\r\n" if marks else b""
+    assert header_bytes(marks) == len(block)
