@@ -545,8 +545,12 @@ class Engine:
                 quick = self._take_first(options[0][0], node, steps)
                 if quick is not None:
                     return [quick]
-            elif len(plans[0].constraints) == 1 and self._no_group(options[0][0], plans[0].constraints[0], steps):
-                raise _Failure(last)
+            elif len(plans[0].constraints) == 1:
+                if self._no_group(options[0][0], plans[0].constraints[0], steps):
+                    raise _Failure(last)
+                grouped = self._take_group(options[0][0], plans[0].constraints[0], node, steps)
+                if grouped is not None:
+                    return [grouped]
         for choice in itertools.product(*options):
             totals: dict[int, int] = {}
             for ci, alt, cands, _ in choice:
@@ -598,6 +602,42 @@ class Engine:
         slot.chosen = slot.cands[:count]
         steps[0] += count
         return [slot]
+
+    def _take_group(
+        self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], constraint: Constraint, node: str | None, steps: list[int]
+    ) -> list[Slot] | None:
+        """The usual multi-device unit: one claim, one request, one feasible alternative of a count,
+        one matchAttribute over it, candidates neither shared nor consuming counters (so any of
+        them can be taken with any other) and a group known to exist (`_no_group` said so). The
+        search would try the attribute's values in placement's order (`order_slots`' rank, then
+        candidate order), one step each, and take the first `count` candidates of the first value
+        held by that many, one step each: that answer, with those steps, without building the
+        search. None: the search is needed (or the step budget would run out on the way, where
+        the search raises it)."""
+        _, alt, cands, consumed = option
+        count = alt.count
+        if not constraint.match or alt.all_mode or alt.admin or not constraint.covers(alt) or any(rec.multi or rec.consumes for rec in cands):
+            return None
+        slot = Slot(claim=0, alt=alt, cands=list(cands), consumed=consumed)
+        rank = self.placement.order_slots([slot], node)
+        attribute = constraint.attribute
+        groups: dict[AttrValue, list[DeviceRec]] = {}
+        for rec in slot.cands:
+            for value in elements(rec, attribute):
+                groups.setdefault(value, []).append(rec)
+        # the search tries values in the order their first candidate comes by rank, and the rank is
+        # each candidate's place in the order `order_slots` left (one slot): the groups' own order
+        values = groups if rank else dict.fromkeys(v for rec in sorted(slot.cands, key=lambda r: r.order) for v in elements(rec, attribute))
+        for tried, value in enumerate(values, 1):
+            kept = groups[value]
+            if len(kept) >= count:
+                if steps[0] + tried + count > self.budget:
+                    return None
+                steps[0] += tried + count
+                slot.cands = kept
+                slot.chosen = kept[:count]
+                return [slot]
+        return None
 
     def _no_group(self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], constraint: Constraint, steps: list[int]) -> bool:
         """The usual misfit of a multi-device claim: one request, one feasible alternative, one
