@@ -257,6 +257,7 @@ def refusal(request: ev.EvictionRequested, **changes: object) -> ev.EvictionRefu
         asked_at=request.asked_at,
         message="Cannot evict pod as it would violate the pod's disruption budget.",
         gang=request.gang,
+        for_claim=request.for_claim,
     )
     return msgspec.structs.replace(told, **changes)
 
@@ -499,3 +500,24 @@ def test_a_claim_of_its_own_that_no_move_in_place_helps_asks_for_the_pods_in_its
     book.commit_written(placed)
     book.evictions.settle(book, 1002.0)
     assert book.evictions.inflight == {} and book.reservations.evicting == {}
+
+
+def test_a_successor_keeps_a_gang_or_a_claim_in_flight_by_its_unit() -> None:
+    """`Evictions.replayed`: requests for a gang (``gang``) and for a claim of its own (``forClaim``) are
+    in flight again under their unit, holding the same devices, and a refusal replayed after them answers
+    that unit only."""
+    book = book_over(TWO_NODES)
+    scattered(book)
+    big = claim("big", 8)
+    book.allocate(big)
+    (unit,) = moving.due(book, "early", 1000.0)
+    requests = evicting.decide_unit(book, unit, 1000.0)
+    devices = book.reservations.evicting["ml/big"]
+    fresh = book_over(TWO_NODES)
+    scattered(fresh)
+    fresh.allocate(big)
+    as_gang = [msgspec.structs.replace(r, for_claim="", for_pod="g0", gang="job") for r in requests]
+    fresh.evictions.replayed(fresh, [*requests, *as_gang], 1100.0, [refusal(as_gang[0], refused_at=1001.0)])
+    assert set(fresh.evictions.inflight) == {"ml/big", "gang:ml/job"}
+    assert fresh.reservations.evicting == {"ml/big": devices}  # (the gang's hold let go: refused)
+    assert fresh.evictions.inflight["gang:ml/job"].refused and not fresh.evictions.inflight["ml/big"].refused
