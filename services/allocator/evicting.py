@@ -28,7 +28,9 @@ Pod's failure says who refused and why and when it asks again, and it asks again
 backoff (`REFUSED_BACKOFF`, doubled with each refusal in a row, at most `EVICTION_PATIENCE`),
 planning around the claims refused for a patience (another node, if one can be emptied). The Pod
 waits meanwhile as any Pod that does not fit (tried again whenever room changes); a refusal never
-heard (the status writer down) ends with the patience.
+heard (the status writer down) ends with the patience. A refusal carries when it was refused
+(``refusedAt``: the backoff counts from then) and stays in CLAIMS for `bus.REFUSAL_TTL_S`: a new
+leader replays those still there after the requests (`Evictions.replayed`).
 
 Only a Pod whose claims are all still to place (none a gang member, none placed already) and
 large (one claim, or several together on one node, take a whole node: `served`) is served, and
@@ -37,7 +39,7 @@ another unit are evicted. A complete gang of Pods (each member a Pod's claim, no
 takes whole nodes is served the same way (`decide_gang`: the planner places its members inside
 one domain; claims smaller than each member are evicted), its requests naming the gang
 (`EvictionRequested.gang`) and its first member's Pod; what is in flight is kept by unit
-(``pod:<ns>/<name>`` or ``gang:<ns>/<gang>``, `unit_of`), and the hold is the unit's.
+(``pod:<ns>/<name>``, ``gang:<ns>/<gang>``, or a claim's own key, `unit_of`), and the hold is the unit's.
 
 A large unit of claims of their own (from files or `submit`, reserved for no Pod: a claim or a
 gang of them) blocked by Pods' claims is served too, when its moves are due (moving.py `due`) and
