@@ -394,6 +394,8 @@ def decide_unit(book: Decisions, unit: Unit, now: float) -> list[ev.EvictionRequ
     if name and name_error(name) is not None:
         return []  # (a gang name no event may carry)
     movable_claims = movable(book, claims, evictions.busy(), gang=len(claims) > 1)
+    if not movable_claims:
+        return []  # (no Pod's claim to evict, e.g. no Pods at all: moves.py's plan stands alone, not planned twice)
     plan = book._as_holder(unit.key, book.engine.plan_moves, claims, movable_claims, domain_label=unit.domain)
     if plan is None:
         return []
