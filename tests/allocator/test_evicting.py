@@ -489,6 +489,15 @@ def test_a_claim_of_its_own_that_no_move_in_place_helps_asks_for_the_pods_in_its
     assert failure is not None and "dralloc asked to evict Pod(s)" in failure.message and "see this Pod's Events" not in failure.message
     assert failure.reserved_nodes == [node] and failure.pod == ""
     assert evicting.decide_unit(book, unit, 1001.0) == []  # in flight
+    # Forged or stale refusals change nothing: another asking, another claim, a Pod of that name, a gang.
+    for forged in (
+        refusal(requests[0], asked_at=999.0),
+        refusal(requests[0], for_claim="other"),
+        refusal(requests[0], for_claim="", for_pod="big"),
+        refusal(requests[0], gang="big"),
+    ):
+        assert not book.evictions.refusal(book, forged, 1001.0)
+    assert book.reservations.per_node() == {node: 8}
     _, newcomer = book.allocate(claim("newcomer", 2))  # the hold: a newcomer goes to the other node
     assert newcomer is not None and newcomer.node != node
     book.commit_written(newcomer)
