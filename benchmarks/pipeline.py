@@ -35,7 +35,8 @@ long: `latency_claims_without_record` says how many), never left out. Phases:
 - latency: claims at `rate` per second for `duration` seconds -> p50_ms,
   p99_ms, and where the time went (`p50_ms_by_stage`: submit = offer to
   ClaimSubmitted stored, allocate = to AllocationCommitted stored, status = to
-  the record);
+  the record; `allocate_p50_ms_by_second`: the allocate stage's p50 per second
+  of the phase, by when the claims were offered);
 - throughput: claims offered at `sustain_rate` per second (above what the
   system takes: `backlog_at_window_end` > `backlog_at_window_start`, claims in
   CLAIMS without a record, says so) for `sustain` seconds -> claims_per_second,
@@ -786,6 +787,23 @@ def stage_latencies_ms(
     return stages
 
 
+def p50_ms_by_second(offered: dict[str, float], start: dict[str, float], end: dict[str, float], names: Iterable[str]) -> list[float | None]:
+    """Per second of a phase (by when each claim was offered, from the first offer), the p50 in ms of
+    `end` - `start` over its claims that have both (None: none has). A one-time stall shows as seconds
+    whose claims wait far longer than the rest (a backlog draining), a pipeline too slow for the rate
+    as a wait that grows second by second."""
+    names = [n for n in names if n in offered]
+    if not names:
+        return []
+    first = min(offered[n] for n in names)
+    seconds: dict[int, list[float]] = {}
+    for name in names:
+        if name in start and name in end:
+            seconds.setdefault(int(offered[name] - first), []).append((end[name] - start[name]) * 1000)
+    last = int(max(offered[n] for n in names) - first)
+    return [_round(percentile(seconds[i], 50)) if i in seconds else None for i in range(last + 1)]
+
+
 def sustained_window(submitted: dict[str, float], records: dict[str, Record], names: Iterable[str]) -> tuple[float, float] | None:
     """The steady part of the throughput phase (server times): from the first of `names`' records plus a
     quarter of the phase (warm-up) to the last of them entering CLAIMS (after it, the services only
@@ -966,6 +984,7 @@ async def run(options: Options) -> dict[str, Any]:
         "latency_claims_without_record": sum(1 for n in paced if n not in records),
         "p50_ms_by_stage": {stage: _round(percentile(values, 50)) for stage, values in stages.items()},
         "p99_ms_by_stage": {stage: _round(percentile(values, 99)) for stage, values in stages.items()},
+        "allocate_p50_ms_by_second": p50_ms_by_second(submitter.offered, submitted, committed, paced),
         "rate": options.rate,
         "duration_s": options.duration,
         "sustain_rate": options.sustain_rate,

@@ -158,6 +158,7 @@ def test_bench_pipeline_small_run_through_the_cli():
     assert report["latency_claims_without_record"] == 0
     assert "cpu_ms_per_claim_by_process" in report  # (a 1 s phase may hold one CPU sample: tested on its own above)
     assert set(report["p99_ms_by_stage"]) == {"submit", "allocate", "status"}
+    assert len(report["allocate_p50_ms_by_second"]) == 1 and report["allocate_p50_ms_by_second"][0] > 0  # 20 claims in 1 s
     assert report["claims_per_second"] is not None and report["ceiling"]["stored"] == 200
     assert report["ratio_of_ceiling"] == pytest.approx(report["claims_per_second"] / report["jetstream_ceiling_claims_per_second"], abs=0.001)
 
@@ -226,3 +227,16 @@ async def test_the_status_writer_bench_stores_every_record_and_reports_its_cpu_p
         assert round_["writer_us_per_record"] > 0 and round_["nats_server_us_per_record"] >= 0
     commit = bench.commit(19)
     assert commit.key == "bench/sustain-19" and commit.allocation is not None and commit.claim.spec.devices.requests[0].name == "mig"
+
+
+def test_the_allocate_stage_by_second_of_the_phase_shows_where_claims_waited():
+    offered = {"a": 10.0, "b": 10.5, "e": 10.9, "c": 11.2, "d": 13.9}
+    submitted = {"a": 10.01, "b": 10.51, "e": 10.91, "c": 11.21, "d": 13.91}
+    committed = {"a": 10.61, "b": 10.71, "e": 11.31, "c": 11.22}  # d: no decision
+    assert pipeline.p50_ms_by_second(offered, submitted, committed, ["a", "b", "e", "c", "d", "never"]) == [
+        pytest.approx(400.0),  # a (600 ms), e (400 ms), b (200 ms): a stall at the start
+        pytest.approx(10.0),
+        None,  # nothing offered in that second
+        None,  # d was offered, but has no decision
+    ]
+    assert pipeline.p50_ms_by_second({}, {}, {}, ["a"]) == []
