@@ -58,7 +58,7 @@ class Ledger:
         self.counter_used: dict[CounterKey, int] = {}
         self.free_local: dict[str, int] = {}  # node -> free exclusive node-local devices
         self.free_ge: list[int] = [0]  # k -> bitset of node ranks with at least k free
-        self.on_charge: list[Callable[[DeviceRec, int], None]] = []  # (device, +1 taken / -1 freed): placement's indexes
+        self.on_charge: list[Callable[[list[DeviceRec], int], None]] = []  # (a record's devices, +1 taken / -1 freed): placement's indexes
         self.node_changes: dict[str, int] = {}
         """node -> count of ledger changes that can alter what fits there: a device of a pool with a
         device local to the node taken, shared or freed (misfits.py keys what failed on a node by it)."""
@@ -101,6 +101,7 @@ class Ledger:
 
     def add(self, record: Record) -> None:
         self.claims[record.claim] = record
+        taken: list[DeviceRec] = []  # charged together once every holder is named (`_charge`)
         for entry in record.entries:
             rec = self.inv.by_key.get(entry.device)
             if rec is not None:
@@ -108,7 +109,7 @@ class Ledger:
             if entry.kind == "exclusive":
                 self.exclusive[entry.device] = record.claim
                 if rec is not None:
-                    self._charge(rec, +1)
+                    taken.append(rec)
             elif entry.kind == "share":
                 shares = self.shares.setdefault(entry.device, {})
                 first = not shares
@@ -119,11 +120,14 @@ class Ledger:
                         used[name] = used.get(name, 0) + amount
                     if first:
                         self._counters(rec, +1)
+        if taken:
+            self._charge(taken, +1)
 
     def remove(self, claim: str) -> Record | None:
         record = self.claims.pop(claim, None)
         if record is None:
             return None
+        freed: list[DeviceRec] = []  # freed together (`_charge`)
         for entry in record.entries:
             rec = self.inv.by_key.get(entry.device)
             if rec is not None:
@@ -132,7 +136,7 @@ class Ledger:
                 if self.exclusive.get(entry.device) == claim:
                     del self.exclusive[entry.device]
                     if rec is not None:
-                        self._charge(rec, -1)
+                        freed.append(rec)
             elif entry.kind == "share":
                 shares = self.shares.get(entry.device, {})
                 if shares.pop(entry.share, None) is None:
@@ -151,6 +155,8 @@ class Ledger:
                         self._counters(rec, -1)
                 if not shares:
                     self.shares.pop(entry.device, None)
+        if freed:
+            self._charge(freed, -1)
         return record
 
     # --- derived state -------------------------------------------------------------------
@@ -172,18 +178,32 @@ class Ledger:
                 changes[node] = changes.get(node, 0) + 1
                 touched.append(node)
 
-    def _charge(self, rec: DeviceRec, sign: int) -> None:
-        if sign > 0:
-            self.used_bits |= 1 << rec.id
-            self.used_ids.add(rec.id)
-        elif rec.id in self.used_ids:
-            self.used_bits ^= 1 << rec.id  # (the bit is set: no fleet-sized `~bit`)
-            self.used_ids.discard(rec.id)
-        if not rec.multi and rec.local_node is not None:
-            self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - sign)
-        self._counters(rec, sign)
+    def _charge(self, recs: list[DeviceRec], sign: int) -> None:
+        """Take (+1) or free (-1) the exclusive devices of one record, together: `used_bits` (as
+        wide as the fleet: each change makes a new int) and each node's free count change once,
+        not once a device, and placement's indexes are told of them all in one call (`on_charge`)."""
+        used = self.used_ids
+        bits = 0
+        free: dict[str, int] = {}  # node -> change of its free count
+        for rec in recs:
+            rid = rec.id
+            if sign > 0:
+                bits |= 1 << rid
+                used.add(rid)
+            elif rid in used:
+                bits |= 1 << rid
+                used.discard(rid)
+            if not rec.multi and rec.local_node is not None:
+                free[rec.local_node] = free.get(rec.local_node, 0) - sign
+            if rec.consumes:
+                self._counters(rec, sign)
+        if bits:
+            # taken: `|` (a device may be held already); freed: each bit is set, and `^` needs no fleet-sized `~bits`
+            self.used_bits = self.used_bits | bits if sign > 0 else self.used_bits ^ bits
+        for node, change in free.items():
+            self._set_free(node, self.free_local.get(node, 0) + change)
         for callback in self.on_charge:
-            callback(rec, sign)
+            callback(recs, sign)
 
     def _counters(self, rec: DeviceRec, sign: int) -> None:
         used = self.counter_used

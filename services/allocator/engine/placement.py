@@ -979,29 +979,44 @@ class KindIndex:
         at, bits = hit
         return bits << (at - lo) if at >= lo else bits >> (lo - at)
 
-    def _charge(self, rec: DeviceRec, sign: int) -> None:
-        node = rec.local_node
-        if node is None:
+    def _charge(self, recs: list[DeviceRec], sign: int) -> None:
+        """The ledger took (+1) or freed (-1) one record's exclusive devices: each node's and kind's
+        free count, and each claim's holding on a node, changes once for them all."""
+        keep = self.keep is not None and self.keep.factor > 0 and sign > 0
+        if keep and len(recs) > 1:
+            for rec in recs:  # keep_whole's clock reads each device's charge in turn (`_seen`)
+                self._charge([rec], sign)
             return
-        at, bits = self.used_local.get(node) or (self.inv.local.span(node)[0], 0)
-        if rec.id < at:  # (a node's ids only grow, but keep it right if one did not)
-            bits, at = bits << (at - rec.id), rec.id
-        bit = 1 << (rec.id - at)
-        self.used_local[node] = (at, bits | bit if sign > 0 else bits & ~bit)
-        if rec.multi:
-            return
-        kind = kind_of(rec)
-        self._set(kind, node, self.free.get(kind, {}).get(node, 0) - sign)
-        # the ledger names the holder before it charges a device and forgets it before it frees one
-        if sign > 0:
-            claim = self.ledger.exclusive.get(rec.key)
-            if claim is not None:
-                self.held[rec.key] = (node, claim)
-                self._hold(node, claim, +1)
-                if self.keep is not None and self.keep.factor > 0:
-                    self._seen(kind, node, claim)
-        elif (was := self.held.pop(rec.key, None)) is not None:
-            self._hold(*was, -1)
+        counts: dict[tuple[str, tuple[str, str]], int] = {}  # (node, kind) -> devices
+        holds: dict[tuple[str, str], int] = {}  # (node, claim) -> devices
+        exclusive, held, span = self.ledger.exclusive, self.held, self.inv.local.span
+        for rec in recs:
+            node = rec.local_node
+            if node is None:
+                continue
+            at, bits = self.used_local.get(node) or (span(node)[0], 0)
+            if rec.id < at:  # (a node's ids only grow, but keep it right if one did not)
+                bits, at = bits << (at - rec.id), rec.id
+            bit = 1 << (rec.id - at)
+            self.used_local[node] = (at, bits | bit if sign > 0 else bits & ~bit)
+            if rec.multi:
+                continue
+            key = (node, kind_of(rec))
+            counts[key] = counts.get(key, 0) + 1
+            # the ledger names the holder before it charges a device and forgets it before it frees one
+            if sign > 0:
+                claim = exclusive.get(rec.key)
+                if claim is not None:
+                    held[rec.key] = (node, claim)
+                    holds[(node, claim)] = holds.get((node, claim), 0) + 1
+            elif (was := held.pop(rec.key, None)) is not None:
+                holds[was] = holds.get(was, 0) + 1
+        for (node, kind), n in counts.items():
+            self._set(kind, node, self.free.get(kind, {}).get(node, 0) - sign * n)
+        for (node, claim), n in holds.items():
+            self._hold(node, claim, sign * n)
+            if keep:  # (one device: `_seen` reads the counts with it charged)
+                self._seen(next(iter(counts))[1], node, claim)
 
     def _seen(self, kind: tuple[str, str], node: str, claim: str) -> None:
         """A device of `claim` charged on `node`: its first there is a claim placed (a tick of
@@ -1017,7 +1032,7 @@ class KindIndex:
             keep.large((kind, self.shape(node)))
 
     def _hold(self, node: str, claim: str, sign: int) -> None:
-        """One more (+1) or one fewer (-1) device of `claim` on `node`; O(1) (two bitset flips when
+        """`sign` more (> 0) or fewer (< 0) devices of `claim` on `node`; O(1) (two bitset flips when
         the node's number of claims changes)."""
         on = self.claims.setdefault(node, {})
         before = len(on)
