@@ -93,6 +93,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1, seen=mark.read)
         )
         tasks.create_task(allocator.retry_waiting(term, config.retry_after))
+        tasks.create_task(allocator.warm_engine(term))
         tasks.create_task(allocator.snapshots.keep(term, lambda: allocator.lease is not None and allocator.lease.held, final=stop.is_set))
         if allocator.waiting:
             allocator.room_changed.set()  # claims left waiting by a previous term: try them now

@@ -99,6 +99,8 @@ class Allocator:
         """Engine work is running in its thread (`_engine_work`)."""
         self.room_changed = asyncio.Event()
         self.inventory_changed = False
+        self.warm_wanted = asyncio.Event()
+        """Set by an inventory change: the engine has new idle work (`warm_engine`)."""
         self.inventory_mark: InventoryMark | None = None
         """How far the term's inventory reader has read INVENTORY (catchup.py); None: no reader
         follows it (a test feeding `on_inventory` itself), claims are decided with what is known."""
@@ -137,10 +139,27 @@ class Allocator:
             raise Permanent(refused)  # dead-lettered with the reason
         self.inventory_changed = True
         self.room_changed.set()
+        self.warm_wanted.set()
 
     async def retry_waiting(self, stop: asyncio.Event, delay: float) -> None:
         """Try the waiting claims again after each burst of inventory changes or releases (retry.py)."""
         await retry_waiting(self, stop, delay)
+
+    async def warm_engine(self, stop: asyncio.Event) -> None:
+        """The engine's idle work (`Engine.warm`: nothing a decision depends on) in hops of at most
+        `HOP_NS`, after the rebuild and after each inventory change, until `stop`. Each hop holds
+        `lock` as a claim does, and the lock serves its waiters in turn: a claim that comes waits
+        for one hop at most, and the first claim of a class does not pay for the whole fleet's."""
+        while not stop.is_set():
+            self.warm_wanted.clear()
+            more = True
+            while more and not stop.is_set():
+                async with self.lock:
+                    more = await self._engine_work(self.engine.warm, HOP_NS / 1e9)
+            wanted, stopped = asyncio.ensure_future(self.warm_wanted.wait()), asyncio.ensure_future(stop.wait())
+            await asyncio.wait({wanted, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            wanted.cancel()
+            stopped.cancel()
 
     # -- claims ---------------------------------------------------------------------
 

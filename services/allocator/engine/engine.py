@@ -301,6 +301,12 @@ class Engine:
             self._observer = Observer(self.inventory, self.ledger)
         return self._observer.take(fleet=fleet)
 
+    def warm(self, seconds: float) -> bool:
+        """Idle work for about `seconds`: what a first claim of a class would otherwise pay on its
+        way through the fleet and no decision depends on (`Verdicts.warm`); True while some is
+        left (after an inventory change there is more)."""
+        return self.verdicts.warm(seconds)
+
     def interrupt(self) -> None:
         """Abandon the allocation in progress (another thread: the process stops). It raises
         `verdicts.Interrupted`, and so does every later one: the engine is done with."""

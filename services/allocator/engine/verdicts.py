@@ -42,6 +42,7 @@ no projection, are evaluated on each device.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class Verdict:
         return info
 
 
+WARM_STEP = 256
+"""Devices `Verdicts.warm` looks at between reads of the clock (~1 ms of work)."""
+
 RECENT_KEYS = 16
 """When a device is evaluated, the most recently used selector sets are evaluated
 on it too, so its CEL environment is built once and dropped right after
@@ -128,6 +132,27 @@ class Verdicts:
         # device id -> 0 not known, 1 not representable, 2 representable (ids are never reused;
         # a dict of ids was ~40 MB at 250k GPUs)
         self._representable = bytearray()
+        self._warmed = 0  # device ids below it have been through `warm`
+
+    def warm(self, seconds: float) -> bool:
+        """Work out for about `seconds` (wall clock) whether devices not seen here yet are ones
+        Kubernetes can represent (`projection.representable`, kept per device id), in id order;
+        True while some are left. A first evaluation of a shared selector needs it on every device
+        it reads: a third of a first claim of a class that walks the fleet. Only when that is paid
+        changes: it is a property of each device alone, so no verdict, budget charge or decision
+        depends on whether or how far `warm` ran, and it may run whenever the engine is idle."""
+        devices = self.inv.devices
+        end = time.perf_counter() + seconds
+        i = self._warmed
+        while i < len(devices):
+            for rec in devices[i : i + WARM_STEP]:
+                if rec is not None:
+                    self._is_representable(rec)
+            i = min(len(devices), i + WARM_STEP)
+            if time.perf_counter() >= end:
+                break
+        self._warmed = i
+        return i < len(devices)
 
     def begin(self, budget: int | None, timer: tuple[Callable[[], float], float] | None = None) -> None:
         """A new allocation unit: it may spend `budget` cost units and `timer` (clock, seconds) on

@@ -1,0 +1,76 @@
+"""Engine.warm: the idle work a first claim of a class would otherwise pay on its way through the fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from dralloc.allocator.engine import Engine, projection
+from dralloc.discovery.fleet import build_fleet
+from dralloc.ingestor.sources import events_from_manifests
+from dralloc.manifests import load_paths
+from dralloc.schemas.resource import ResourceClaim
+
+CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml"
+H100_NODES = 20
+
+
+def _fleet() -> Engine:
+    """H100 nodes (8 GPUs and 8 NICs each) first, then one MIG node: the MIG class's first claim
+    walks every H100 node before it finds a device of its class."""
+    engine = Engine()
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        engine.apply(event.device_class)
+    fleet = [{"profile": "h100-sxm", "count": H100_NODES, "prefix": "node"}, {"profile": "h200-sxm-mig", "count": 1, "prefix": "mig"}]
+    for _, slices in build_fleet(fleet):
+        for slice_ in slices:
+            engine.apply(slice_)
+    return engine
+
+
+def _mig_claim(name: str) -> ResourceClaim:
+    request = {"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 1}}
+    return msgspec.convert({"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [request]}}}, ResourceClaim)
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many devices `projection.representable` is asked of from now on."""
+    calls = [0]
+    real = projection.representable
+
+    def counting(driver: str, device: object) -> bool:
+        calls[0] += 1
+        return real(driver, device)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(projection, "representable", counting)
+    return calls
+
+
+def test_after_warm_a_first_claim_of_a_class_checks_no_device_and_decides_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    cold, warm = _fleet(), _fleet()
+    while warm.warm(1.0):
+        pass
+    calls = _counted(monkeypatch)
+    warmed = [warm.allocate([_mig_claim(f"m{i}")])[0] for i in range(3)]
+    assert calls[0] == 0  # what the walk needed was known
+    unwarmed = [cold.allocate([_mig_claim(f"m{i}")])[0] for i in range(3)]
+    assert calls[0] >= H100_NODES * 16  # the walk asks every device on its way (8 GPUs and 8 NICs a node)
+    assert [o.status for o in warmed] == ["allocated"] * 3
+    assert [msgspec.to_builtins(o) for o in warmed] == [msgspec.to_builtins(o) for o in unwarmed]
+
+
+def test_warm_goes_in_hops_and_again_after_an_inventory_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _fleet()
+    hops = 1
+    while engine.warm(0.0):  # one step of devices a hop: the fleet has several
+        hops += 1
+    assert hops > 1
+    calls = _counted(monkeypatch)
+    assert not engine.warm(1.0)
+    assert calls[0] == 0
+    (_, slices), *_ = build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "late"}])
+    engine.apply(slices[0])  # new devices: new work, and only them
+    assert not engine.warm(1.0)
+    assert calls[0] == len(slices[0].spec.devices) > 0
