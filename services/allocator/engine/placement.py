@@ -408,53 +408,48 @@ class Placement:
             sums = self.kinds.domain_free(kind, of) if of else None
         else:
             free_ge, free = self.ledger.free_ge, self.ledger.free_local
-        parts = [viable if not of else viable & ~self.topology.domain_union()]
-        pending: list[Iterator[int]] = []
+        union = self.topology.domain_union() if of else 0
+        order: list[str] = []
 
-        def in_domains() -> Iterator[int]:
-            """The domains' parts of `viable`, fullest domain first, lazily. Only once the walk
-            gets past the nodes outside any domain (the usual claim stops there), and then only
-            as far as it goes: each part is a bitset operation (100 NVL72 racks at 250,000 GPUs),
-            and the order of the domains is kept while their free counts stay (`domain_order`)."""
+        def domain_parts(ranks: int) -> Iterator[int]:
+            """The domains' parts of `ranks`, fullest domain first, lazily: only once a walk gets
+            past the nodes outside any domain (the usual claim stops there), and only until
+            `ranks` is used up (each part is a bitset operation as wide as the fleet's ranks:
+            walking all 100 NVL72 racks at 250,000 GPUs for a claim whose candidates were in a
+            few of them, or in none, was most of its time); the order of the domains is kept
+            while their free counts stay (`domain_order`)."""
+            if not order:
+                rank = self.inv.node_rank
+                if kind is not None and sums is not None:
+                    order.extend(self.kinds.domain_order(kind, of, members, rank))
+                else:
+                    order.extend(sorted(members, key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]])))
             bits = self.topology.domain_bits()
-            rank = self.inv.node_rank
-            if kind is not None and sums is not None:
-                order = self.kinds.domain_order(kind, of, members, rank)
-            else:
-                order = sorted(members, key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]]))
             for d in order:
-                part = viable & bits[d]
+                part = ranks & bits[d]
                 if part:
                     yield part
-
-        def each_part() -> Iterator[int]:
-            """`parts[0]`, then the domains' parts: worked out on the first walk past it, as far
-            as it goes, and kept in `parts` for the second walk (whole nodes)."""
-            yield parts[0]
-            if not of:
-                return
-            if not pending:
-                pending.append(in_domains())
-            i = 1
-            while True:
-                if i == len(parts):
-                    part = next(pending[0], None)
-                    if part is None:
+                    ranks ^= part
+                    if not ranks:
                         return
-                    parts.append(part)
-                yield parts[i]
-                i += 1
+
+        def walk(ranks: int, with_none: bool) -> Iterator[int]:
+            """`ranks` by buckets: the nodes outside any domain, then domain by domain."""
+            inside = ranks & union
+            yield from self._buckets(ranks ^ inside, free_ge, free, need, with_none=with_none)
+            if inside:
+                for part in domain_parts(inside):
+                    yield from self._buckets(part, free_ge, free, need, with_none=with_none)
 
         if whole:
-            for part in each_part():
-                yield from self._buckets(part ^ (part & whole), free_ge, free, need, with_none=False)
-            for part in each_part():
-                yield from self._buckets(part & whole, free_ge, free, need, with_none=False)
+            # (the buckets take only nodes with a free device of the kind: the parts hold no others)
+            free_ranks = viable & free_ge[1]
+            yield from walk(free_ranks ^ (free_ranks & whole), False)
+            yield from walk(viable & whole, False)
             rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
             yield from self._known(rest)
             return
-        for part in each_part():
-            yield from self._buckets(part, free_ge, free, need)
+        yield from walk(viable, True)
 
     def _buckets(self, viable: int, free_ge: list[int], free: dict[str, int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
