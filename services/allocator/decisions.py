@@ -274,7 +274,8 @@ class Decisions:
         reserved = self.reservations.shown(unit)
         if unit in self.evictions.inflight:  # (a gang of Pods whose evictions run: evicting.py)
             message += self.evictions.note(unit)
-            reserved = self.evictions.shown(unit) if self.evictions.shown(unit)[0] else reserved
+            shown = self.evictions.shown(unit)
+            reserved = shown if shown[0] else reserved
         failure = failure_event(claim, status, message, self._pod_of(claim.key), reserved=reserved)
         return failure if self.failures.get(failure.key) != failure.msg_id else None
 

@@ -327,11 +327,7 @@ class Allocator:
         for failure in plan.failures:
             await self._send_failure(failure, began)
         if plan.evictions:
-            try:
-                await (await self.fence.send_batch(list(plan.evictions), began))
-            except BaseException:
-                self.book.evictions.refused(self.book, pod_unit(step.pod))
-                raise
+            await self._write_evictions(pod_unit(step.pod), plan.evictions, began)
         if not plan.batch:
             return
         try:
@@ -424,11 +420,7 @@ class Allocator:
         for member, outcome in plan.unplaced:  # all wait, none holds devices
             await self._send_failure(self.book.failure(member, outcome.status, outcome.message))
         if plan.evictions:
-            try:
-                await (await self.fence.send_batch(list(plan.evictions), began))
-            except BaseException:
-                self.book.evictions.refused(self.book, f"gang:{complete.name}")
-                raise
+            await self._write_evictions(f"gang:{complete.name}", plan.evictions, began)
         if not plan.batch:
             return
         traces = [self.book.contexts.get(event.key) for event in plan.batch]
@@ -470,10 +462,15 @@ class Allocator:
         asked for it), then the requests as one atomic batch (`Evictions.refused` if not stored)."""
         for claim in unit.claims:
             await self._send_failure(self.book.failure(claim, "unsatisfiable", self.book.messages.get(claim.key, "")))
+        await self._write_evictions(unit.key, asked, began)
+
+    async def _write_evictions(self, unit: str, requests: Sequence[ev.EvictionRequested], began: float) -> None:
+        """Write a unit's eviction requests as one atomic batch, stored before this returns; if they
+        are not, the unit's evictions and hold end as if refused (`Evictions.refused`)."""
         try:
-            await (await self.fence.send_batch(list(asked), began))
+            await (await self.fence.send_batch(list(requests), began))
         except BaseException:
-            self.book.evictions.refused(self.book, unit.key)
+            self.book.evictions.refused(self.book, unit)
             raise
 
     async def reserve_waiting(self) -> None:
