@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from dralloc.allocator.engine.gang import gang_of
+from dralloc.allocator.reservations import gang_unit
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
 
@@ -12,7 +13,7 @@ from dralloc.schemas.resource import AllocationResult, ResourceClaim
 def unit_key(claim: ResourceClaim) -> str:
     """What a claim waits as (reservations.Unit.key): its gang, or itself."""
     gang = gang_of(claim)
-    return f"gang:{gang[0]}" if gang is not None and gang[1] > 1 else claim.key
+    return gang_unit(gang[0]) if gang is not None and gang[1] > 1 else claim.key
 
 
 def same_generation(a: ResourceClaim, b: ResourceClaim) -> bool:

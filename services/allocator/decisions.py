@@ -34,7 +34,7 @@ from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.gang import gang_of
 from dralloc.allocator.evicting import Evictions
 from dralloc.allocator.inventory_intake import apply_inventory, node_binding_problem
-from dralloc.allocator.reservations import RESERVED_WORDS, Reservations, Unit
+from dralloc.allocator.reservations import RESERVED_WORDS, Reservations, Unit, gang_unit
 from dralloc.allocator.steps import Adopt, Allocate, AllocatePod, GangComplete, GangPlan, PodPlan, failure_event
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus
@@ -303,7 +303,7 @@ class Decisions:
             if name in gangs or self.gang_held.get(name) or len(members) < size:
                 continue  # one unit per gang; a gang not all here (or partly committed) holds nothing
             gangs.add(name)
-            units.append(Unit(f"gang:{name}", tuple(sorted(members.values(), key=lambda c: c.key)), domain))
+            units.append(Unit(gang_unit(name), tuple(sorted(members.values(), key=lambda c: c.key)), domain))
         changed = set(self.reservations.plan(units, now))
         self.engine.reserve(self.reservations.others(""))
         out = []

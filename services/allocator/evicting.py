@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
 from dralloc.allocator.engine.moves import MovePlan
-from dralloc.allocator.reservations import Unit, pod_unit
+from dralloc.allocator.reservations import Unit, gang_unit, pod_unit, unit_parts
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
 from dralloc.schemas.validation import name_error
@@ -231,9 +231,9 @@ class Evictions:
 
 def unit_of(event: ev.EvictionRequested | ev.EvictionRefused) -> str:
     """The unit an eviction's request (or its refusal) makes room for: its gang's
-    (``gang:<ns>/<gang>``), its Pod's (`reservations.pod_unit`), or its claim's (``<ns>/<claim>``)."""
+    (`reservations.gang_unit`), its Pod's (`reservations.pod_unit`), or its claim's (``<ns>/<claim>``)."""
     if event.gang:
-        return f"gang:{event.for_namespace}/{event.gang}"
+        return gang_unit(f"{event.for_namespace}/{event.gang}")
     if event.for_claim:
         return f"{event.for_namespace}/{event.for_claim}"
     return pod_unit(f"{event.for_namespace}/{event.for_pod}")
@@ -242,11 +242,12 @@ def unit_of(event: ev.EvictionRequested | ev.EvictionRefused) -> str:
 def _waits(book: Decisions, unit: str) -> bool:
     """Whether the unit still waits to be placed (a Pod not placed, deleted or ungated; a gang not
     placed, with members still here; a claim of its own not placed or deleted)."""
-    if unit.startswith("pod:"):
-        return unit[len("pod:") :] in book.pods
-    if unit.startswith("gang:"):
-        return bool(book.gangs.get(unit[len("gang:") :]))
-    return unit in book.waiting
+    kind, key = unit_parts(unit)
+    if kind == "pod":
+        return key in book.pods
+    if kind == "gang":
+        return bool(book.gangs.get(key))
+    return key in book.waiting
 
 
 HELD_WORDS = "; an eviction hold:"
@@ -361,7 +362,7 @@ def decide_gang(book: Decisions, gang: str, claims: Sequence[ResourceClaim], dom
     refusals) and the gang (`EvictionRequested.gang`)."""
     evictions = book.evictions
     evictions.settle(book, now)
-    unit = f"gang:{gang}"
+    unit = gang_unit(gang)
     namespace, name = gang.split("/", 1)
     pods = [book.reserved.get(c.key) for c in claims]
     if not claims or unit in evictions.inflight or book.gang_held.get(gang) or name_error(name) is not None:

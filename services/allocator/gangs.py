@@ -12,6 +12,7 @@ import msgspec
 from dralloc.allocator import evicting
 from dralloc.allocator.claims import allocation_of
 from dralloc.allocator.engine.gang import allocate_gang
+from dralloc.allocator.reservations import gang_unit
 from dralloc.allocator.steps import GangComplete, GangPlan, failure_event
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
@@ -44,7 +45,7 @@ def decide_gang(book: Decisions, complete: GangComplete, evict_at: float | None 
     members = book.gangs[name]
     held = [book.committed[key].claim for key in book.gang_held.get(name, ())]
     claims = sorted([*members.values(), *held], key=lambda c: c.key)
-    outcomes = book._as_holder(f"gang:{name}", allocate_gang, book.engine, claims, name=name, domain_label=domain)
+    outcomes = book._as_holder(gang_unit(name), allocate_gang, book.engine, claims, name=name, domain_label=domain)
     plan = GangPlan(name, members)
     if held and any(o.status != "allocated" for o in outcomes):
         # No room for the rest where the committed members are. A partial gang never keeps
@@ -54,7 +55,7 @@ def decide_gang(book: Decisions, complete: GangComplete, evict_at: float | None 
             book.engine.release(member.key)
             members[member.key] = msgspec.structs.replace(member, status=None)
         claims = sorted(members.values(), key=lambda c: c.key)
-        outcomes = book._as_holder(f"gang:{name}", allocate_gang, book.engine, claims, name=name, domain_label=domain)
+        outcomes = book._as_holder(gang_unit(name), allocate_gang, book.engine, claims, name=name, domain_label=domain)
     plan.placed = all(o.status == "allocated" for o in outcomes)
     if not plan.placed and not plan.given_back:
         plan.unplaced = list(zip(claims, outcomes))  # all wait, none holds devices

@@ -26,7 +26,7 @@ import msgspec
 
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
 from dralloc.allocator.engine.moves import MovePlan
-from dralloc.allocator.reservations import Unit
+from dralloc.allocator.reservations import Unit, gang_unit
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 
@@ -94,7 +94,7 @@ def due(book: Decisions, mode: str, now: float) -> list[Unit]:
             if name in seen or book.gang_held.get(name) or len(members) < size:
                 continue
             seen.add(name)
-            unit = Unit(f"gang:{name}", tuple(sorted(members.values(), key=lambda c: c.key)), domain)
+            unit = Unit(gang_unit(name), tuple(sorted(members.values(), key=lambda c: c.key)), domain)
         until = book.reservations.deadlines.get(unit.key)
         if mode == "when-refused" and until is not None:
             wait = book.reservations.max_wait(unit.claims[0])

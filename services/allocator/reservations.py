@@ -44,7 +44,7 @@ def parse_wait(text: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """What waits as one: a claim, or a complete gang (`key` "gang:<name>")."""
+    """What waits as one: a claim, or a complete gang (`key`: `gang_unit`)."""
 
     key: str
     claims: tuple[ResourceClaim, ...]
@@ -61,10 +61,27 @@ class Reservation:
     """When the wait is over (seconds since the epoch)."""
 
 
+_POD, _GANG = "pod:", "gang:"
+
+
 def pod_unit(pod: str) -> str:
     """The unit key of the Pod keyed `pod` (namespace/name): apart from a claim of the same name (a claim
-    placed alone is its own unit, keyed namespace/name too), as a gang's are (``gang:<name>``)."""
-    return f"pod:{pod}"
+    placed alone is its own unit, keyed namespace/name too), as a gang's are (`gang_unit`)."""
+    return f"{_POD}{pod}"
+
+
+def gang_unit(gang: str) -> str:
+    """The unit key of the gang `gang` (namespace/name, as `gang.gang_of` names it): ``gang:<ns>/<name>``."""
+    return f"{_GANG}{gang}"
+
+
+def unit_parts(unit: str) -> tuple[str, str]:
+    """What a unit key (`pod_unit`, `gang_unit`, or a claim's own key) names: ("pod" | "gang" | "claim",
+    namespace/name)."""
+    for kind, prefix in (("pod", _POD), ("gang", _GANG)):
+        if unit.startswith(prefix):
+            return kind, unit[len(prefix) :]
+    return "claim", unit
 
 
 class Reservations:

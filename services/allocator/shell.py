@@ -46,7 +46,7 @@ from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.fence import Fence
 from dralloc.allocator.intake import Intake, Taken
 from dralloc.allocator.rebuild import rebuild
-from dralloc.allocator.reservations import Unit, pod_unit
+from dralloc.allocator.reservations import Unit, gang_unit, pod_unit
 from dralloc.allocator.retry import retry_waiting
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
@@ -420,7 +420,7 @@ class Allocator:
         for member, outcome in plan.unplaced:  # all wait, none holds devices
             await self._send_failure(self.book.failure(member, outcome.status, outcome.message))
         if plan.evictions:
-            await self._write_evictions(f"gang:{complete.name}", plan.evictions, began)
+            await self._write_evictions(gang_unit(complete.name), plan.evictions, began)
         if not plan.batch:
             return
         traces = [self.book.contexts.get(event.key) for event in plan.batch]

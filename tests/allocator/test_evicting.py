@@ -14,7 +14,8 @@ from test_core import book_over, claim
 from test_pod_units import TWO_NODES, pod, store
 from test_snapshot import claim_event, publish_fleet, standby, state, submit
 
-from dralloc.allocator import evicting, moving
+from dralloc.allocator import evicting, moving, reservations
+from dralloc.allocator.claims import unit_key
 from dralloc.allocator.decisions import AllocatePod, Decisions, GangComplete
 from dralloc.allocator.service import Allocator
 from dralloc.bus.streams import REFUSAL_TTL_S
@@ -530,3 +531,15 @@ def test_a_successor_keeps_a_gang_or_a_claim_in_flight_by_its_unit() -> None:
     assert set(fresh.evictions.inflight) == {"ml/big", "gang:ml/job"}
     assert fresh.reservations.evicting == {"ml/big": devices}  # (the gang's hold let go: refused)
     assert fresh.evictions.inflight["gang:ml/job"].refused and not fresh.evictions.inflight["ml/big"].refused
+
+
+def test_unit_keys_of_pods_gangs_and_claims_are_told_apart() -> None:
+    """`reservations.pod_unit`/`gang_unit` and a claim's own key: each unit's key says what it is (a
+    namespace has no colon, so a claim's key is never taken for a Pod's or a gang's), and a gang
+    member's unit (`claims.unit_key`) is the unit its evictions are kept under (`evicting.unit_of`)."""
+    assert reservations.unit_parts(reservations.pod_unit("ml/a")) == ("pod", "ml/a")
+    assert reservations.unit_parts(reservations.gang_unit("ml/a")) == ("gang", "ml/a")
+    assert reservations.unit_parts("ml/a") == ("claim", "ml/a")
+    member = gang_claim("g0", "job", 2, 4)
+    request = ev.EvictionRequested(namespace="ml", name="s0", uid="u", pods=[], for_namespace="ml", for_pod="g0", gang="job")
+    assert unit_key(member) == evicting.unit_of(request) == "gang:ml/job"
