@@ -301,6 +301,9 @@ class PodDeleted(_Event, tag=True, frozen=True):
 
 EVICTION_WORDS_MAX = 1000
 """The most characters of the API server's words an `EvictionRefused` carries (longer is refused)."""
+EVICTION_REFUSALS_MAX = 64
+"""The most refusals in a row an `EvictionRequested` counts (``refusedBefore``; more is refused): the
+allocator's backoff stops doubling long before."""
 
 
 class EvictionRefused(_Event, tag=True, frozen=True):
@@ -504,6 +507,10 @@ class EvictionRequested(_Event, tag=True, frozen=True):
     for_claim: str = ""
     """A claim of its own (from a file or ``dralloc submit``, reserved for no Pod) the room is made for;
     then ``forPod`` is "" (no Pod waits, none is told)."""
+    refused_before: int = 0
+    """Refusals in a row the allocator had heard for the unit before this asking (0 to
+    `EVICTION_REFUSALS_MAX`): the backoff after a refusal of it doubles once more than after the last,
+    also for a new leader that reads the request back (services/allocator/evicting.py)."""
 
     @property
     def key(self) -> str:
@@ -617,6 +624,8 @@ def identity_problem(event: Event) -> str | None:
             problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
             problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
             problem = problem or (_gang_problem(event.gang) if event.gang else None)
+            if problem is None and not 0 <= event.refused_before <= EVICTION_REFUSALS_MAX:
+                problem = f"refusedBefore {event.refused_before} is not a count of refusals (0 to {EVICTION_REFUSALS_MAX})"
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
         case EvictionRefused(namespace=ns, name=name, pod=pod, for_namespace=for_ns, for_pod=for_pod, message=words):
             problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or _for_problem(for_pod, event.for_claim)

@@ -30,7 +30,8 @@ planning around the claims refused for a patience (another node, if one can be e
 waits meanwhile as any Pod that does not fit (tried again whenever room changes); a refusal never
 heard (the status writer down) ends with the patience. A refusal carries when it was refused
 (``refusedAt``: the backoff counts from then) and stays in CLAIMS for `bus.REFUSAL_TTL_S`: a new
-leader replays those still there after the requests (`Evictions.replayed`).
+leader replays those still there after the requests (`Evictions.replayed`), and each request carries
+the refusals in a row heard before it (``refusedBefore``), so both leaders double the backoff as often.
 
 Only a Pod whose claims are all still to place (none a gang member, none placed already) and
 large (one claim, or several together on one node, take a whole node: `served`) is served, and
@@ -172,7 +173,7 @@ class Evictions:
             now = refused.refused_at  # (when it was refused: the same backoff for a leader that replays it)
         if not found.refused:  # the first refusal of this asking: the backoff begins
             count = self.refusals[unit] = self.refusals.get(unit, 0) + 1
-            found.retry_at = now + min(EVICTION_PATIENCE, REFUSED_BACKOFF * 2 ** (count - 1))
+            found.retry_at = now + backoff(count)
         words = " ".join(refused.message.split())[:300]  # (one line, bounded: it goes into an Event)
         found.refused.append(f"{what}: {words or 'refused'}")
         self.refused_claims[refused.key] = now + EVICTION_PATIENCE
@@ -200,9 +201,10 @@ class Evictions:
         still has) held again. Only the requests of the Pod's last asking count (an older asking's
         request for a claim not asked for again is over). A request without ``askedAt`` (an older
         version's), or one dated after `now`, counts from `now`: never held longer than a patience.
-        Then the `refusals` CLAIMS still holds (they expire after `bus.REFUSAL_TTL_S`) are heard
-        again (`refusal`, from when each was refused): what a refused asking held stays let go, and
-        it is asked again after the same backoff (counted as the first refusal in a row)."""
+        Refusals in a row go on from the last asking's count (``refusedBefore``). Then the `refusals`
+        CLAIMS still holds (they expire after `bus.REFUSAL_TTL_S`) are heard again (`refusal`, from
+        when each was refused): what a refused asking held stays let go, and it is asked again after
+        the same backoff as the earlier term's (doubled as many times)."""
         by_unit: dict[str, list[ev.EvictionRequested]] = {}
         for request in requests:
             by_unit.setdefault(unit_of(request), []).append(request)
@@ -217,6 +219,8 @@ class Evictions:
                     if (rec := inv.by_key.get((held.driver, held.pool, held.device))) is not None:
                         devices |= 1 << rec.id
             node = asked[-1].node
+            if before := max(r.refused_before for r in asked):  # (refusals in a row the earlier term had heard)
+                self.refusals[unit] = max(self.refusals.get(unit, 0), before)
             note = note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0)
             self.inflight[unit] = InFlight({r.key: r.uid for r in asked}, node, since, note, devices, asked[-1].asked_at)
             self._hold(book, unit, devices)
@@ -227,6 +231,12 @@ class Evictions:
         """The requests were not stored: nothing is in flight for the unit, nothing held for it."""
         self.inflight.pop(unit, None)
         self._hold(book, unit, 0)
+
+
+def backoff(count: int) -> float:
+    """Seconds before a unit refused `count` times in a row is asked for again: `REFUSED_BACKOFF` doubled
+    with each refusal after the first, at most `EVICTION_PATIENCE` (any count: no float overflow)."""
+    return min(EVICTION_PATIENCE, REFUSED_BACKOFF * 2 ** min(max(count, 1) - 1, 32))
 
 
 def unit_of(event: ev.EvictionRequested | ev.EvictionRefused) -> str:
@@ -439,6 +449,7 @@ def _ask(
                 asked_at=now,
                 gang=gang,
                 for_claim=claim,
+                refused_before=min(book.evictions.refusals.get(unit, 0), ev.EVICTION_REFUSALS_MAX),
             )
         )
     note = note_for(requests, node, now + EVICTION_PATIENCE if devices else 0.0)

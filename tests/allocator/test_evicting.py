@@ -285,10 +285,13 @@ def test_a_refusal_heard_lets_the_hold_go_says_why_and_asks_again_elsewhere_afte
     assert evicting.decide(book, "ml/big", 1001.0 + evicting.REFUSED_BACKOFF - 1) == []
     second = evicting.decide(book, "ml/big", 1001.0 + evicting.REFUSED_BACKOFF)
     assert second and {r.node for r in second} != {node} and first[0].key not in {r.key for r in second}
+    assert {r.refused_before for r in first} == {0} and {r.refused_before for r in second} == {1}  # (for a successor)
     # Refused again: the backoff doubles.
     now = 1001.0 + evicting.REFUSED_BACKOFF + 1
     assert book.evictions.refusal(book, refusal(second[0]), now)
     assert book.evictions.inflight["pod:ml/big"].retry_at == now + 2 * evicting.REFUSED_BACKOFF
+    # However many in a row, the backoff is the patience at most (and never a float overflow).
+    assert evicting.backoff(4) == evicting.EVICTION_PATIENCE == evicting.backoff(5000)
 
 
 def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
@@ -386,6 +389,40 @@ async def test_a_refusal_heard_before_a_takeover_stands_for_the_successor_and_th
     async with asyncio.timeout(15):
         while await bus.last_message("CLAIMS", told.subject) is not None:
             await asyncio.sleep(0.2)  # until it expires
+
+
+def refused_by_budget(asked: evicting.InFlight) -> ev.EvictionRefused:
+    """The status writer's refusal of the first Pod `asked` named, refused when it was asked."""
+    key, uid = next(iter(asked.claims.items()))
+    name = key.split("/", 1)[1]
+    return ev.EvictionRefused(
+        namespace="ml", name=name, uid=uid, pod=name, for_namespace="ml", for_pod="big", asked_at=asked.asked_at,
+        message="Cannot evict pod as it would violate the pod's disruption budget.", refused_at=asked.asked_at,
+    )  # fmt: skip
+
+
+async def test_a_successor_doubles_the_backoff_as_often_as_the_leader_did(bus, monkeypatch) -> None:
+    """Refused twice in a row, the leader waits twice the backoff before asking a third time; a successor
+    that replays the second asking (``refusedBefore`` 1) and its refusal waits as long, not the first
+    refusal's backoff again."""
+    monkeypatch.setattr(evicting, "REFUSED_BACKOFF", 0.5)
+    leader, take, _ = await asking_leader(bus)
+    await take(refused_by_budget(leader.book.evictions.inflight["pod:ml/big"]))
+    first = leader.book.evictions.inflight["pod:ml/big"]
+    async with asyncio.timeout(10):
+        while time.time() < first.retry_at:
+            await asyncio.sleep(0.05)
+    await leader.decide_step(leader.book.pod_submitted(leader.book.pods["ml/big"]))  # the backoff is over: asked again
+    second = leader.book.evictions.inflight["pod:ml/big"]
+    assert second.asked_at > first.asked_at and not second.refused and second.node != first.node
+    await take(refused_by_budget(second))
+    assert second.retry_at == second.asked_at + 2 * evicting.REFUSED_BACKOFF and leader.book.evictions.refusals == {"pod:ml/big": 2}
+
+    successor = Allocator(bus, moves="early")
+    await successor.rebuild()
+    found = successor.book.evictions.inflight["pod:ml/big"]
+    assert found.asked_at == second.asked_at and found.retry_at == second.retry_at and found.note == second.note
+    assert successor.book.evictions.refusals == {"pod:ml/big": 2}
 
 
 THREE_NODES = [{"profile": "h100-sxm", "count": 3, "prefix": "n"}]  # 8 GPUs each

@@ -113,6 +113,15 @@ def test_an_eviction_refusal_round_trips_and_refuses_a_refused_at_that_is_no_tim
             ev.decode(data)
 
 
+def test_an_eviction_request_counts_the_refusals_before_it_within_bounds():
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="big", refused_before=3)
+    assert ev.decode(ev.encode(request)) == request and b'"refusedBefore":3' in ev.encode(request)
+    for bad, reason in [(b"-1", "refusedBefore -1 is not a count"), (b"65", "refusedBefore 65 is not a count"), (b"1.5", "Expected `int`")]:
+        with pytest.raises(ev.EventDecodeError, match=reason):
+            ev.decode(ev.encode(request).replace(b'"refusedBefore":3', b'"refusedBefore":' + bad))
+
+
 def test_an_eviction_for_a_gang_names_the_gang_as_an_object_name():
     pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
     request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="g0", gang="job")
