@@ -301,6 +301,9 @@ class PodDeleted(_Event, tag=True, frozen=True):
 
 EVICTION_WORDS_MAX = 1000
 """The most characters of the API server's words an `EvictionRefused` carries (longer is refused)."""
+EVICTION_GANG_PODS_MAX = 1000
+"""The most Pods an `EvictionRequested` names as its gang's (``gangPods``; more is refused): a gang is
+committed in one atomic batch, at most 1,000 messages."""
 EVICTION_REFUSALS_MAX = 64
 """The most refusals in a row an `EvictionRequested` counts (``refusedBefore``; more is refused): the
 allocator's backoff stops doubling long before."""
@@ -507,6 +510,9 @@ class EvictionRequested(_Event, tag=True, frozen=True):
     for_claim: str = ""
     """A claim of its own (from a file or ``dralloc submit``, reserved for no Pod) the room is made for;
     then ``forPod`` is "" (no Pod waits, none is told)."""
+    gang_pods: list[str] = []
+    """With ``gang``: every member's Pod (names in ``forNamespace``, at most `EVICTION_GANG_PODS_MAX`),
+    each told of a refusal by an Event; [] for a Pod or claim alone (``forPod`` alone is told)."""
     refused_before: int = 0
     """Refusals in a row the allocator had heard for the unit before this asking (0 to
     `EVICTION_REFUSALS_MAX`): the backoff after a refusal of it doubles once more than after the last,
@@ -624,6 +630,7 @@ def identity_problem(event: Event) -> str | None:
             problem = problem or next(filter(None, (name_error(p.name) for p in pods)), None)
             problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
             problem = problem or (_gang_problem(event.gang) if event.gang else None)
+            problem = problem or _gang_pods_problem(event.gang, event.gang_pods)
             if problem is None and not 0 <= event.refused_before <= EVICTION_REFUSALS_MAX:
                 problem = f"refusedBefore {event.refused_before} is not a count of refusals (0 to {EVICTION_REFUSALS_MAX})"
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
@@ -656,6 +663,16 @@ def _gang_problem(gang: str) -> str | None:
     """Why an eviction's gang is not a gang name it may carry (an object name), or None."""
     problem = name_error(gang)
     return f"gang: {problem}" if problem else None
+
+
+def _gang_pods_problem(gang: str, pods: list[str]) -> str | None:
+    """Why an eviction's gang's Pods are not a gang's Pods named as objects are, or None."""
+    if pods and not gang:
+        return "gangPods without a gang"
+    if len(pods) > EVICTION_GANG_PODS_MAX:
+        return f"gangPods names {len(pods)} Pods (at most {EVICTION_GANG_PODS_MAX})"
+    problem = next(filter(None, map(name_error, pods)), None)
+    return f"gangPods: {problem}" if problem else None
 
 
 def _held_problem(device: HeldDevice) -> str | None:

@@ -39,7 +39,8 @@ only claims reserved for Pods, not in a gang, smaller than it, and not already b
 another unit are evicted. A complete gang of Pods (each member a Pod's claim, none placed) that
 takes whole nodes is served the same way (`decide_gang`: the planner places its members inside
 one domain; claims smaller than each member are evicted), its requests naming the gang
-(`EvictionRequested.gang`) and its first member's Pod; what is in flight is kept by unit
+(`EvictionRequested.gang`), its first member's Pod and every member's (``gangPods``: each is
+told of a refusal); what is in flight is kept by unit
 (``pod:<ns>/<name>``, ``gang:<ns>/<gang>``, or a claim's own key, `unit_of`), and the hold is the unit's.
 
 A large unit of claims of their own (from files or `submit`, reserved for no Pod: a claim or a
@@ -368,8 +369,8 @@ def decide_gang(book: Decisions, gang: str, claims: Sequence[ResourceClaim], dom
     (it takes whole nodes, `gang.reservation_for`, as moves.py's gangs), its name a name an event may
     carry. Evicted: claims reserved for Pods, not in a gang, smaller than each member
     (`evictable(gang=True)`), the plan the moves planner's for a gang (its members inside one domain).
-    The requests name the first member's Pod as the one room is made for (its Events tell of
-    refusals) and the gang (`EvictionRequested.gang`)."""
+    The requests name the first member's Pod as the one room is made for, the gang
+    (`EvictionRequested.gang`) and every member's Pod (``gangPods``: each one's Events tell of refusals)."""
     evictions = book.evictions
     evictions.settle(book, now)
     unit = gang_unit(gang)
@@ -384,7 +385,8 @@ def decide_gang(book: Decisions, gang: str, claims: Sequence[ResourceClaim], dom
     plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy(), gang=True), domain_label=domain)
     if plan is None:
         return []
-    return _ask(book, unit, plan, namespace, now, pod=pods[0][0].name, gang=name)  # type: ignore[index]  # (all checked above)
+    members = [refs[0].name for refs in pods]  # type: ignore[index]  # (all checked above)
+    return _ask(book, unit, plan, namespace, now, pod=members[0], gang=name, gang_pods=members)
 
 
 def decide_unit(book: Decisions, unit: Unit, now: float) -> list[ev.EvictionRequested]:
@@ -415,11 +417,20 @@ def decide_unit(book: Decisions, unit: Unit, now: float) -> list[ev.EvictionRequ
 
 
 def _ask(
-    book: Decisions, unit: str, plan: MovePlan, namespace: str, now: float, *, pod: str = "", claim: str = "", gang: str = ""
+    book: Decisions,
+    unit: str,
+    plan: MovePlan,
+    namespace: str,
+    now: float,
+    *,
+    pod: str = "",
+    claim: str = "",
+    gang: str = "",
+    gang_pods: Sequence[str] = (),
 ) -> list[ev.EvictionRequested]:
     """The requests that carry out `plan` for `unit` (made for the Pod `namespace`/`pod`, or the claim
-    `namespace`/`claim`; of `gang` if any), recorded as in flight, the devices the plan gives the unit
-    held for it meanwhile."""
+    `namespace`/`claim`; of `gang` if any, `gang_pods` its members' Pods, each told of a refusal),
+    recorded as in flight, the devices the plan gives the unit held for it meanwhile."""
     node = ", ".join(plan.target)
     inv = book.engine.inventory
     devices = 0
@@ -449,6 +460,7 @@ def _ask(
                 asked_at=now,
                 gang=gang,
                 for_claim=claim,
+                gang_pods=list(gang_pods),
                 refused_before=min(book.evictions.refusals.get(unit, 0), ev.EVICTION_REFUSALS_MAX),
             )
         )

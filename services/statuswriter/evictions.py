@@ -17,9 +17,10 @@ Outcomes per Pod:
   controller to make it again, a DaemonSet's Pod): not evicted, reported as a refusal (below);
 - 404 (gone already) or 409 (the uid precondition: another Pod of that name now): nothing to do;
 - 429 TooManyRequests (a PodDisruptionBudget forbids it now): a refusal. Logged, a Warning
-  Event ``EvictionRefused`` on the waiting Pod names the refusal, and the allocator is told (an
-  `EvictionRefused` event on CLAIMS, its input: it lets go what it held for the waiting Pod and
-  asks again only after a backoff of its own). Never retried here (the request is acknowledged);
+  Event ``EvictionRefused`` on the waiting Pod (on each of a waiting gang's Pods: ``gangPods``)
+  names the refusal, and the allocator is told (an `EvictionRefused` event on CLAIMS, its input:
+  it lets go what it held for the waiting Pod and asks again only after a backoff of its own).
+  Never retried here (the request is acknowledged);
 - anything else: as the status writes (`kubernetes._classify`: refusals dead-lettered, the rest
   redelivered; a Pod evicted before that is then gone: 404).
 """
@@ -215,9 +216,16 @@ class Evictor:
                 await self.tell(told)
             except Exception as exc:  # noqa: BLE001 - advisory: the allocator then waits out its patience; never evict again for it
                 log.warning("%s: the allocator was not told of the refusal (it asks again after its patience): %s", request.key, exc)
-        target = await self.pod_of(request.for_namespace, request.for_pod) if request.for_pod else None  # (a claim of its own: no Pod to tell)
-        if target is not None:
-            whom = f"this Pod's gang {request.gang}" if request.gang else "this Pod"
-            message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for {whom}: {words}"
-            await self.events.record(target, message, reason=REFUSED, action="Evict")
+        whom = f"this Pod's gang {request.gang}" if request.gang else "this Pod"
+        message = f"dralloc could not evict Pod {request.namespace}/{name} (claim {request.key}) to make room for {whom}: {words}"
+        for waiting_pod in told_pods(request):
+            target = await self.pod_of(request.for_namespace, waiting_pod)
+            if target is not None:
+                await self.events.record(target, message, reason=REFUSED, action="Evict")
         return Evicted(f"{request.namespace}/{name}", "refused", words)
+
+
+def told_pods(request: ev.EvictionRequested) -> list[str]:
+    """The waiting Pods a refusal of `request` is told to by an Event: every member's of its gang
+    (``gangPods``), else its Pod; none for a claim of its own (no Pod waits)."""
+    return list(dict.fromkeys([request.for_pod, *request.gang_pods] if request.for_pod else request.gang_pods))

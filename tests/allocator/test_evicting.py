@@ -469,6 +469,7 @@ def test_a_gang_of_pods_that_does_not_fit_asks_for_the_pods_in_its_way_and_takes
     assert sorted(r.key for r in plan.evictions) == sorted(k for n in emptied for k in on[n])
     for request in plan.evictions:
         assert (request.for_namespace, request.for_pod, request.gang, request.asked_at) == ("ml", "g0", "job", 1000.0)
+        assert request.gang_pods == ["g0", "g1"]  # (each member's Pod is told of a refusal)
         assert request.node == ", ".join(emptied) and len(request.held) == 16
         assert request.pods == [ResourceClaimConsumerReference(resource="pods", name=request.name, uid=f"uid-{request.name}")]
         assert evicting.unit_of(request) == "gang:ml/job"

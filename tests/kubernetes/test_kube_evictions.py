@@ -306,6 +306,28 @@ async def test_a_gang_of_pods_gets_room_by_evicting_the_pods_in_its_way(three_no
         assert isinstance(requested, ev.EvictionRequested) and (requested.gang, requested.for_pod) == ("job", "g0")
 
 
+async def test_a_refusal_for_a_gang_is_told_on_every_members_pod(three_nodes: Cluster) -> None:
+    """A budget forbids evicting the small Pods in a gang of two 4-GPU Pods' way: each member's Pod gets
+    the Warning Event naming the refusal (not only the first member's), and no Pod is evicted."""
+    cluster, api = three_nodes, three_nodes.apiserver
+    api.apply(budget("small", 0, {"app": "small"}))
+    on = await scattered(cluster, (1, 1, 2))
+    gang = {"dralloc.dev/gang": "job", "dralloc.dev/gang-size": "2", "dralloc.dev/gang-domain": ""}
+    api.apply(template("four-gpus", count=4, annotations=gang))
+    for name in ("g0", "g1"):
+        api.apply(a_pod(name, templates={"gpus": "four-gpus"}))
+    in_way = [on[n][0] for n in on if len(on[n]) == 1]
+    async with asyncio.timeout(30):  # one Event per Pod refused (its message names it), on each member's Pod
+        while any(len(events_about(api, name, REFUSED)) < len(in_way) for name in ("g0", "g1")):
+            await asyncio.sleep(0.05)
+    for name in ("g0", "g1"):
+        refused = events_about(api, name, REFUSED)
+        assert {e["involvedObject"]["uid"] for e in refused} == {api.read("pods", NS, name)["metadata"]["uid"]}
+        assert all(f"to make room for this Pod's gang job: {DISRUPTION_BUDGET}" in e["message"] for e in refused)
+        assert sorted(next(p for p in in_way if f"Pod {NS}/{p} " in e["message"]) for e in refused) == sorted(in_way)
+    assert all(api.read("pods", NS, name) is not None for names in on.values() for name in names)
+
+
 async def test_a_claim_submitted_of_its_own_gets_room_by_evicting_the_pods_in_its_way(moves_on: Cluster) -> None:
     """A 4-GPU claim of its own (published on the bus as `dralloc submit` does: no Pod, no claim in the
     API server) with 2 GPUs free on each node, held only by Pods' claims: once moves are due (the next

@@ -133,6 +133,19 @@ def test_an_eviction_for_a_gang_names_the_gang_as_an_object_name():
                 ev.decode(ev.encode(msgspec.structs.replace(event, gang=bad)))
 
 
+def test_an_eviction_for_a_gang_names_its_pods_as_object_names_within_bounds():
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="g0", gang="job", gang_pods=["g0", "g1"])
+    assert ev.decode(ev.encode(request)) == request and b'"gangPods":["g0","g1"]' in ev.encode(request)
+    for changes, reason in [
+        ({"gang": ""}, "gangPods without a gang"),
+        ({"gang_pods": ["g0", "G 1"]}, "gangPods: 'G 1' is not"),
+        ({"gang_pods": ["g"] * (ev.EVICTION_GANG_PODS_MAX + 1)}, f"gangPods names {ev.EVICTION_GANG_PODS_MAX + 1} Pods"),
+    ]:
+        with pytest.raises(ev.EventDecodeError, match=re.escape(reason)):
+            ev.decode(ev.encode(msgspec.structs.replace(request, **changes)))
+
+
 def test_an_eviction_is_for_one_pod_or_one_claim_named_as_objects_are():
     pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
     request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="", for_claim="batch")
