@@ -95,3 +95,38 @@ def test_a_json_file_that_is_not_one_json_object_goes_to_the_yaml_parser(tmp_pat
     assert len(manifests.errors) == 2
     assert "invalid YAML" in str(manifests.errors[0])
     assert "deep" in str(manifests.errors[1]) and "nested" in str(manifests.errors[1])
+
+
+def test_a_json_object_checked_as_text_is_not_walked_again(tmp_path, monkeypatch):
+    # json_problem passed its text, so tree_problem's walk of the decoded object is skipped (the submit path's per-claim cost)
+    import dralloc.manifests as manifests_module
+
+    walked = []
+    monkeypatch.setattr(manifests_module, "tree_problem", lambda doc, where="": walked.append(doc))
+    (tmp_path / "c.json").write_text(CLAIM_JSON)
+    (tmp_path / "c.yaml").write_text(CLAIM_JSON)
+    assert not load_paths([tmp_path / "c.json"]).errors and walked == []
+    assert not load_paths([tmp_path / "c.yaml"]).errors and len(walked) == 1  # YAML is still walked
+
+
+def test_json_and_yaml_refuse_the_same_depth_and_integers(tmp_path):
+    # what skips the walk for JSON is refused as the walk refuses it: depth exactly at and past the limit, int64's edges
+    from dralloc.schemas.limits import INT_MAX, INT_MIN, MAX_DEPTH
+
+    def node(labels: str) -> str:
+        return '{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n", "annotations": {"x": "y"}}, "extra": ' + labels + "}"
+
+    # the object itself is 1 level, "extra" a 2nd: the list nesting brings it to `levels`
+    cases = {f"depth{levels}": node("[" * (levels - 1) + "]" * (levels - 1)) for levels in (MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, MAX_DEPTH + 2)}
+    cases |= {f"int{i}": node(f"[{value}]") for i, value in enumerate((INT_MAX, INT_MAX + 1, INT_MIN, INT_MIN - 1, 10**30))}
+    refused = {}
+    for name, text in cases.items():
+        (tmp_path / f"{name}.json").write_text(text)
+        (tmp_path / f"{name}.yaml").write_text(text)
+        as_json, as_yaml = load_paths([tmp_path / f"{name}.json"]), load_paths([tmp_path / f"{name}.yaml"])
+        assert bool(as_json.errors) == bool(as_yaml.errors), name
+        refused[name] = bool(as_json.errors)
+    assert refused == {
+        f"depth{MAX_DEPTH - 1}": False, f"depth{MAX_DEPTH}": False, f"depth{MAX_DEPTH + 1}": True, f"depth{MAX_DEPTH + 2}": True,
+        "int0": False, "int1": True, "int2": False, "int3": True, "int4": True,
+    }  # fmt: skip
