@@ -11,10 +11,11 @@ ingestor publishing the DeviceClasses of examples/, the allocator (two with
 bucket).
 
 How claims enter (the measured run): as a user's program sends them through
-the client's submit path, `dralloc submit`'s `submit_paths`: each claim due is
-written to its own JSON manifest, and every ~5 ms the files due are submitted
-together (read back, each claim decoded, validated and linted, given its
-uid, published and its store awaited) over one connection kept open
+the client's submit path, `dralloc submit`'s `submit_paths`: each claim has
+its own JSON manifest (written before the phase's clock runs: the harness's
+work, as a user's files on disk), and every ~5 ms the files due are submitted
+together (read, each claim decoded, validated and linted, given its uid,
+published and its store awaited) over one connection kept open
 (`Submitter`). Every tenth claim asks for a MIG slice (`mig.nvidia.com`, a
 CEL selector on the 1g.18gb profile), the rest for one whole H100
 (`gpu.nvidia.com`, a CEL selector on productName). Why this path and not the
@@ -618,16 +619,16 @@ async def until_idle(pids: list[int | None], timeout: float, busy: float = 0.05)
 
 def claims_directory(fallback: Path) -> Path:
     """Where the submitter writes its claim files: a fresh directory in memory (/dev/shm) where there
-    is one, else under `fallback`. Writing the files is the harness's part of the user's work, and
-    creating a file on this machine's ext4 costs ~0.4 ms of CPU (0.04 ms on tmpfs), which the
-    services measured beside it would pay for; reading them back (the submit path) is measured."""
+    is one, else under `fallback` (creating a file on this machine's ext4 costs ~0.4 ms of CPU,
+    0.04 ms on tmpfs). Writing them is the harness's work, done before a phase's clock runs;
+    reading them (the submit path) is measured."""
     shm = Path("/dev/shm")
     return Path(tempfile.mkdtemp(prefix="dralloc-claims-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else fallback))
 
 
 class Submitter:
-    """Claims sent as a user's program sends them: each written to a JSON manifest in `directory`,
-    a batch of files handed to the client's submit path (`dralloc submit`'s `submit_paths`: the file read, each
+    """Claims sent as a user's program sends them: each claim a JSON manifest in `directory`, a batch
+    of files handed to the client's submit path (`dralloc submit`'s `submit_paths`: the file read, each
     object decoded, validated and linted, a uid derived, published and its store awaited) over one
     connection. A claim's offer time is when it was due (start + i / rate), so a submitter falling
     behind counts against the latency (no coordinated omission)."""
@@ -642,12 +643,20 @@ class Submitter:
         """Batches submitted again after the server did not answer in time (as a user's program
         retries; the same claims keep their uids, so a retry of a stored claim is a duplicate)."""
 
-    async def submit(self, names: list[str], texts: list[str]) -> None:
+    def write(self, names: list[str], mig_every: int, first_index: int) -> list[str]:
+        """Each claim's manifest (`claim_manifest`, a MIG slice for every `mig_every`-th of the run)
+        as a JSON file in `directory`; their paths. The harness's work: called before the clock runs,
+        as the files a user wrote before submitting them (writing them while the services are
+        measured took ~10% of this process's samples in the window: py-spy, loaded)."""
         paths = []
-        for name, text in zip(names, texts, strict=True):
+        for i, name in enumerate(names):
             path = self.directory / f"{name}.json"
-            path.write_text(text)
+            path.write_text(json.dumps(claim_manifest(name, is_mig(first_index + i, mig_every))))
             paths.append(str(path))
+        return paths
+
+    async def submit(self, paths: list[str]) -> None:
+        """Submit a batch of claim files (retried, with the same files, when the server does not answer in time)."""
         self.batches += 1
         for attempt in range(SUBMIT_ATTEMPTS):
             try:
@@ -662,8 +671,7 @@ class Submitter:
     async def offer(self, names: list[str], rate: float, mig_every: int, first_index: int = 0) -> tuple[float, float]:
         """Offer `names` at `rate` per second in batches (what is due every few ms: a JSON file per
         claim, the batch's files in one submit); returns the wall-clock (start, end) of the offering."""
-        # Made before the clock runs: the harness's own work.
-        texts = [json.dumps(claim_manifest(name, is_mig(first_index + i, mig_every))) for i, name in enumerate(names)]
+        paths = self.write(names, mig_every, first_index)  # before the clock runs: the harness's own work
         start_wall, start = time.time(), time.monotonic()
         sent = 0
         in_flight: set[asyncio.Task[None]] = set()
@@ -672,7 +680,7 @@ class Submitter:
             if due > sent:
                 for i in range(sent, due):
                     self.offered[names[i]] = start_wall + i / rate
-                task = asyncio.create_task(self.submit(names[sent:due], texts[sent:due]))
+                task = asyncio.create_task(self.submit(paths[sent:due]))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
                 sent = due
