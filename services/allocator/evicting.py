@@ -326,17 +326,49 @@ def served(engine: Engine, claims: Sequence[ResourceClaim]) -> bool:
 
 def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim]) -> list[str]:
     """For `dralloc explain` of a Pod that does not fit (its claims still to place: `unit`): the
-    evictions the allocator would ask for with moves on, among the allocated `candidates`; [] for none."""
+    evictions the allocator would ask for with moves on (`decide`), among the allocated `candidates`;
+    [] for none."""
     if not served(engine, unit):
         return []
-    plan = engine.plan_moves(list(unit), evictable(unit, candidates), together=True)
+    candidates = list(candidates)
+    return _described(engine.plan_moves(list(unit), evictable(unit, candidates), together=True), candidates)
+
+
+def describe_gang(engine: Engine, gang: str, claims: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim], domain: str | None) -> list[str]:
+    """For `dralloc explain` of a complete gang of Pods (`gang`: ``<ns>/<name>``; `claims`: its members,
+    none placed) that does not fit: the evictions the allocator would ask for it with moves on
+    (`decide_gang`), among the allocated `candidates`; [] for none."""
+    if not claims or name_error(gang.split("/", 1)[-1]) is not None or not reservation_for(engine, claims, domain_label=domain):
+        return []
+    candidates = list(candidates)
+    plan = engine.plan_moves(list(claims), evictable(claims, candidates, gang=True), domain_label=domain)
+    return _described(plan, candidates, whom=f" for gang {gang}")
+
+
+def describe_unit(engine: Engine, claims: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim], domain: str | None) -> list[str]:
+    """For `dralloc explain` of a large unit of claims of their own (a claim, or a gang of them) that
+    does not fit and that no move in place makes room for: the evictions of the Pods in its way the
+    allocator would ask for once its moves are due (`decide_unit`), among the allocated `candidates`;
+    [] for none."""
+    if not claims or not reservation_for(engine, claims, domain_label=domain):
+        return []
+    candidates = list(candidates)
+    movable_claims = evictable(claims, candidates, gang=len(claims) > 1)
+    if not movable_claims:
+        return []
+    return _described(engine.plan_moves(list(claims), movable_claims, domain_label=domain), candidates, when="once its moves are due, ")
+
+
+def _described(plan: MovePlan | None, candidates: Sequence[ResourceClaim], *, whom: str = "", when: str = "") -> list[str]:
+    """`plan`'s evictions in words for `dralloc explain` (the claims it moves among `candidates`; the room
+    made `whom`, e.g. " for gang ml/job"; asked `when`); [] for no plan."""
     if plan is None:
         return []
     by_key = {c.key: c for c in candidates}
     pods = [f"{(c.metadata.namespace or 'default')}/{p.name}" for m in plan.moves for c in [by_key[m.claim]] for p in pod_consumers(c) or []]
     return [
-        f"with moves on (DRALLOC_ALLOCATOR_MOVES), the allocator would ask to evict Pod(s) {', '.join(pods)} "
-        f"(claim(s) {', '.join(m.claim for m in plan.moves)}; each restarts elsewhere) to make room on node {', '.join(plan.target)}; "
+        f"with moves on (DRALLOC_ALLOCATOR_MOVES), {when}the allocator would ask to evict Pod(s) {', '.join(pods)} "
+        f"(claim(s) {', '.join(m.claim for m in plan.moves)}; each restarts elsewhere) to make room{whom} on node {', '.join(plan.target)}; "
         "a PodDisruptionBudget may refuse"
     ]
 

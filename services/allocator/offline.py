@@ -198,13 +198,14 @@ def allocate_objects(
         result.outcomes = _errors(claims, failed) if failed else engine.allocate(claims, node=node, together=True, explain=explain)
         _note_holders(result, result.outcomes, explain)
     else:
+        gangs_of_pods: dict[str, list[tuple[ResourceClaim, Outcome]]] = {}
         for unit in units:
             outcomes = _allocate_unit(engine, unit, node, explain)
             _note_holders(result, outcomes, explain)
             if explain and node is None and unit.pod is None:
                 _note_moves(engine, unit, outcomes, result.outcomes, pending, objects)
             elif explain and node is None and unit.pod is not None:
-                _note_evictions(engine, unit, outcomes, objects)
+                _note_evictions(engine, unit, outcomes, objects, gangs_of_pods)
             result.outcomes += outcomes
     if not loaded.nodes:
         for outcome in result.outcomes:
@@ -234,25 +235,49 @@ def _note_moves(
     allocated and those this run placed before it, as the allocator would move its committed claims."""
     if not any(o.status == "unsatisfiable" for o in outcomes):
         return
-    came = [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
+    came = _came_allocated(objects)
     placed = [pending[o.claim] for o in before if o.status == "allocated" and o.claim in pending]
-    notes = moving.describe(engine, unit.claims, [*came, *placed], unit.gang[2] if unit.gang is not None else None)
-    for outcome in outcomes:
-        if notes and outcome.status == "unsatisfiable":
-            outcome.explanation = outcome.explanation or Explanation()
-            outcome.explanation.notes += notes
+    domain = unit.gang[2] if unit.gang is not None else None
+    # (as the allocator: the Pods in its way are evicted only when no move in place makes room)
+    notes = moving.describe(engine, unit.claims, [*came, *placed], domain) or evicting.describe_unit(engine, unit.claims, came, domain)
+    _add_notes(outcomes, notes)
 
 
-def _note_evictions(engine: Engine, unit: _Unit, outcomes: Sequence[Outcome], objects: Sequence[tuple[Source, Object]]) -> None:
+def _note_evictions(
+    engine: Engine,
+    unit: _Unit,
+    outcomes: Sequence[Outcome],
+    objects: Sequence[tuple[Source, Object]],
+    gangs_of_pods: dict[str, list[tuple[ResourceClaim, Outcome]]],
+) -> None:
     """A large Pod that does not fit: the evictions the allocator would ask for with moves on
     (evicting.py), among the claims that came allocated and reserved for Pods (`status.reservedFor`:
-    as the cluster shows them)."""
+    as the cluster shows them). A Pod whose one claim is a gang member is kept in `gangs_of_pods`
+    (gang -> its members' claims and outcomes so far) until its gang is complete, as the allocator
+    collects it; then, none of it placed, every member is told the gang's evictions."""
+    gang = gang_of(unit.claims[0]) if len(unit.claims) == 1 and not unit.referenced else None
+    if gang is not None and gang[1] > 1:
+        members = gangs_of_pods.setdefault(gang[0], [])
+        members += zip(unit.claims, outcomes)
+        if len(members) != gang[1] or any(o.status != "unsatisfiable" for _, o in members):
+            return  # not complete yet (or too many: not the allocator's gang), or a member placed
+        claims = [c for c, _ in members]
+        _add_notes([o for _, o in members], evicting.describe_gang(engine, gang[0], claims, _came_allocated(objects), gang[2]))
+        return
     if not any(o.status == "unsatisfiable" for o in outcomes):
         return
     if any(c.key in engine.ledger.claims for c in unit.claims):
         return  # (as the allocator: a Pod with a claim placed already is tied to that claim's node)
-    came = [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
-    notes = evicting.describe(engine, list(unit.claims), came)
+    _add_notes(outcomes, evicting.describe(engine, list(unit.claims), _came_allocated(objects)))
+
+
+def _came_allocated(objects: Sequence[tuple[Source, Object]]) -> list[ResourceClaim]:
+    """The claims the inputs hold allocated already (as the cluster shows them)."""
+    return [o for _, o in objects if isinstance(o, ResourceClaim) and o.status is not None and o.status.allocation is not None]
+
+
+def _add_notes(outcomes: Sequence[Outcome], notes: list[str]) -> None:
+    """Add `notes` to the explanation of each of `outcomes` that is unsatisfiable."""
     for outcome in outcomes:
         if notes and outcome.status == "unsatisfiable":
             outcome.explanation = outcome.explanation or Explanation()
