@@ -205,6 +205,28 @@ def lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
     return None
 
 
+def attribute_value(rec: DeviceRec, qualified: str) -> Any:
+    """`lookup_attribute(rec, qualified)`'s value, None when the device lacks the attribute: read
+    straight from a string or int attribute (what topology attributes are: a dict get and two
+    field reads, not a walk over every kind; topology.py asks ~5 per device of every node built)."""
+    attrs = rec.spec.attributes
+    attr = attrs.get(qualified)
+    if attr is None:
+        domain, sep, ident = qualified.partition("/")
+        if not sep or domain != rec.driver:
+            return None
+        attr = attrs.get(ident)
+        if attr is None:
+            return None
+    value: str | int | None = attr.string
+    if value is None:
+        value = attr.int
+    if value is None:  # another kind (bool, version, a list)
+        found = lookup_attribute(rec, qualified)
+        return found[1] if found is not None else None
+    return value
+
+
 @dataclass(slots=True)
 class Pool:
     driver: str
@@ -283,6 +305,38 @@ def _capacities(driver: str, device: Device) -> dict[str, Capacity]:
     return _parsed_capacities(driver, msgspec.json.encode(device.capacity))
 
 
+class CapacityMaps:
+    """`_capacities` per capacity map instance: `Repeats.share` points every namesake of a fleet's
+    devices at one equal map, so a map seen before costs a dict lookup, not its encoding and the
+    parse cache's hashing of it (~2 us a device, asked twice: validation and build). The map is
+    kept with its answer, so its id is not reused while remembered; applied slices are the
+    inventory's (`Inventory.apply_slice`), never changed after, so an instance's answer holds."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[dict[str, DeviceCapacity], str, dict[str, Capacity]]] = {}
+
+    def of(self, driver: str, device: Device) -> dict[str, Capacity]:
+        """`_capacities(driver, device)` (ValueError for a malformed quantity, not remembered)."""
+        capacity = device.capacity
+        if not capacity:
+            return {}
+        hit = self._seen.get(id(capacity))
+        if hit is not None and hit[0] is capacity and hit[1] == driver:
+            return hit[2]
+        parsed = _capacities(driver, device)
+        if len(self._seen) >= CAPACITY_MAPS_KEPT:
+            self._seen.clear()
+        self._seen[id(capacity)] = (capacity, driver, parsed)
+        return parsed
+
+
+CAPACITY_MAPS_KEPT = 4096
+"""Capacity map instances `CapacityMaps` remembers before it starts over (a fleet's namesakes share
+a few hundred; this bounds what a hostile one costs)."""
+
+
 @functools.lru_cache(maxsize=4096)
 def _parsed_capacities(driver: str, encoded: bytes) -> dict[str, Capacity]:
     """`_capacities` of one encoded capacity map (errors are raised, not cached)."""
@@ -348,13 +402,17 @@ class LocalMasks:
         """Nodes with node-local devices."""
         return [node for node, (_, bits) in self._spans.items() if bits]
 
-    def add(self, node: str, device: int) -> None:
-        lo, bits = self._spans.get(node, (device, 0))
+    def add(self, node: str, devices: list[int]) -> None:
+        """Add the node's new devices (a pool's: one update of the node's mask for them all)."""
+        low = min(devices)
+        lo, bits = self._spans.get(node, (low, 0))
         if not bits:
-            lo = device
-        elif device < lo:  # (ids only grow, but a caller may index out of order)
-            bits, lo = bits << (lo - device), device
-        self._spans[node] = (lo, bits | 1 << (device - lo))
+            lo = low
+        elif low < lo:  # (ids only grow, but a caller may index out of order)
+            bits, lo = bits << (lo - low), low
+        for device in devices:
+            bits |= 1 << (device - lo)
+        self._spans[node] = (lo, bits)
 
     def discard(self, node: str, device: int) -> None:
         span = self._spans.get(node)
@@ -395,6 +453,7 @@ class Inventory:
         self._next_id = 0
         self.attribute_memo = AttributeMemo()
         self.repeats = Repeats()  # one instance of each repeated attribute value and capacity map
+        self.capacity_maps = CapacityMaps()  # the parsed capacities of each shared capacity map
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
         self.taint_rules: dict[str, DeviceTaintRule] = {}
@@ -600,7 +659,7 @@ class Inventory:
             pool.generation = max(s.spec.pool.generation for s in slices)
             pool.slices = sorted((s for s in slices if s.spec.pool.generation == pool.generation), key=lambda s: s.metadata.name)
             pool.expected = max(s.spec.pool.resource_slice_count for s in pool.slices)
-            pool.invalid = _validate_pool(pool)
+            pool.invalid = _validate_pool(pool, self.capacity_maps)
             self.pools[key] = pool
             if pool.usable:
                 self._build_devices(pool)
@@ -622,18 +681,23 @@ class Inventory:
         # one instance per distinct value across the pool's devices: MIG partitions of a profile
         # consume the same counters of their GPU, in the same amounts
         shared: dict[Any, Any] = {}
+        capacities, tainted = self.capacity_maps.of, bool(self.taint_rules)
         for slice_ in pool.slices:
             spec = slice_.spec
             per_device = bool(spec.per_device_node_selection)
             for device in spec.devices:
-                consumes = tuple(
-                    shared.get((c.counter_set, name, v.value))
-                    or shared.setdefault(
-                        (c.counter_set, name, v.value),
-                        (shared.setdefault((c.counter_set, name), (pool.driver, pool.name, c.counter_set, name)), _quantity(v.value)),
+                consumes = (
+                    tuple(
+                        shared.get((c.counter_set, name, v.value))
+                        or shared.setdefault(
+                            (c.counter_set, name, v.value),
+                            (shared.setdefault((c.counter_set, name), (pool.driver, pool.name, c.counter_set, name)), _quantity(v.value)),
+                        )
+                        for c in device.consumes_counters
+                        for name, v in c.counters.items()
                     )
-                    for c in device.consumes_counters
-                    for name, v in c.counters.items()
+                    if device.consumes_counters
+                    else ()
                 )
                 if per_device:
                     local, selector, all_nodes = device.node_name, device.node_selector, bool(device.all_nodes)
@@ -650,9 +714,9 @@ class Inventory:
                     local_node=local or None,
                     node_selector=selector,
                     all_nodes=all_nodes,
-                    taints=self._taints(pool.driver, pool.name, device),
+                    taints=self._taints(pool.driver, pool.name, device) if device.taints or tainted else (),
                     consumes=shared.setdefault(consumes, consumes),
-                    capacity=_capacities(pool.driver, device),
+                    capacity=capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),
                     memo=self.attribute_memo,
@@ -660,24 +724,37 @@ class Inventory:
                 self._next_id += 1
                 self.devices.append(rec)
                 pool.devices.append(rec)
-                self._index(rec, live=False)
-        if pool.devices:  # the pool's ids are consecutive: one fleet-wide OR, not one per device
-            first = pool.devices[0].id
-            self.live |= ((1 << (self._next_id - first)) - 1) << first
+        if pool.devices:
+            self._index(pool.devices)
 
-    def _index(self, rec: DeviceRec, *, live: bool = True) -> None:
-        """Index a new device; `live` False: the caller marks it live (a pool's ids at once)."""
-        bit = 1 << rec.id
-        self.by_key[rec.key] = rec
-        if live:
-            self.live |= bit
-        if rec.multi:
-            self.multi_bits |= bit
-        if rec.local_node is not None:
-            self.local.add(rec.local_node, rec.id)
-            self._local_version[rec.local_node] = self._local_version.get(rec.local_node, 0) + 1
-        elif rec.all_nodes or rec.node_selector is not None:
-            self.nonlocal_bits |= bit
+    def _index(self, recs: list[DeviceRec]) -> None:
+        """Index a pool's new devices, whose ids are consecutive: each fleet-wide bitset changes
+        once (an OR as wide as the fleet), each node's mask and version once, not once a device."""
+        first = recs[0].id
+        by_key = self.by_key
+        multi = nonlocal_ = 0
+        local: dict[str, list[int]] = {}
+        for rec in recs:
+            by_key[rec.key] = rec
+            if rec.multi:
+                multi |= 1 << (rec.id - first)
+            node = rec.local_node
+            if node is not None:
+                ids = local.get(node)
+                if ids is None:
+                    local[node] = [rec.id]
+                else:
+                    ids.append(rec.id)
+            elif rec.all_nodes or rec.node_selector is not None:
+                nonlocal_ |= 1 << (rec.id - first)
+        self.live |= ((1 << (recs[-1].id + 1 - first)) - 1) << first
+        if multi:
+            self.multi_bits |= multi << first
+        for node, ids in local.items():
+            self.local.add(node, ids)
+            self._local_version[node] = self._local_version.get(node, 0) + 1
+        if nonlocal_:
+            self.nonlocal_bits |= nonlocal_ << first
             self.nonlocal_version += 1
 
     def _unindex(self, rec: DeviceRec) -> None:
@@ -749,10 +826,11 @@ def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> 
     )
 
 
-def _validate_pool(pool: Pool) -> str | None:
+def _validate_pool(pool: Pool, capacity_maps: CapacityMaps) -> str | None:
     """Why a pool cannot be used safely, or None. Checked over every slice of the
     current generation, both layouts: counters beside the devices (1.34) or in
-    separate counter slices (1.35+)."""
+    separate counter slices (1.35+). Capacities are parsed through `capacity_maps`
+    (the build reads them from there again)."""
     names: set[str] = set()
     sets: dict[str, set[str]] = {}
     for slice_ in pool.slices:
@@ -778,7 +856,7 @@ def _validate_pool(pool: Pool) -> str | None:
                 for shared in counter_set.counters.values():
                     _quantity(shared.value)
             for device in slice_.spec.devices:
-                _capacities(pool.driver, device)
+                capacity_maps.of(pool.driver, device)
                 for consumption in device.consumes_counters:
                     for consumed in consumption.counters.values():
                         _quantity(consumed.value)

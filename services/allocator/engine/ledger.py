@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool
+from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool, bits_of
 from dralloc.schemas.resource import AllocationResult
 
 DevKey = tuple[str, str, str]
@@ -230,23 +230,33 @@ class Ledger:
                 self.free_ge[k] &= ~bit
 
     def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
+        """A pool's devices were replaced: what is derived from the records, again for its devices.
+        Each node's free count changes once by the pool's net change (`free_ge` ends as steps of
+        one would leave it: k set for k up to the count), and `used_bits` once per pool."""
+        change: dict[str, int] = {}  # node -> change of its free exclusive node-local devices
+        gone: list[int] = []
         for rec in old_devices:
-            bit = 1 << rec.id
-            if not rec.multi and rec.local_node is not None and not (self.used_bits & bit):
-                self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) - 1)
-            self.used_bits &= ~bit
-            self.used_ids.discard(rec.id)
+            busy = rec.id in self.used_ids
+            if busy:
+                gone.append(rec.id)
+                self.used_ids.discard(rec.id)
+            elif not rec.multi and rec.local_node is not None:
+                change[rec.local_node] = change.get(rec.local_node, 0) - 1
             self.cap_used.pop(rec.id, None)
+        if gone:
+            self.used_bits ^= bits_of(gone)  # (each bit is set: no fleet-sized `~`)
         for key in [k for k in self.counter_used if k[0] == pool.driver and k[1] == pool.name]:
             del self.counter_used[key]
+        exclusive, all_shares = self.exclusive, self.shares
+        taken: list[int] = []
         for rec in pool.devices:
-            busy = rec.key in self.exclusive
+            busy = rec.key in exclusive
             if busy:
-                self.used_bits |= 1 << rec.id
+                taken.append(rec.id)
                 self.used_ids.add(rec.id)
             elif not rec.multi and rec.local_node is not None:
-                self._set_free(rec.local_node, self.free_local.get(rec.local_node, 0) + 1)
-            shares = self.shares.get(rec.key)
+                change[rec.local_node] = change.get(rec.local_node, 0) + 1
+            shares = all_shares.get(rec.key) if all_shares else None
             if shares:
                 used: dict[str, int] = {}
                 for _, consumed in shares.values():
@@ -255,3 +265,8 @@ class Ledger:
                 self.cap_used[rec.id] = used
             if busy or shares:
                 self._counters(rec, +1)
+        if taken:
+            self.used_bits |= bits_of(taken)
+        for node, delta in change.items():
+            if delta:
+                self._set_free(node, self.free_local.get(node, 0) + delta)

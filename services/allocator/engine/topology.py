@@ -31,7 +31,7 @@ from typing import Any
 
 import networkx as nx
 
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, lookup_attribute
+from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, attribute_value
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
@@ -104,20 +104,25 @@ class NodeTopology:
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
-    """(level, hub) pairs a device links to, in level order (GPU first, then `_LEVEL_ATTRIBUTES`)."""
+    """(level, hub) pairs a device links to, in level order (GPU first, then `_LEVEL_ATTRIBUTES`),
+    each once."""
     # one hub per counter set consumed (a MIG partition names a dozen counters of one set)
-    out: list[tuple[int, object]] = [(GPU, ("counters", *counter_set)) for counter_set in dict.fromkeys(key[:3] for key, _ in rec.consumes)]
+    out: list[tuple[int, object]] = (
+        [(GPU, ("counters", *counter_set)) for counter_set in dict.fromkeys(key[:3] for key, _ in rec.consumes)] if rec.consumes else []
+    )
     attrs = rec.spec.attributes
     for own in ("uuid", "parentUUID"):
         attr = attrs.get(own)
         if attr is not None and attr.string:
-            out.append((GPU, ("uuid", rec.driver, attr.string)))
+            hub = (GPU, ("uuid", rec.driver, attr.string))
+            if hub not in out:  # (a parentUUID equal to the uuid: the only hub that can repeat)
+                out.append(hub)
     for level, name in _LEVEL_ATTRIBUTES:
         # read from the spec, not through `rec.attribute`: its per-device memo would keep four
         # entries on every device of the fleet for a lookup made once per node build
-        value = lookup_attribute(rec, name)
+        value = attribute_value(rec, name)
         if value is not None:
-            out.append((level, value[1]))
+            out.append((level, value))
     return out
 
 
@@ -140,11 +145,13 @@ ShapeKey = tuple[tuple[tuple[int, int], ...], ...]
 """Per device position, its hubs with each hub renamed to its first-seen number: equal for nodes of one shape."""
 Masks = list[list[tuple[int, int, int]]]
 """`NodeTopology.masks`: per level, (group index, size, bitset of its devices) for groups of two or more."""
-Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[dict[int, int]], int, Masks]
+Shape = tuple[list[tuple[int, ...]], list[dict[int, int]], list[tuple[tuple[int, int, int], ...]], int, Masks, bool]
 """A node's structure by device position: group tuple per device, group sizes per level,
-per level the first device position of each group, a serial number (nodes with the
-same serial have the same structure), and the group masks with bit p for position p (the
-masks of every node whose device ids run without a gap, shared by them)."""
+per level where each named group's name is (group index, the position of its first device,
+the index in that device's hubs of its first hub at the level: a group without one has no
+name), a serial number (nodes with the same serial have the same structure), the group
+masks with bit p for position p (the masks of every node whose device ids run without a
+gap, shared by them) and whether it is flat (every group of one device)."""
 
 _serials = itertools.count(1)
 
@@ -164,7 +171,7 @@ def build_node(
     a node). Read-only, like the shape's parts."""
     # each device's hubs without repeats, by level (`_hubs` gives them in level order; within a
     # level in its order, which is the same on every node of a profile, so their shape keys agree)
-    hub_lists = [tuple(dict.fromkeys(_hubs(rec))) for rec in recs]
+    hub_lists = [tuple(_hubs(rec)) for rec in recs]
     lo = min((rec.id for rec in recs), default=0)
     if not any(hub_lists):  # no topology published at all: every device alone, no graph needed
         n = len(recs)
@@ -176,7 +183,7 @@ def build_node(
             span=sum(1 << (rec.id - lo) for rec in recs), having={}, shape=0,
         )  # fmt: skip
     canon: dict[Hub, int] = {}
-    shape_key = tuple(tuple((hub[0], canon.setdefault(hub, len(canon))) for hub in hubs) for hubs in hub_lists)
+    shape_key = tuple([tuple([(hub[0], canon.setdefault(hub, len(canon))) for hub in hubs]) for hubs in hub_lists])
     shape = shapes.get(shape_key) if shapes is not None else None
     if shape is None:
         shape = _shape(hub_lists)
@@ -184,15 +191,8 @@ def build_node(
             if len(shapes) > 1024:
                 shapes.clear()
             shapes[shape_key] = shape
-    by_position, sizes, first, serial, by_position_masks = shape
-    names: list[dict[int, str]] = []
-    for pos, level in enumerate(GROUP_LEVELS):
-        level_names: dict[int, str] = {}
-        for gid, p in first[pos].items():
-            own = [hub for lv, hub in hub_lists[p] if lv == level]
-            if own:
-                level_names[gid] = _hub_name(level, own[0])
-        names.append(level_names)
+    by_position, sizes, namers, serial, by_position_masks, flat = shape
+    names = [{gid: _hub_name(level, hub_lists[p][k][1]) for gid, p, k in named} for level, named in zip(GROUP_LEVELS, namers)]
     if last_names is not None:
         before = last_names.get(serial)
         if before is not None:
@@ -200,7 +200,7 @@ def build_node(
         elif len(last_names) > 1024:
             last_names.clear()
         last_names[serial] = names
-    cliques = sorted({v[1] for rec in recs if (v := lookup_attribute(rec, NVLINK_CLIQUE)) is not None})
+    cliques = sorted({v for rec in recs if (v := attribute_value(rec, NVLINK_CLIQUE)) is not None})
     # a node's ids usually run without a gap (its pools' ids are handed out together): its masks
     # are then its shape's, shared (not a list of bitsets per node, ~1 KB a node at 31,250 nodes)
     gapless = all(rec.id == lo + p for p, rec in enumerate(recs))
@@ -214,10 +214,10 @@ def build_node(
         clique=cliques[0] if cliques else None,
         devices=len(recs),
         lo=lo,
-        flat=all(size == 1 for level in sizes for size in level.values()),
+        flat=flat,
         masks=masks,
         special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
-        span=sum(1 << (rec.id - lo) for rec in recs),
+        span=(1 << len(recs)) - 1 if gapless else sum(1 << (rec.id - lo) for rec in recs),
         having={},
         shape=serial,
     )
@@ -248,7 +248,7 @@ def _shape(hub_lists: list[Hubs]) -> Shape:
                     graphs[target].add_edge(("sig", sig), (level, hub))
     per_device: list[list[int]] = [[] for _ in hub_lists]
     sizes: list[dict[int, int]] = []
-    first: list[dict[int, int]] = []
+    namers: list[tuple[tuple[int, int, int], ...]] = []
     for level in GROUP_LEVELS:
         level_sizes: dict[int, int] = {}
         level_first: dict[int, int] = {}
@@ -270,9 +270,12 @@ def _shape(hub_lists: list[Hubs]) -> Shape:
                 level_first[index] = p
                 index += 1
         sizes.append(level_sizes)
-        first.append(level_first)
+        # a group's name is its first device's first hub at the level, if it has one
+        firsts = ((gid, p, next((k for k, (lv, _) in enumerate(hub_lists[p]) if lv == level), -1)) for gid, p in level_first.items())
+        namers.append(tuple(named for named in firsts if named[2] >= 0))
     groups = [tuple(g) for g in per_device]
-    return groups, sizes, first, next(_serials), _masks(list(range(len(hub_lists))), groups, sizes)
+    flat = all(size == 1 for level_sizes in sizes for size in level_sizes.values())
+    return groups, sizes, namers, next(_serials), _masks(list(range(len(hub_lists))), groups, sizes), flat
 
 
 class Topology:
@@ -303,7 +306,7 @@ class Topology:
         for node in touched:
             bit = 1 << inv._see_node(node)
             devices = (inv.devices[i] for i in inv.local.ids(node))
-            if any(rec is not None and lookup_attribute(rec, NVLINK_DOMAIN) is not None for rec in devices):
+            if any(rec is not None and attribute_value(rec, NVLINK_DOMAIN) is not None for rec in devices):
                 self.nvlink_ranks |= bit
             else:
                 self.nvlink_ranks &= ~bit
@@ -369,9 +372,9 @@ class Topology:
             return topo.clique
         for i in self.inv.local.ids(node):
             rec = self.inv.devices[i]
-            value = lookup_attribute(rec, NVLINK_CLIQUE) if rec is not None else None
+            value = attribute_value(rec, NVLINK_CLIQUE) if rec is not None else None
             if value is not None:
-                clique: str = value[1]  # (the clique attribute is a string)
+                clique: str = value  # (the clique attribute is a string)
                 return clique
         return None
 

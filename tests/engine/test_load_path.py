@@ -1,0 +1,179 @@
+"""The load path (#17 item 4: cold start at 250,000 GPUs) does per pool what it did per device:
+the inventory indexes a pool's devices at once (`Inventory._index`), the ledger changes each
+node's free count once by a pool's net change (`Ledger._pool_rebuilt`), capacities are parsed
+once per shared capacity map (`CapacityMaps`) and topology reads attribute values directly
+(`attribute_value`). Whatever order slices come, go and are replaced in, with claims holding
+devices, the engine must be left as a fresh load of the final slices with the same claims."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+
+from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.inventory import CapacityMaps, attribute_value, iter_bits, lookup_attribute
+from dralloc.schemas.resource import Device, DeviceClass, Node, ResourceClaim, ResourceSlice
+
+DRIVER = "gpu.example.com"
+NODES = ["node-a", "node-b", "node-c", "node-d"]
+
+
+def _class() -> DeviceClass:
+    return msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}, DeviceClass)
+
+
+def _node(name: str) -> Node:
+    return msgspec.convert({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}, Node)
+
+
+def _slice(node: str, names: list[str], generation: int, *, multi: int = -1) -> ResourceSlice:
+    """The node's GPUs `names` (NVLink pairs by position; `multi`: that position allows multiple allocations)."""
+    devices = [
+        {
+            "name": name,
+            "attributes": {"type": {"string": "gpu"}, "dralloc.dev/nvlinkDomain": {"string": f"{node}/{i // 2}"}, "uuid": {"string": f"{node}-{name}"}},
+            "capacity": {"memory": {"value": "80Gi"}},
+            **({"allowMultipleAllocations": True} if i == multi else {}),
+        }
+        for i, name in enumerate(names)
+    ]
+    spec = {"driver": DRIVER, "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}, "nodeName": node, "devices": devices}
+    return msgspec.json.decode(msgspec.json.encode({"metadata": {"name": f"{node}-gpus"}, "spec": spec}), type=ResourceSlice)
+
+
+def _claim(name: str, count: int) -> ResourceClaim:
+    devices = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu", "count": count}}]}
+    return msgspec.convert({"metadata": {"name": name, "namespace": "ns"}, "spec": {"devices": devices}}, ResourceClaim)
+
+
+def _labels(engine: Engine, bits: int) -> list[str]:
+    return sorted(engine.inventory.devices[i].label for i in iter_bits(bits))  # type: ignore[union-attr]
+
+
+def _state(engine: Engine) -> dict:
+    """Everything the load path derives, by device label and node name (ids differ between engines),
+    and each node-rank bitset as the nodes whose counts reach each k."""
+    inv, ledger, kinds, topo = engine.inventory, engine.ledger, engine.placement.kinds, engine.placement.topology
+    nodes = inv.nodes()
+    rank = inv.node_rank
+
+    def at_least(ge: list[int]) -> dict[str, int]:  # node -> the highest k whose bitset holds it
+        return {n: max((k for k, b in enumerate(ge) if k and (b >> rank[n]) & 1), default=0) for n in nodes}
+
+    return {
+        "devices": sorted(rec.label for rec in inv.by_key.values()),
+        "live": _labels(engine, inv.live),
+        "multi": _labels(engine, inv.multi_bits),
+        "local": {n: _labels(engine, inv.local.get(n)) for n in nodes},
+        "used": _labels(engine, ledger.used_bits),
+        "used_ids": sorted(inv.devices[i].label for i in ledger.used_ids),  # type: ignore[union-attr]
+        "free": {n: ledger.free_local.get(n, 0) for n in nodes},
+        "free_ge": at_least(ledger.free_ge),
+        "kind_free": {k: {n: v for n, v in d.items() if v} for k, d in kinds.free.items()},
+        "kind_ge": {k: at_least(ge) for k, ge in kinds.ge.items()},
+        "whole": {k: sorted(n for n in nodes if (b >> rank[n]) & 1) for k, b in kinds.whole.items()},
+        "held": dict(kinds.held),
+        "groups": {
+            n: sorted((inv.devices[i].label, g) for i, g in t.groups.items())  # type: ignore[union-attr]
+            for n in nodes
+            if (t := topo.node(n)) is not None
+        },
+        "names": {n: t.names for n in nodes if (t := topo.node(n)) is not None},
+    }
+
+
+def test_slices_replaced_and_removed_with_claims_held_leave_what_a_fresh_load_would():
+    rng = random.Random(5)
+    engine = Engine()
+    engine.apply(_class())
+    for node in NODES:
+        engine.apply(_node(node))
+    generation = 0
+    current: dict[str, tuple[list[str], int]] = {}  # node -> its pool's device names, the multi-allocatable position
+    running: list[str] = []
+    for step in range(60):
+        node = rng.choice(NODES)
+        if node in current and rng.random() < 0.15:
+            engine.remove("ResourceSlice", f"{node}-gpus")
+            del current[node]
+        else:  # a new or replaced pool: some devices kept by name (held ones among them), some gone, some new
+            generation += 1
+            current[node] = (sorted(rng.sample([f"gpu-{i}" for i in range(10)], rng.randint(2, 8))), rng.choice([-1, 0, 3]))
+            assert engine.apply(_slice(node, current[node][0], generation, multi=current[node][1])) == []
+        for i in range(rng.randint(0, 3)):
+            if running and rng.random() < 0.3:
+                engine.release(running.pop(rng.randrange(len(running))))
+            (outcome,) = engine.allocate([_claim(f"c{step}-{i}", rng.choice([1, 1, 2, 3]))])
+            if outcome.status == "allocated":
+                running.append(outcome.claim)
+        fresh = Engine()
+        fresh.apply(_class())
+        for name in NODES:
+            fresh.apply(_node(name))
+        for name, (names, multi) in current.items():
+            assert fresh.apply(_slice(name, names, 1, multi=multi)) == []
+        for key in running:
+            record = engine.ledger.claims[key]
+            held = msgspec.convert(
+                {
+                    "metadata": {"name": key.split("/")[1], "namespace": "ns"},
+                    "spec": {"devices": {}},
+                    "status": {"allocation": msgspec.to_builtins(record.allocation)},
+                },
+                ResourceClaim,
+            )
+            assert fresh.restore(held) == []
+        assert _state(engine) == _state(fresh), f"step {step}"
+    assert len(running) > 3
+
+
+def test_capacity_maps_answer_as_a_parse_of_each_map_per_driver():
+    maps = CapacityMaps()
+    shared = {"memory": {"value": "80Gi"}, f"{DRIVER}/memory": {"value": "40Gi"}, "cores": {"value": "2"}}
+    device = msgspec.convert({"name": "gpu-0", "capacity": shared}, Device)
+    namesake = msgspec.convert({"name": "gpu-0", "capacity": {"memory": {"value": "1Gi"}}}, Device)
+    for _ in range(2):  # the second time from what it remembers
+        assert maps.of(DRIVER, device) == CapacityMaps().of(DRIVER, device)  # (a new one parses)
+        assert maps.of(DRIVER, device)[f"{DRIVER}/memory"].value == 40 * 2**30 * 10**9  # the driver's own domain wins
+        assert maps.of("other.example.com", device) == CapacityMaps().of("other.example.com", device)  # the same map, another driver
+        assert maps.of("other.example.com", device)["other.example.com/memory"].value == 80 * 2**30 * 10**9
+        assert maps.of(DRIVER, namesake)[f"{DRIVER}/memory"].value == 2**30 * 10**9  # a name is not a map
+    assert maps.of(DRIVER, msgspec.convert({"name": "nic"}, Device)) == {}
+
+
+def test_attribute_value_is_lookup_attributes_value_for_every_kind_and_name():
+    attributes = {
+        "text": {"string": "a"},
+        "empty": {"string": ""},
+        "number": {"int": 0},
+        "flag": {"bool": False},
+        "release": {"version": "1.2.3"},
+        "many": {"strings": ["x", "y"]},
+        "numbers": {"ints": [1, 2]},
+        f"{DRIVER}/qualified": {"int": 7},
+        "other.example.com/theirs": {"string": "t"},
+        "two": {"int": 1, "string": "s"},  # hostile: two kinds set
+    }
+    device = msgspec.convert({"name": "gpu-0", "attributes": attributes}, Device)
+    engine = Engine()
+    engine.apply(
+        msgspec.convert(
+            {
+                "metadata": {"name": "s"},
+                "spec": {
+                    "driver": DRIVER,
+                    "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+                    "nodeName": "n",
+                    "devices": [msgspec.to_builtins(device)],
+                },
+            },
+            ResourceSlice,
+        )
+    )
+    rec = next(iter(engine.inventory.by_key.values()))
+    names = [*attributes, f"{DRIVER}/text", f"{DRIVER}/flag", "qualified", "theirs", "other.example.com/text", "missing", f"{DRIVER}/missing", "no-domain/"]
+    for name in names:
+        found = lookup_attribute(rec, name)
+        assert attribute_value(rec, name) == (found[1] if found is not None else None), name
+        assert type(attribute_value(rec, name)) is type(found[1] if found is not None else None), name
