@@ -118,7 +118,7 @@ class AllocatorMetrics:
         meter = metrics.get_meter("dralloc")
         self.duration = meter.create_histogram("dralloc.allocation.duration", unit="s", description="claim decision time in the allocator")
         self.claims = meter.create_counter("dralloc.claims", description="decisions written, by outcome")
-        self._held: dict[str, Counter[tuple[str, str]]] = {}  # claim -> (node, class) -> devices
+        self._held: dict[str, dict[tuple[str, str], int]] = {}  # claim -> (node, class) -> devices
         self.view = FleetReadings()
         """What the exporter thread reads: replaced whole (one reference) by `observed`, never changed."""
         self._view_at = -FRESH_S
@@ -284,16 +284,19 @@ def allocator_metrics() -> AllocatorMetrics:
     return _allocator
 
 
-def _devices(event: ev.AllocationCommitted) -> Counter[tuple[str, str]]:
-    """(node, device class) -> devices of one committed claim."""
+def _devices(event: ev.AllocationCommitted) -> dict[tuple[str, str], int]:
+    """(node, device class) -> devices of one committed claim. A dict, not a Counter: this runs on the
+    allocator's event loop for every commit, and a Counter's construction and `+=` cost ~4 us of
+    the ~6.7 us it took (timeit, loaded)."""
     classes = {}
     for request in event.claim.spec.devices.requests or [] if event.claim.spec and event.claim.spec.devices else []:
         if request.exactly is not None:
             classes[request.name] = request.exactly.device_class_name
         for sub in request.first_available or []:
             classes[f"{request.name}/{sub.name}"] = sub.device_class_name
-    held: Counter[tuple[str, str]] = Counter()
+    held: dict[tuple[str, str], int] = {}
     allocation = event.allocation
     for result in allocation.devices.results or [] if allocation and allocation.devices else []:
-        held[(event.node or "", classes.get(result.request, ""))] += 1
+        key = (event.node or "", classes.get(result.request, ""))
+        held[key] = held.get(key, 0) + 1
     return held
