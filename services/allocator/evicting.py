@@ -33,8 +33,8 @@ heard (the status writer down) ends with the patience. A refusal carries when it
 leader replays those still there after the requests (`Evictions.replayed`), and each request carries
 the refusals in a row heard before it (``refusedBefore``), so both leaders double the backoff as often.
 
-Only a Pod whose claims are all still to place (none a gang member, none placed already) and
-large (one claim, or several together on one node, take a whole node: `served`) is served, and
+Only a Pod whose claims still to place are none a gang member, and large (one claim, or several
+together on one node, take a whole node: `served`; claims of it placed already count) is served, and
 only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted for
 another unit are evicted. A complete gang of Pods (each member a Pod's claim, none placed) that
 takes whole nodes is served the same way (`decide_gang`: the planner places its members inside
@@ -49,9 +49,9 @@ no move in place makes room (`decide_unit`): evicting those Pods is what Kuberne
 budgets are honoured). No Pod waits: the requests name the claim (``forClaim``), its failure tells
 of them, and a refusal is told to the allocator only.
 
-Not served: a Pod whose (shared) claim is placed already: it is tied to that claim's node, so the
-room must be made there, around a claim that stays; the planner plans where a unit may go, not
-room on a given node beside claims it may not move (a change to engine/moves.py, not done).
+A Pod with a claim placed already (shared with another Pod, or a gang member's) is tied to that
+claim's node: the room is made there (`Engine.plan_moves(node=...)`: that node only, the placed
+claims staying), the Pods in the way smaller than its claims together.
 """
 
 from __future__ import annotations
@@ -310,28 +310,32 @@ def movable(book: Decisions, unit: Sequence[ResourceClaim], busy: set[str], *, g
     return evictable(unit, (c.claim for k, c in book.committed.items() if k not in busy and c.allocation is not None), gang=gang)
 
 
-def served(engine: Engine, claims: Sequence[ResourceClaim]) -> bool:
+def served(engine: Engine, claims: Sequence[ResourceClaim], placed: Sequence[ResourceClaim] = ()) -> bool:
     """Whether a Pod whose claims still to place are `claims` is one evictions serve: none a gang
     member, and large: it takes a whole node (one claim: `gang.reservation_for`; several, placed
-    together on one node: their devices together at least as many as the node closest to fitting
-    the largest of them has of its kind). A small unit fits in holes as they come."""
+    together on one node, or beside its claims `placed` already (shared, or a gang member's: they
+    count, whatever they are): their devices together at least as many as the node closest to
+    fitting the largest still to place has of its kind). A small unit fits in holes as they come."""
     if not claims or any((gang := gang_of(c)) is not None and gang[1] > 1 for c in claims):
         return False
-    if len(claims) == 1:
+    if len(claims) == 1 and not placed:
         return bool(reservation_for(engine, list(claims)))
     largest = max(claims, key=claim_demand)
     node = engine.placement.closest([engine._plan(largest)])  # (what reservation_for asks for one claim)
-    return bool(node) and sum(claim_demand(c) for c in claims) >= node.bit_count()
+    return bool(node) and sum(claim_demand(c) for c in (*claims, *placed)) >= node.bit_count()
 
 
-def describe(engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim]) -> list[str]:
-    """For `dralloc explain` of a Pod that does not fit (its claims still to place: `unit`): the
-    evictions the allocator would ask for with moves on (`decide`), among the allocated `candidates`;
-    [] for none."""
-    if not served(engine, unit):
+def describe(
+    engine: Engine, unit: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim], placed: Sequence[ResourceClaim] = (), node: str | None = None
+) -> list[str]:
+    """For `dralloc explain` of a Pod that does not fit (its claims still to place: `unit`; those placed
+    already: `placed`, on `node`, which ties it there): the evictions the allocator would ask for with
+    moves on (`decide`), among the allocated `candidates`; [] for none."""
+    if not served(engine, unit, placed):
         return []
     candidates = list(candidates)
-    return _described(engine.plan_moves(list(unit), evictable(unit, candidates), together=True), candidates)
+    plan = engine.plan_moves(list(unit), evictable([*unit, *placed], candidates), together=True, node=node)
+    return _described(plan, candidates)
 
 
 def describe_gang(engine: Engine, gang: str, claims: Sequence[ResourceClaim], candidates: Iterable[ResourceClaim], domain: str | None) -> list[str]:
@@ -383,12 +387,16 @@ def decide(book: Decisions, pod_key: str, now: float) -> list[ev.EvictionRequest
     if pod is None or pod_unit(pod_key) in evictions.inflight:
         return []
     keys = [f"{pod.namespace}/{name}" for name in pod.claims]
-    if not keys or any(k in book.committed or k not in book.unused for k in keys):
-        return []  # none placed yet (a Pod with a shared claim allocated is tied to that claim's node)
-    claims = [book.unused[k] for k in keys]
-    if not served(book.engine, claims):
-        return []
-    plan = book.engine.plan_moves(claims, movable(book, claims, evictions.busy()), together=True)
+    placed = [book.committed[k].claim for k in keys if k in book.committed]
+    if any(k not in book.committed and k not in book.unused for k in keys):
+        return []  # (a claim not here: the Pod is not decided)
+    claims = [book.unused[k] for k in keys if k not in book.committed]
+    records = [r for c in placed if (r := book.engine.ledger.claims.get(c.key)) is not None]
+    nodes = {r.node for r in records if r.node is not None}
+    if len(nodes) > 1 or not served(book.engine, claims, placed):
+        return []  # (on two nodes already: it can never run)
+    node = next(iter(nodes), None)  # (its claims placed on a node tie it there: the room is made there, around them)
+    plan = book.engine.plan_moves(claims, movable(book, [*claims, *placed], evictions.busy()), together=True, node=node)
     if plan is None:
         return []
     return _ask(book, pod_unit(pod_key), plan, pod.namespace, now, pod=pod.name)

@@ -264,11 +264,14 @@ def _note_evictions(
         claims = [c for c, _ in members]
         _add_notes([o for _, o in members], evicting.describe_gang(engine, gang[0], claims, _came_allocated(objects), gang[2]))
         return
-    if not any(o.status == "unsatisfiable" for o in outcomes):
+    if not any(o.status == "unsatisfiable" for o in outcomes) or any(c.key in engine.ledger.claims for c in unit.claims):
         return
-    if any(c.key in engine.ledger.claims for c in unit.claims):
-        return  # (as the allocator: a Pod with a claim placed already is tied to that claim's node)
-    _add_notes(outcomes, evicting.describe(engine, list(unit.claims), _came_allocated(objects)))
+    # (as the allocator: the claims it names placed already, shared, tie it to their node: room is made there)
+    named = {o.key: o for _, o in objects if isinstance(o, ResourceClaim)}
+    placed = [named[k] for k in unit.referenced if k in named and k in engine.ledger.claims]
+    nodes = {node for c in placed if (node := engine.ledger.claims[c.key].node) is not None}
+    if len(nodes) <= 1:
+        _add_notes(outcomes, evicting.describe(engine, list(unit.claims), _came_allocated(objects), placed, next(iter(nodes), None)))
 
 
 def _came_allocated(objects: Sequence[tuple[Source, Object]]) -> list[ResourceClaim]:

@@ -294,6 +294,41 @@ def test_a_refusal_heard_lets_the_hold_go_says_why_and_asks_again_elsewhere_afte
     assert evicting.backoff(4) == evicting.EVICTION_PATIENCE == evicting.backoff(5000)
 
 
+def test_a_pod_tied_to_a_node_by_its_shared_claim_gets_room_made_on_that_node() -> None:
+    """The Pod ml/big uses ml/shared (2 GPUs, placed on node X for another Pod) and a 6-GPU claim of its
+    own: it can run only on X, which holds two 2-GPU Pods' claims beside the shared one. Those two are
+    asked to go (they fit on the other node), not the other node's (which has more room but would not
+    do: the shared claim stays on X); X's other six GPUs are held for it; once they go it is placed there."""
+    book = book_over(TWO_NODES)
+    assert book.submitted(claim("shared", 2), needs_pod=True) is None
+    (shared,) = store(book, book.pod_submitted(pod("sharer", "shared")))
+    x = shared.node or ""
+    on: dict[str, list[str]] = {}
+    for i in range(7):
+        assert book.submitted(claim(f"s{i}", 2), needs_pod=True) is None
+        (commit,) = store(book, book.pod_submitted(pod(f"s{i}", f"s{i}")))
+        on.setdefault(commit.node or "", []).append(commit.key)
+    (y,) = [n for n in on if n != x]
+    for key in [*on[x][:1], *on[y][:2]]:  # X: the shared claim and two small ones (2 free); Y: two small (4 free)
+        assert book.deleted(key, "") is not None
+        book.release_stored(key)
+        book.pod_deleted(key, "")
+    in_way = on[x][1:]
+    assert book.submitted(claim("own", 6), needs_pod=True) is None
+    step = book.pod_submitted(pod("big", "shared", "own"))
+    assert step == AllocatePod("ml/big")
+    plan = book.decide_pod(step, 1000.0)
+    assert not plan.batch and plan.failures
+    assert sorted(r.key for r in plan.evictions) == sorted(in_way) and {r.node for r in plan.evictions} == {x}
+    assert all(r.for_pod == "big" and len(r.held) == 6 for r in plan.evictions)
+    assert book.reservations.per_node() == {x: 6}
+    for key in in_way:
+        assert book.deleted(key, "") is not None
+        book.release_stored(key)
+    placed = book.decide_pod(AllocatePod("ml/big"), 1001.0)
+    assert [(e.key, e.node) for e in placed.batch] == [("ml/own", x)]
+
+
 def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
     book = book_over(TWO_NODES)
     scattered(book)

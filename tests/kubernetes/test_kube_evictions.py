@@ -351,6 +351,49 @@ async def test_a_claim_submitted_of_its_own_gets_room_by_evicting_the_pods_in_it
         assert f"to make room for claim {NS}/batch-job on node {node}" in event["message"]
 
 
+def using(obj: dict[str, Any], shared: str) -> dict[str, Any]:
+    """The Pod `obj` also using the ResourceClaim `shared` (by name), gated for dralloc."""
+    obj["spec"]["resourceClaims"].append({"name": "data", "resourceClaimName": shared})
+    obj["spec"]["schedulingGates"] = [{"name": GATE}]
+    return obj
+
+
+async def test_a_pod_tied_to_a_node_by_its_shared_claim_gets_room_made_on_that_node(moves_on: Cluster) -> None:
+    """ml/shared (2 GPUs) is placed on node X for the Pod sharer; X's other two GPUs hold two 1-GPU Pods,
+    the other node two (2 free). A Pod using ml/shared and a 2-GPU claim of its own can run only on X:
+    X's two small Pods are evicted (they fit on the other node), not the other node's, and it runs on X."""
+    cluster, api = moves_on, moves_on.apiserver
+    api.apply(claim("shared", 2))
+    api.apply(using(a_pod("sharer", owners=REPLICA_SET), "shared"))
+    x = await cluster.bound("sharer")
+    api.apply(template("one-gpu"))
+    for i in range(6):
+        api.apply(a_pod(f"small-{i}", labels={"app": "small"}, templates={"gpu": "one-gpu"}, owners=REPLICA_SET))
+    on: dict[str, list[str]] = {}
+    for i in range(6):
+        on.setdefault(await cluster.bound(f"small-{i}"), []).append(f"small-{i}")
+    (y,) = [n for n in on if n != x]
+    assert len(on[x]) == 2 and len(on[y]) == 4
+    for name in on[y][:2]:  # two leave the other node: 2 GPUs free there, none on X
+        (made,) = cluster.claims_of(name)
+        api.remove("pods", NS, name)
+        await cluster.gone("resourceclaims", made["metadata"]["name"])
+        await cluster.decision(made["metadata"]["name"], ev.AllocationReleased)
+    for name in [*on[x], *on[y][2:]]:
+        current = api.read("pods", NS, name)
+        api.apply({**current, "status": {**(current.get("status") or {}), "phase": "Running"}})
+    api.apply(template("two-gpus", count=2))
+    api.apply(using(a_pod("big", templates={"gpus": "two-gpus"}), "shared"))
+    assert await cluster.bound("big") == x
+    assert {r.name for r in evictions(api)} == set(on[x])
+    assert all(api.read("pods", NS, name) is not None for name in on[y][2:])
+    own = [c for c in cluster.claims_of("big") if c["metadata"]["name"] != "shared"]
+    assert [node_of(c) for c in own] == [x]
+    for name in on[x]:
+        (event,) = events_about(api, name, EVICTED)
+        assert f"to make room for Pod {NS}/big on node {x}" in event["message"]
+
+
 async def test_with_moves_off_nothing_is_evicted(moves_off: Cluster) -> None:
     cluster, api = moves_off, moves_off.apiserver
     on = await scattered(cluster)

@@ -13,9 +13,9 @@ from dralloc.cli import app
 CLASSES = str(Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml")
 
 
-def claim(name: str, count: int, node: str, pod: str | None) -> str:
-    """A claim allocated on `node` (gpu-0...), reserved for Pod `pod` (None: for nothing)."""
-    results = ", ".join(f"{{request: gpu, driver: gpu.nvidia.com, pool: {node}, device: gpu-{i}}}" for i in range(count))
+def claim(name: str, count: int, node: str, pod: str | None, first: int = 0) -> str:
+    """A claim allocated on `node` (gpu-`first`...), reserved for Pod `pod` (None: for nothing)."""
+    results = ", ".join(f"{{request: gpu, driver: gpu.nvidia.com, pool: {node}, device: gpu-{i}}}" for i in range(first, first + count))
     reserved = f"\n  reservedFor: [{{resource: pods, name: {pod}, uid: uid-{pod}}}]" if pod else ""
     return f"""---
 apiVersion: resource.k8s.io/v1
@@ -135,3 +135,17 @@ def test_a_large_claim_of_its_own_names_the_pods_it_would_have_evicted_when_no_m
     # ml/y reserved for no Pod: a move in place makes room (moving.py), no eviction is named
     notes = explained(tmp_path, claim("x", 6, "h100-sxm-0", "px") + claim("y", 2, "h100-sxm-1", None) + BIG_CLAIM)["ml/big"]["explanation"]["notes"]
     assert "would move 1 claim(s)" in notes[-1] and not any("evict" in note for note in notes)
+
+
+def test_a_pod_tied_to_a_node_by_a_shared_claim_names_the_pods_on_that_node(tmp_path):
+    # ml/shared (Pod sharer) and two Pods' 2-GPU claims on h100-sxm-0 (2 free); one on -1 (6 free). ml/big uses
+    # ml/shared and a 6-GPU claim: it can run only on -0 (-1's room does not help), so -0's two Pods go
+    inputs = claim("shared", 2, "h100-sxm-0", "sharer") + claim("a", 2, "h100-sxm-0", "pa", 2) + claim("b", 2, "h100-sxm-0", "pb", 4)
+    inputs += claim("c", 2, "h100-sxm-1", "pc") + BIG_POD.replace("count: 8", "count: 6").replace(
+        "resourceClaims: [{name: gpus, resourceClaimTemplateName: eight}]",
+        "resourceClaims: [{name: gpus, resourceClaimTemplateName: eight}, {name: data, resourceClaimName: shared}]",
+    )
+    assert notes(tmp_path, inputs)[-1] == (
+        "with moves on (DRALLOC_ALLOCATOR_MOVES), the allocator would ask to evict Pod(s) ml/pa, ml/pb (claim(s) ml/a, ml/b; "
+        "each restarts elsewhere) to make room on node h100-sxm-0; a PodDisruptionBudget may refuse"
+    )

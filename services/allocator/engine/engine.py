@@ -230,11 +230,12 @@ class Engine:
         domain_label: str | None = None,
         lost: Mapping[str, float] | None = None,
         together: bool = False,
+        node: str | None = None,
     ) -> MovePlan | None:
         """A plan to make room for `claims` (one, a gang's members, or with `together` a Pod's claims,
-        all on one node) by re-placing claims of `movable` that are in the way, fewest first (then,
-        with `lost`, least cost); None if none. Changes nothing (moves.py `plan`)."""
-        return moves.plan(self, claims, movable, domain_label=domain_label, lost=lost, together=together)
+        all on one node; with `node`, on that node only) by re-placing claims of `movable` that are in
+        the way, fewest first (then, with `lost`, least cost); None if none. Changes nothing (moves.py `plan`)."""
+        return moves.plan(self, claims, movable, domain_label=domain_label, lost=lost, together=together, node=node)
 
     def apply_moves(self, plan: MovePlan) -> list[Outcome]:
         """Commit a plan of `plan_moves` all or nothing (moves.py `apply`; raises moves.StalePlan)."""

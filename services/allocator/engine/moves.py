@@ -81,10 +81,12 @@ def plan(
     domain_label: str | None = None,
     lost: Mapping[str, float] | None = None,
     together: bool = False,
+    node: str | None = None,
 ) -> MovePlan | None:
     """A plan that makes room for `claims` (one claim, or a gang's members, all or none in one
     domain of `domain_label` as for `gang.allocate_gang`; with `together`, a Pod's claims, all on
-    one node as `Engine.allocate(together=True)` places them) by moving claims of `movable` (key ->
+    one node as `Engine.allocate(together=True)` places them; with `node` (one claim, or `together`),
+    on that node only: a Pod tied to it by a claim placed there, which stays) by moving claims of `movable` (key ->
     the claim as allocated: its spec is what a move must satisfy again); claims in the way that are
     not in `movable` are never moved. `lost` (key -> what moving that claim costs, e.g. the GPU
     time it has served, lost when it restarts): among targets that move as many claims, the one
@@ -95,11 +97,11 @@ def plan(
         return None
     keys = {c.key for c in claims}
     movable = {k: c for k, c in movable.items() if k not in keys}
-    if _fits(engine, claims, domain_label, together):
+    if _fits(engine, claims, domain_label, together, node):
         return None
     if len(claims) > 1 and not together:
         return _gang_plan(engine, claims, movable, domain_label, lost)
-    for ranks, blockers in _single_targets(engine, claims, movable, lost)[:MAX_TARGETS]:
+    for ranks, blockers in _single_targets(engine, claims, movable, lost, node)[:MAX_TARGETS]:
         found = _try(engine, claims, ranks, blockers, movable)
         if found is not None:
             return found
@@ -168,16 +170,22 @@ Target = tuple[int, frozenset[str]]
 """(node ranks to empty, the claims in the way there)."""
 
 
-def _single_targets(engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], lost: Mapping[str, float] | None) -> list[Target]:
+def _single_targets(
+    engine: Engine, claims: Sequence[ResourceClaim], movable: Mapping[str, ResourceClaim], lost: Mapping[str, float] | None, only: str | None = None
+) -> list[Target]:
     """Every node that could hold the claim once the claims in its way leave, all of them movable,
-    cheapest first: fewest claims, then (with `lost`) least cost, then fewest devices they hold, then rank."""
+    cheapest first: fewest claims, then (with `lost`) least cost, then fewest devices they hold, then rank.
+    `only`: that node alone, its claims in the way the movable ones (what else holds devices there
+    stays, e.g. the Pod's own claim placed there: the try finds whether the unit fits beside it)."""
     need = sum(claim_demand(c) for c in claims)
     costed = []
-    for node in engine.inventory.node_names:
+    for node in engine.inventory.node_names if only is None else [only]:
         found = _in_way(engine, claims, node, need)
         if found is None:
             continue
         blockers, wanted = found
+        if only is not None:
+            blockers = frozenset(b for b in blockers if b in movable)
         if not blockers or any(b not in movable for b in blockers):
             continue
         rank = engine.inventory.node_rank[node]
@@ -283,13 +291,13 @@ def _devices(record: Record) -> int:
 # --- tries -------------------------------------------------------------------------------------
 
 
-def _fits(engine: Engine, claims: Sequence[ResourceClaim], domain_label: str | None, together: bool = False) -> bool:
-    """Whether the unit fits as things are (then nothing is worth moving); what it took is given back."""
+def _fits(engine: Engine, claims: Sequence[ResourceClaim], domain_label: str | None, together: bool = False, node: str | None = None) -> bool:
+    """Whether the unit fits as things are (on `node`, if given: then nothing is worth moving); what it took is given back."""
     kinds = engine.placement.kinds
     keep, kinds.keep = kinds.keep, None
     try:
         if len(claims) == 1 or together:
-            outcomes = engine.allocate(claims, together=together)
+            outcomes = engine.allocate(claims, together=together, node=node)
         else:
             outcomes = allocate_gang(engine, claims, domain_label=domain_label)
         for outcome in outcomes:
