@@ -76,3 +76,25 @@ async def test_a_backlog_is_written_hop_by_hop_not_after_all_of_it_is_decided(bu
     first = sent_before[0]
     assert sent_before == [first, first + 1, first + 2, first + 3]  # each decided after the one before it was sent
     assert [type(d).__name__ for d in await decisions(bus)] == ["AllocationCommitted"] * 4
+
+
+async def test_a_hop_is_cut_by_the_engine_threads_cpu_time_not_the_clock(bus: Bus, monkeypatch: pytest.MonkeyPatch):
+    # a loaded machine: the engine's thread waits (for a CPU, for the GIL) without working; the hop still holds HOP_NS of work
+    import time
+
+    monkeypatch.setattr(shell, "HOP_NS", 10_000_000)
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    sent_before: list[int] = []
+    allocate = allocator.book.allocate
+
+    def waiting(claim, context=None):  # type: ignore[no-untyped-def]
+        sent_before.append(allocator.fence.last_seq)
+        time.sleep(0.006)  # 6 ms of the clock, ~no CPU
+        return allocate(claim, context)
+
+    monkeypatch.setattr(allocator.book, "allocate", waiting)
+    pending = [await allocator.take_claim(claim_event(f"c{i}", gpus=1)) for i in range(4)]  # taken at once: one run
+    await asyncio.gather(*pending)
+    assert len(set(sent_before)) == 1  # all four in one hop (by the clock: two hops of two)
+    assert [type(d).__name__ for d in await decisions(bus)] == ["AllocationCommitted"] * 4
