@@ -2,7 +2,8 @@
 the inventory indexes a pool's devices at once (`Inventory._index`), the ledger changes each
 node's free count once by a pool's net change (`Ledger._pool_rebuilt`), capacities are parsed
 once per shared capacity map (`CapacityMaps`) and topology reads attribute values directly
-(`attribute_value`). Whatever order slices come, go and are replaced in, with claims holding
+(`attribute_value`); placement's kind index adds a new pool's devices to its nodes' counts
+(`KindIndex._added`). Whatever order slices come, go and are replaced in, with claims holding
 devices, the engine must be left as a fresh load of the final slices with the same claims."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import msgspec
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.inventory import CapacityMaps, attribute_value, iter_bits, lookup_attribute
+from dralloc.allocator.engine.placement import kind_of
+from dralloc.allocator.engine.topology import NodeTopology
 from dralloc.schemas.resource import Device, DeviceClass, Node, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.example.com"
@@ -27,19 +30,24 @@ def _node(name: str) -> Node:
     return msgspec.convert({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}, Node)
 
 
-def _slice(node: str, names: list[str], generation: int, *, multi: int = -1) -> ResourceSlice:
-    """The node's GPUs `names` (NVLink pairs by position; `multi`: that position allows multiple allocations)."""
+def _slice(node: str, names: list[str], generation: int, *, multi: int = -1, pool: str = "gpus") -> ResourceSlice:
+    """The node's GPUs `names` in its pool `pool` (NVLink pairs by position; `multi`: that position
+    allows multiple allocations). A node has two pools, both of GPUs: each counts in the other's kind."""
     devices = [
         {
             "name": name,
-            "attributes": {"type": {"string": "gpu"}, "dralloc.dev/nvlinkDomain": {"string": f"{node}/{i // 2}"}, "uuid": {"string": f"{node}-{name}"}},
+            "attributes": {
+                "type": {"string": "gpu"},
+                "dralloc.dev/nvlinkDomain": {"string": f"{node}/{pool}/{i // 2}"},
+                "uuid": {"string": f"{node}-{pool}-{name}"},
+            },
             "capacity": {"memory": {"value": "80Gi"}},
             **({"allowMultipleAllocations": True} if i == multi else {}),
         }
         for i, name in enumerate(names)
     ]
-    spec = {"driver": DRIVER, "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}, "nodeName": node, "devices": devices}
-    return msgspec.json.decode(msgspec.json.encode({"metadata": {"name": f"{node}-gpus"}, "spec": spec}), type=ResourceSlice)
+    spec = {"driver": DRIVER, "pool": {"name": f"{node}-{pool}", "generation": generation, "resourceSliceCount": 1}, "nodeName": node, "devices": devices}
+    return msgspec.json.decode(msgspec.json.encode({"metadata": {"name": f"{node}-{pool}"}, "spec": spec}), type=ResourceSlice)
 
 
 def _claim(name: str, count: int) -> ResourceClaim:
@@ -74,13 +82,39 @@ def _state(engine: Engine) -> dict:
         "kind_ge": {k: at_least(ge) for k, ge in kinds.ge.items()},
         "whole": {k: sorted(n for n in nodes if (b >> rank[n]) & 1) for k, b in kinds.whole.items()},
         "held": dict(kinds.held),
-        "groups": {
-            n: sorted((inv.devices[i].label, g) for i, g in t.groups.items())  # type: ignore[union-attr]
-            for n in nodes
-            if (t := topo.node(n)) is not None
-        },
-        "names": {n: t.names for n in nodes if (t := topo.node(n)) is not None},
+        "topology": {n: _groups(engine, t) for n in nodes if (t := topo.node(n)) is not None},
     }
+
+
+def _groups(engine: Engine, topo: NodeTopology) -> list[list[tuple[tuple[str, ...], str | None]]]:
+    """Per level, the node's groups as device labels with the group's name (group indexes follow
+    device order, which differs between loads)."""
+    levels = []
+    for pos, names in enumerate(topo.names):
+        members: dict[int, list[str]] = {}
+        for i, groups in topo.groups.items():
+            members.setdefault(groups[pos], []).append(engine.inventory.devices[i].label)  # type: ignore[union-attr]
+        levels.append(sorted((tuple(sorted(labels)), names.get(g)) for g, labels in members.items()))
+    return levels
+
+
+def _kinds_counted(engine: Engine) -> dict:
+    """(kind, node) -> (free, total) of the node's exclusive devices of the kind, counted device by device."""
+    inv, used = engine.inventory, engine.ledger.used_ids
+    out: dict[tuple, tuple[int, int]] = {}
+    for node in inv.nodes():
+        for i in inv.local.ids(node):
+            rec = inv.devices[i]
+            if rec is not None and not rec.multi:
+                free, total = out.get((kind_of(rec), node), (0, 0))
+                out[(kind_of(rec), node)] = (free + (i not in used), total + 1)
+    return out
+
+
+def _kinds_kept(engine: Engine) -> dict:
+    """The same as placement's kind index keeps it."""
+    kinds = engine.placement.kinds
+    return {(kind, node): (kinds.free[kind].get(node, 0), total) for kind, totals in kinds.total.items() for node, total in totals.items() if total}
 
 
 def test_slices_replaced_and_removed_with_claims_held_leave_what_a_fresh_load_would():
@@ -90,17 +124,17 @@ def test_slices_replaced_and_removed_with_claims_held_leave_what_a_fresh_load_wo
     for node in NODES:
         engine.apply(_node(node))
     generation = 0
-    current: dict[str, tuple[list[str], int]] = {}  # node -> its pool's device names, the multi-allocatable position
+    current: dict[tuple[str, str], tuple[list[str], int]] = {}  # (node, pool) -> the pool's device names, the multi-allocatable position
     running: list[str] = []
     for step in range(60):
-        node = rng.choice(NODES)
-        if node in current and rng.random() < 0.15:
-            engine.remove("ResourceSlice", f"{node}-gpus")
-            del current[node]
+        pool = (rng.choice(NODES), rng.choice(["gpus", "more"]))
+        if pool in current and rng.random() < 0.15:
+            engine.remove("ResourceSlice", f"{pool[0]}-{pool[1]}")
+            del current[pool]
         else:  # a new or replaced pool: some devices kept by name (held ones among them), some gone, some new
             generation += 1
-            current[node] = (sorted(rng.sample([f"gpu-{i}" for i in range(10)], rng.randint(2, 8))), rng.choice([-1, 0, 3]))
-            assert engine.apply(_slice(node, current[node][0], generation, multi=current[node][1])) == []
+            current[pool] = (sorted(rng.sample([f"dev-{i}" for i in range(10)], rng.randint(2, 8))), rng.choice([-1, 0, 3]))
+            assert engine.apply(_slice(pool[0], current[pool][0], generation, multi=current[pool][1], pool=pool[1])) == []
         for i in range(rng.randint(0, 3)):
             if running and rng.random() < 0.3:
                 engine.release(running.pop(rng.randrange(len(running))))
@@ -111,8 +145,8 @@ def test_slices_replaced_and_removed_with_claims_held_leave_what_a_fresh_load_wo
         fresh.apply(_class())
         for name in NODES:
             fresh.apply(_node(name))
-        for name, (names, multi) in current.items():
-            assert fresh.apply(_slice(name, names, 1, multi=multi)) == []
+        for (name, pool_name), (names, multi) in current.items():
+            assert fresh.apply(_slice(name, names, 1, multi=multi, pool=pool_name)) == []
         for key in running:
             record = engine.ledger.claims[key]
             held = msgspec.convert(
@@ -125,6 +159,7 @@ def test_slices_replaced_and_removed_with_claims_held_leave_what_a_fresh_load_wo
             )
             assert fresh.restore(held) == []
         assert _state(engine) == _state(fresh), f"step {step}"
+        assert _kinds_counted(engine) == _kinds_kept(engine), f"step {step}"
     assert len(running) > 3
 
 

@@ -1049,24 +1049,18 @@ class KindIndex:
             self.most_claims_first = sorted((n for n, ranks in self.by_claims.items() if ranks), reverse=True)
 
     def _rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
-        inv, used = self.inv, self.ledger.used_ids
-        for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:
-            counts: dict[tuple[str, str], int] = {}
-            totals: dict[tuple[str, str], int] = {}
-            lo = inv.local.span(node)[0]
-            held = 0  # the node's devices the ledger holds, again (`used_local`)
-            for i in inv.local.ids(node):
-                if i in used:
-                    held |= 1 << (i - lo)
-                rec = inv.devices[i]
-                if rec is not None and not rec.multi:
-                    kind = kind_of(rec)
-                    counts[kind] = counts.get(kind, 0) + (i not in used)  # (a set: no fleet-wide shift per device)
-                    totals[kind] = totals.get(kind, 0) + 1
-            self.used_local[node] = (lo, held)
-            for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
-                self.total.setdefault(kind, {})[node] = totals.get(kind, 0)
-                self._set(kind, node, counts.get(kind, 0), force=True)
+        if old_devices:
+            for node in {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}:
+                self._recount(node)
+        else:
+            # a new pool (how a fleet loads): its devices added to their nodes' counts, not each
+            # node's devices counted again (a node's GPU pool again for its NIC pool)
+            new: dict[str, list[DeviceRec]] = {}
+            for rec in pool.devices:
+                if rec.local_node is not None:
+                    new.setdefault(rec.local_node, []).append(rec)
+            for node, recs in new.items():
+                self._added(node, recs)
         # who holds what, again from the ledger: a device gone from its pool is never freed one by one
         for rec in old_devices:
             if (was := self.held.pop(rec.key, None)) is not None:
@@ -1076,6 +1070,49 @@ class KindIndex:
             if claim is not None and not rec.multi and rec.local_node is not None and rec.key not in self.held:
                 self.held[rec.key] = (rec.local_node, claim)
                 self._hold(rec.local_node, claim, +1)
+
+    def _recount(self, node: str) -> None:
+        """The node's free and total counts per kind and its devices in use, counted device by device."""
+        inv, used = self.inv, self.ledger.used_ids
+        counts: dict[tuple[str, str], int] = {}
+        totals: dict[tuple[str, str], int] = {}
+        lo = inv.local.span(node)[0]
+        held = 0  # the node's devices the ledger holds, again (`used_local`)
+        for i in inv.local.ids(node):
+            if i in used:
+                held |= 1 << (i - lo)
+            rec = inv.devices[i]
+            if rec is not None and not rec.multi:
+                kind = kind_of(rec)
+                counts[kind] = counts.get(kind, 0) + (i not in used)  # (a set: no fleet-wide shift per device)
+                totals[kind] = totals.get(kind, 0) + 1
+        self.used_local[node] = (lo, held)
+        for kind in set(counts) | {k for k, nodes in self.free.items() if node in nodes}:
+            self.total.setdefault(kind, {})[node] = totals.get(kind, 0)
+            self._set(kind, node, counts.get(kind, 0), force=True)
+
+    def _added(self, node: str, recs: list[DeviceRec]) -> None:
+        """A new pool's devices on `node` counted into the node's counts, as `_recount` would leave
+        them (the counts before are those of the node's other devices)."""
+        used = self.ledger.used_ids
+        lo = self.inv.local.span(node)[0]
+        at, held = self.used_local.get(node) or (lo, 0)
+        held = held << (at - lo) if at >= lo else held >> (lo - at)  # (based at the node's lowest id, as a recount is)
+        counts: dict[tuple[str, str], int] = {}
+        totals: dict[tuple[str, str], int] = {}
+        for rec in recs:
+            i = rec.id
+            if i in used:
+                held |= 1 << (i - lo)
+            if not rec.multi:
+                kind = kind_of(rec)
+                counts[kind] = counts.get(kind, 0) + (i not in used)
+                totals[kind] = totals.get(kind, 0) + 1
+        self.used_local[node] = (lo, held)
+        for kind, n in totals.items():
+            total = self.total.setdefault(kind, {})
+            total[node] = total.get(node, 0) + n
+            self._set(kind, node, self.free.get(kind, {}).get(node, 0) + counts[kind], force=True)
 
     def domain_free(self, kind: tuple[str, str], of: dict[str, str]) -> dict[str, int]:
         """Domain -> free devices of `kind` on its nodes, for the domains `of` (node -> domain,
