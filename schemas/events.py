@@ -631,6 +631,7 @@ def identity_problem(event: Event) -> str | None:
             problem = problem or next(filter(None, (_held_problem(d) for d in event.held)), None)
             problem = problem or (_gang_problem(event.gang) if event.gang else None)
             problem = problem or _gang_pods_problem(event.gang, event.gang_pods)
+            problem = problem or _time_problem("askedAt", event.asked_at)
             if problem is None and not 0 <= event.refused_before <= EVICTION_REFUSALS_MAX:
                 problem = f"refusedBefore {event.refused_before} is not a count of refusals (0 to {EVICTION_REFUSALS_MAX})"
             return f"eviction for claim {ns}/{name}: {problem}" if problem else None
@@ -638,8 +639,7 @@ def identity_problem(event: Event) -> str | None:
             problem = namespace_error(ns) or name_error(name) or name_error(pod) or namespace_error(for_ns) or _for_problem(for_pod, event.for_claim)
             if problem is None and len(words) > EVICTION_WORDS_MAX:
                 problem = f"its message is {len(words)} characters long (at most {EVICTION_WORDS_MAX})"
-            if problem is None and not (math.isfinite(event.refused_at) and event.refused_at >= 0):
-                problem = f"refusedAt {event.refused_at!r} is not a time (seconds since the epoch)"
+            problem = problem or _time_problem("askedAt", event.asked_at) or _time_problem("refusedAt", event.refused_at)
             problem = problem or (_gang_problem(event.gang) if event.gang else None)
             return f"eviction refusal for claim {ns}/{name}: {problem}" if problem else None
         case ResourceSliceRemoved(name=name, driver=driver, pool=pool):
@@ -647,6 +647,11 @@ def identity_problem(event: Event) -> str | None:
         case DeviceClassRemoved(name=name) | NodeRemoved(name=name) | DeviceTaintRuleRemoved(name=name):
             return name_error(name)
     return None
+
+
+def _time_problem(field: str, value: float) -> str | None:
+    """Why `value` (the event's `field`) is not a time in seconds since the epoch (0: unknown), or None."""
+    return None if math.isfinite(value) and value >= 0 else f"{field} {value!r} is not a time (seconds since the epoch)"
 
 
 def _for_problem(pod: str, claim: str) -> str | None:

@@ -113,6 +113,18 @@ def test_an_eviction_refusal_round_trips_and_refuses_a_refused_at_that_is_no_tim
             ev.decode(data)
 
 
+@pytest.mark.parametrize("event", ["EvictionRequested", "EvictionRefused"])
+def test_an_eviction_event_refuses_an_asked_at_that_is_no_time(event: str):
+    pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
+    if event == "EvictionRequested":
+        good: ev.Event = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="big", asked_at=12.5)
+    else:
+        good = ev.EvictionRefused(namespace="ml", name="c", uid="u1", pod="p", for_namespace="ml", for_pod="big", asked_at=12.5)
+    assert ev.decode(ev.encode(good)) == good
+    with pytest.raises(ev.EventDecodeError, match=r"askedAt -12.5 is not a time"):
+        ev.decode(ev.encode(good).replace(b'"askedAt":12.5', b'"askedAt":-12.5'))
+
+
 def test_an_eviction_request_counts_the_refusals_before_it_within_bounds():
     pods = [ResourceClaimConsumerReference(resource="pods", name="p", uid="u")]
     request = ev.EvictionRequested(namespace="ml", name="c", uid="u1", pods=pods, for_namespace="ml", for_pod="big", refused_before=3)
