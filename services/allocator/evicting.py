@@ -34,7 +34,8 @@ leader replays those still there after the requests (`Evictions.replayed`), and 
 the refusals in a row heard before it (``refusedBefore``), so both leaders double the backoff as often.
 
 Only a Pod whose claims still to place are none a gang member, and large (one claim, or several
-together on one node, take a whole node: `served`; claims of it placed already count) is served, and
+together on one node, take a whole node: `served`; the devices of its claims placed already count, of the
+node's kind only) is served, and
 only claims reserved for Pods, not in a gang, smaller than it, and not already being evicted for
 another unit are evicted. A complete gang of Pods (each member a Pod's claim, none placed) that
 takes whole nodes is served the same way (`decide_gang`: the planner places its members inside
@@ -62,7 +63,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
+from dralloc.allocator.engine.inventory import iter_bits
 from dralloc.allocator.engine.moves import MovePlan
+from dralloc.allocator.engine.placement import kind_of
 from dralloc.allocator.reservations import Unit, gang_unit, pod_unit, unit_parts
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
@@ -313,16 +316,23 @@ def movable(book: Decisions, unit: Sequence[ResourceClaim], busy: set[str], *, g
 def served(engine: Engine, claims: Sequence[ResourceClaim], placed: Sequence[ResourceClaim] = ()) -> bool:
     """Whether a Pod whose claims still to place are `claims` is one evictions serve: none a gang
     member, and large: it takes a whole node (one claim: `gang.reservation_for`; several, placed
-    together on one node, or beside its claims `placed` already (shared, or a gang member's: they
-    count, whatever they are): their devices together at least as many as the node closest to
-    fitting the largest still to place has of its kind). A small unit fits in holes as they come."""
+    together on one node, or beside its claims `placed` already (shared, or a gang member's: their
+    devices of the kind the node closest to fitting the largest still to place offers count, a NIC
+    beside GPUs does not): their devices together at least as many as that node has of its kind).
+    A small unit fits in holes as they come."""
     if not claims or any((gang := gang_of(c)) is not None and gang[1] > 1 for c in claims):
         return False
     if len(claims) == 1 and not placed:
         return bool(reservation_for(engine, list(claims)))
     largest = max(claims, key=claim_demand)
     node = engine.placement.closest([engine._plan(largest)])  # (what reservation_for asks for one claim)
-    return bool(node) and sum(claim_demand(c) for c in (*claims, *placed)) >= node.bit_count()
+    if not node:
+        return False
+    inv = engine.inventory
+    kinds = {kind_of(rec) for i in iter_bits(node) if (rec := inv.devices[i]) is not None}
+    records = [r for c in placed if (r := engine.ledger.claims.get(c.key)) is not None]
+    held = sum(1 for r in records for e in r.entries if (rec := inv.by_key.get(e.device)) is not None and kind_of(rec) in kinds)
+    return sum(claim_demand(c) for c in claims) + held >= node.bit_count()
 
 
 def describe(

@@ -21,7 +21,7 @@ from dralloc.allocator.service import Allocator
 from dralloc.bus.streams import REFUSAL_TTL_S
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
-from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
+from dralloc.schemas.resource import DeviceClass, ResourceClaim, ResourceClaimConsumerReference
 
 
 def scattered(book: Decisions, *, pods: bool = True) -> dict[str, list[str]]:
@@ -327,6 +327,33 @@ def test_a_pod_tied_to_a_node_by_its_shared_claim_gets_room_made_on_that_node() 
         book.release_stored(key)
     placed = book.decide_pod(AllocatePod("ml/big"), 1001.0)
     assert [(e.key, e.node) for e in placed.batch] == [("ml/own", x)]
+
+
+def test_a_placed_claim_of_another_kind_does_not_make_a_pod_large() -> None:
+    """The Pod ml/big uses ml/links (4 NICs, placed on node X for another Pod) and a 4-GPU claim of its
+    own that does not fit beside X's three 2-GPU Pods: 8 devices, but half a node of GPUs, a unit that
+    fits in holes as they come, so nothing is evicted for it. A placed claim of GPUs counts (4 + 4 of 8)."""
+    book = book_over(TWO_NODES)
+    nic = msgspec.convert({"metadata": {"name": "nic"}, "spec": {"selectors": [{"cel": {"expression": "device.driver == 'dra.net'"}}]}}, DeviceClass)
+    assert book.apply_inventory(ev.DeviceClassPublished(device_class=nic)) is None
+    links = claim("links", 4)
+    links.spec.devices.requests[0].exactly.device_class_name = "nic"  # type: ignore[union-attr]
+    assert book.submitted(links, needs_pod=True) is None
+    (shared,) = store(book, book.pod_submitted(pod("sharer", "links")))
+    x = shared.node or ""
+    for i in range(3):  # (best fit: all on X, 2 GPUs left free there)
+        assert book.submitted(claim(f"s{i}", 2), needs_pod=True) is None
+        assert [c.node for c in store(book, book.pod_submitted(pod(f"s{i}", f"s{i}")))] == [x]
+    assert book.engine.placement.kinds.free[("gpu.nvidia.com", "gpu")][x] == 2
+    assert book.submitted(claim("own", 4), needs_pod=True) is None
+    step = book.pod_submitted(pod("big", "links", "own"))
+    assert step == AllocatePod("ml/big")
+    plan = book.decide_pod(step, 1000.0)
+    assert plan.batch == [] and plan.failures and plan.evictions == []
+    assert not evicting.served(book.engine, [book.unused["ml/own"]], [book.committed["ml/links"].claim])
+    gpus = book.committed["ml/s0"].claim  # 2 GPUs placed: 6 of 8, still not whole
+    assert not evicting.served(book.engine, [book.unused["ml/own"]], [gpus])
+    assert evicting.served(book.engine, [claim("six", 6)], [gpus])
 
 
 def test_what_a_pod_placed_elsewhere_held_ends_at_the_next_reservation_round() -> None:
