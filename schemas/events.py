@@ -499,8 +499,9 @@ class EvictionRequested(_Event, tag=True, frozen=True):
     """The node the eviction empties for it."""
     message: str = ""
     held: list[HeldDevice] = []
-    """The devices the Pod would get there, held for it while the eviction is in flight (the same on
-    each request made for it at once): a new leader holds them again (services/allocator/evicting.py)."""
+    """A share of the devices the Pod would get there, held for it while the eviction is in flight: the
+    requests made for it at once carry them all between them, each device once (a large gang's batch
+    stays small): a new leader holds their union again (services/allocator/evicting.py)."""
     asked_at: float = 0.0
     """When the allocator asked (seconds since the epoch; 0: unknown): a new leader keeps the
     eviction in flight until that time plus its patience, not longer."""

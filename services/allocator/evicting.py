@@ -18,9 +18,10 @@ While a unit's eviction is in flight (`InFlight`: some of its claims still held,
 and what is held for it until when (`Evictions.note`, `Evictions.shown`: the failure's
 ``reservedNodes``/``reservedUntil`` as a reservation's, so `dralloc get claims` shows it; the
 held devices count in the ``dralloc.devices.reserved`` gauge), as do Events on the Pods (evicted,
-or the waiting one when a PodDisruptionBudget refused). The requests carry the devices held and
-when they were asked (`EvictionRequested.held`, ``askedAt``): a new leader reads them back from
-ALLOCATIONS and holds the same devices until the same end (`Evictions.replayed`).
+or the waiting one when a PodDisruptionBudget refused). The requests carry when they were asked
+(``askedAt``) and the devices held, shared out among them (`EvictionRequested.held`, each device
+once: a large gang's batch stays small): a new leader reads them back from ALLOCATIONS and holds
+their devices again until the same end (`Evictions.replayed`).
 
 A refusal (a PodDisruptionBudget, or a Pod ``kubectl drain`` would not evict) comes back from the
 status writer as an `EvictionRefused` (`Evictions.refusal`): the hold ends at once, the waiting
@@ -480,7 +481,10 @@ def _ask(
 ) -> list[ev.EvictionRequested]:
     """The requests that carry out `plan` for `unit` (made for the Pod `namespace`/`pod`, or the claim
     `namespace`/`claim`; of `gang` if any, `gang_pods` its members' Pods, each told of a refusal),
-    recorded as in flight, the devices the plan gives the unit held for it meanwhile."""
+    recorded as in flight, the devices the plan gives the unit held for it meanwhile. The requests
+    share those devices out (``held``: about an equal part each, all of them together): a large
+    gang's hundreds of requests each carrying its thousands of devices made a batch of tens of MB,
+    each message a few hundred KB, nearing the bus's 1 MB limit on one message."""
     node = ", ".join(plan.target)
     inv = book.engine.inventory
     devices = 0
@@ -492,8 +496,9 @@ def _ask(
                 held.append(ev.HeldDevice(driver=rec.key[0], pool=rec.key[1], device=rec.key[2]))
     waiting = f"Pod {namespace}/{pod}" if pod else f"claim {namespace}/{claim}"
     waiting = f"gang {namespace}/{gang} ({waiting})" if gang else waiting
+    share = -(-len(held) // max(1, len(plan.moves)))  # (each request carries a share: the batch holds each device once)
     requests = []
-    for move in plan.moves:
+    for i, move in enumerate(plan.moves):
         moved = book.committed[move.claim].claim
         meta = moved.metadata
         requests.append(
@@ -506,7 +511,7 @@ def _ask(
                 for_pod=pod,
                 node=node,
                 message=f"{waiting} waits for room on node {node}: dralloc moves (DRALLOC_ALLOCATOR_MOVES)",
-                held=held,
+                held=held[i * share : (i + 1) * share],
                 asked_at=now,
                 gang=gang,
                 for_claim=claim,

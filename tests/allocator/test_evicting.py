@@ -193,7 +193,7 @@ def test_a_pod_with_several_claims_gets_room_for_them_together_on_one_node() -> 
     requests = evicting.decide(book, "ml/big", 1000.0)
     (node,) = {r.node for r in requests}
     assert sorted(r.key for r in requests) == sorted(on[node])
-    assert book.reservations.per_node() == {node: 8} and all(len(r.held) == 8 for r in requests)
+    assert book.reservations.per_node() == {node: 8} and sum(len(r.held) for r in requests) == 8
     for request in requests:
         book.deleted(request.key, request.uid)
         book.release_stored(request.key)
@@ -213,8 +213,8 @@ def test_an_eviction_hold_is_shown_where_a_reservation_is() -> None:
     assert book.reservations.per_node() == {}
     requests = evicting.decide(book, "ml/big", 1000.0)
     node = requests[0].node
-    assert all(len(r.held) == 8 and r.asked_at == 1000.0 for r in requests)
-    assert {d.device for d in requests[0].held} == {d.device for d in requests[1].held}
+    held = [d for r in requests for d in r.held]  # (shared out: each request a part, each device once)
+    assert all(r.held and r.asked_at == 1000.0 for r in requests) and len(held) == len(set(held)) == 8
     (failure,) = book.decide_pod(AllocatePod("ml/big")).failures
     assert failure.reserved_nodes == [node] and failure.reserved_until == 1000.0 + evicting.EVICTION_PATIENCE
     assert f"{evicting.HELD_WORDS} node {node} held for it while they go" in failure.message
@@ -320,7 +320,7 @@ def test_a_pod_tied_to_a_node_by_its_shared_claim_gets_room_made_on_that_node() 
     plan = book.decide_pod(step, 1000.0)
     assert not plan.batch and plan.failures
     assert sorted(r.key for r in plan.evictions) == sorted(in_way) and {r.node for r in plan.evictions} == {x}
-    assert all(r.for_pod == "big" and len(r.held) == 6 for r in plan.evictions)
+    assert all(r.for_pod == "big" for r in plan.evictions) and sum(len(r.held) for r in plan.evictions) == 6
     assert book.reservations.per_node() == {x: 6}
     for key in in_way:
         assert book.deleted(key, "") is not None
@@ -532,7 +532,7 @@ def test_a_gang_of_pods_that_does_not_fit_asks_for_the_pods_in_its_way_and_takes
     for request in plan.evictions:
         assert (request.for_namespace, request.for_pod, request.gang, request.asked_at) == ("ml", "g0", "job", 1000.0)
         assert request.gang_pods == ["g0", "g1"]  # (each member's Pod is told of a refusal)
-        assert request.node == ", ".join(emptied) and len(request.held) == 16
+        assert request.node == ", ".join(emptied) and len(request.held) == 8  # (half the gang's 16 each)
         assert request.pods == [ResourceClaimConsumerReference(resource="pods", name=request.name, uid=f"uid-{request.name}")]
         assert evicting.unit_of(request) == "gang:ml/job"
     assert book.reservations.per_node() == {n: 8 for n in emptied}
@@ -554,6 +554,62 @@ def test_a_gang_of_pods_that_does_not_fit_asks_for_the_pods_in_its_way_and_takes
     book.batch_stored(placed)
     book.evictions.settle(book, 1101.0)
     assert book.evictions.inflight == {} and book.reservations.evicting == {}
+
+
+def test_a_large_gangs_eviction_batch_holds_each_device_once() -> None:
+    """A gang of 100 8-GPU Pods over 94 whole nodes and 6 holding seven 1-GPU Pods each (room for those
+    on 7 more nodes): 42 requests, 800 devices held. Shared out, each device is carried once (every
+    request carrying all 800 made a batch of ~2 MB; at 500 members ~50-90 MB, each message near the
+    bus's 1 MB limit); the batch is well under 1 MB, and a successor replaying it holds all 800."""
+    whole, busy, small = 94, 6, 7
+    room = -(-busy * small // 7) + 1
+    fleet = [{"profile": "h100-sxm", "count": whole + busy + room, "prefix": "n"}]
+
+    def layout(book: Decisions) -> GangComplete:
+        on: dict[str, list[str]] = {}
+        for i in range(len(book.engine.inventory.node_names) * 8):  # every node full of 1-GPU Pods
+            assert book.submitted(claim(f"s{i}", 1), needs_pod=True) is None
+            (commit,) = store(book, book.pod_submitted(pod(f"s{i}", f"s{i}")))
+            on.setdefault(commit.node or "", []).append(commit.key)
+
+        def drop(key: str) -> None:
+            assert book.deleted(key, "") is not None
+            book.release_stored(key)
+            book.pod_deleted(key, "")
+
+        names = sorted(on)
+        for j, node in enumerate(names[whole + busy :]):  # room: one claim of its own (never evicted), 7 GPUs free
+            for key in on[node][1:]:
+                drop(key)
+            _, own = book.allocate(claim(f"own{j}", 1))
+            assert own is not None and own.node == node
+            book.commit_written(own)
+            for i in range(6):  # (full again meanwhile: the next claim of its own goes to the next room node)
+                assert book.submitted(claim(f"t{j}-{i}", 1), needs_pod=True) is None
+                on[node] += [c.key for c in store(book, book.pod_submitted(pod(f"t{j}-{i}", f"t{j}-{i}")))]
+        for node in names[whole + busy :]:
+            for key in [on[node][0], *on[node][8:]]:
+                drop(key)
+        for node in names[:whole]:
+            for key in on[node]:
+                drop(key)
+        for node in names[whole : whole + busy]:
+            for key in on[node][small:]:
+                drop(key)
+        return gang_of_pods(book, whole + busy)
+
+    book = book_over(fleet, max_gang=500)
+    plan = book.decide_gang(layout(book), 1000.0)
+    requests = plan.evictions
+    assert len(requests) == busy * small and all(len(r.gang_pods) == whole + busy for r in requests)
+    held = [d for r in requests for d in r.held]
+    assert len(held) == len(set(held)) == 8 * (whole + busy) and max(len(r.held) for r in requests) == 20  # (800 / 42)
+    assert sum(len(ev.encode(r)) for r in requests) < 1 << 20
+    successor = book_over(fleet, max_gang=500)
+    layout(successor)
+    successor.evictions.replayed(successor, requests, 1001.0)
+    assert successor.reservations.evicting["gang:ml/job"] == book.reservations.evicting["gang:ml/job"]
+    assert sum(successor.reservations.per_node().values()) == 800
 
 
 def test_a_gang_of_claims_of_their_own_asks_for_no_eviction() -> None:

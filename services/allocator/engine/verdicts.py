@@ -37,7 +37,11 @@ selector, projection -> outcome (match, no match, or the runtime error's reason,
 re-rendered to name each device); a device whose projection is known takes that
 outcome without a CEL environment, and it costs nothing: a reused outcome is a
 verdict already known. Devices Kubernetes cannot represent, and selectors with
-no projection, are evaluated on each device.
+no projection, are evaluated on each device. A walk over many nodes (the first
+claim of a class, placement's `_settled`) takes each node whose devices all
+have known shared outcomes from them (`outcomes`) and adds what it passed to the
+verdict in one step (`record`): the same bits a `get` per node would set, with no
+evaluation or charge either way.
 """
 
 from __future__ import annotations
@@ -118,6 +122,11 @@ class _Spec:
     cheap: bool  # every selector's estimated cost together is at most ALONG_MAX_COST
 
 
+_MemoPlan = list[tuple[str | None, projection.Projector | None, dict[tuple[object, ...], Outcome] | None]]
+"""Per selector: the driver of a leading `device.driver == "x"` test, or its projector and shared
+outcomes (`Verdicts._memo_plan`)."""
+
+
 class Verdicts:
     def __init__(self, inventory: Inventory) -> None:
         self.inv = inventory
@@ -133,6 +142,9 @@ class Verdicts:
         # a dict of ids was ~40 MB at 250k GPUs)
         self._representable = bytearray()
         self._warmed = 0  # device ids below it have been through `warm`
+        self._projectors: dict[tuple[projection.Field, ...], projection.Projector] = {}
+        self.shared_outcomes = 0
+        """Shared outcomes remembered so far (it grows with each: `outcomes` may know more since)."""
 
     def warm(self, seconds: float) -> bool:
         """Work out for about `seconds` (wall clock) whether devices not seen here yet are ones
@@ -166,22 +178,7 @@ class Verdicts:
 
     def get(self, alt: Alt, mask: int) -> Verdict:
         """The verdict for `alt`, evaluated at least on the devices in `mask`."""
-        spec = self._recent.get(alt.verdict_key)
-        if spec is None:
-            class_exprs = tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors)
-            spec = _Spec(
-                key=alt.verdict_key,
-                class_key=alt.class_key,
-                class_name=alt.cls.metadata.name,
-                class_exprs=class_exprs,
-                exprs=alt.selectors,
-                cheap=_estimate(class_exprs + alt.selectors) <= ALONG_MAX_COST,
-            )
-            self._recent[alt.verdict_key] = spec
-            if len(self._recent) > RECENT_KEYS:
-                self._recent.popitem(last=False)
-        else:
-            self._recent.move_to_end(alt.verdict_key)
+        spec = self._spec(alt)
         full = self._entry(alt.verdict_key)
         seen = mask & full.evaluated
         if seen == mask:
@@ -204,6 +201,148 @@ class Verdicts:
             finally:
                 self._envs.clear()
         return full
+
+    def _spec(self, alt: Alt) -> _Spec:
+        """`alt`'s selector set, now the most recently used (`RECENT_KEYS`)."""
+        spec = self._recent.get(alt.verdict_key)
+        if spec is None:
+            class_exprs = tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors)
+            spec = _Spec(
+                key=alt.verdict_key,
+                class_key=alt.class_key,
+                class_name=alt.cls.metadata.name,
+                class_exprs=class_exprs,
+                exprs=alt.selectors,
+                cheap=_estimate(class_exprs + alt.selectors) <= ALONG_MAX_COST,
+            )
+            self._recent[alt.verdict_key] = spec
+            if len(self._recent) > RECENT_KEYS:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(alt.verdict_key)
+        return spec
+
+    def outcomes(self, alt: Alt, nodes: list[tuple[int, int]]) -> list[tuple[int, int, int] | None]:
+        """Per node of `nodes` ((lo, its device ids as a bitset shifted by lo)): (its devices not
+        evaluated for the verdict yet, those of them the class selectors match, the node's devices
+        the verdict matches), shifted by lo, when each device's outcome is known: evaluated already (for the verdict, or for the class and then the request's
+        selectors) or a shared outcome known (a match or none), with no runtime error, so `get`
+        would evaluate nothing and charge nothing on the node; None for a node that needs `get`.
+        Changes no verdict: `record` adds what a walk passes (a first walk of a selector over the
+        fleet: one `get` per node was a few bitset operations as wide as the fleet each, and a
+        projection of each device)."""
+        out: list[tuple[int, int, int] | None] = [None] * len(nodes)
+        if self.interrupted:
+            return out
+        # (an entry not made yet knows nothing: a driver test may still decide, `record` makes it)
+        full, cls = self._cache.get(alt.verdict_key) or Verdict(), self._cache.get(alt.class_key) or Verdict()
+        class_plan = self._memo_plan(cls, tuple(s.cel.expression if s.cel else "" for s in alt.cls.spec.selectors))
+        request_plan = self._memo_plan(full, alt.selectors)
+        if class_plan is None or request_plan is None:
+            return out
+        base = min(lo for lo, _ in nodes)
+        batch = 0
+        for lo, bits in nodes:
+            batch |= bits << (lo - base)
+        # what is known of these devices already, cut down to them and shifted by `base` (the
+        # walk's nodes come roughly in id order: a few words; a few operations as wide as the
+        # fleet for the batch, not per node)
+        known: list[tuple[int, int]] = []
+        for entry in (cls, full):
+            evaluated = (entry.evaluated >> base) & batch
+            if evaluated and (entry.failed >> base) & batch:
+                return out  # (a runtime error: `get` copies and renders it)
+            known.append((evaluated, (entry.matched >> base) & evaluated if evaluated else 0))
+        devices = self.inv.devices
+        for n, (lo, bits) in enumerate(nodes):
+            at = lo - base
+            todo = bits & ~(known[1][0] >> at)  # what `get` evaluates: the devices not evaluated for the verdict
+            evaluated, was = (known[0][0] >> at) & todo, (known[0][1] >> at) & todo
+            passed = self._known_matches(devices, lo, todo ^ evaluated, class_plan)
+            if passed is None:
+                continue
+            passed |= was
+            matched = self._known_matches(devices, lo, passed, request_plan)
+            if matched is not None:
+                out[n] = (todo, passed, matched | ((known[1][1] >> at) & bits))
+        return out
+
+    def record(self, alt: Alt, passed: list[tuple[int, int, int, int]]) -> None:
+        """Add to `alt`'s verdict and its class's what `outcomes` gave for the nodes a walk passed,
+        in its order: (lo, the devices not evaluated for the verdict before, those the class
+        matches, those the verdict matches; bitsets shifted by lo), as a `get` on each in turn
+        would have (the entries' recency too)."""
+        if not passed:
+            return
+        self._spec(alt)
+        evaluated, class_matched, matched = (_fleet([(lo, parts[k]) for lo, *parts in passed]) for k in range(3))
+        if not evaluated:
+            self._entry(alt.verdict_key)  # (a `get` of devices known already touches the verdict alone)
+            return
+        if passed[-1][1]:
+            full, cls = self._entry(alt.verdict_key), self._entry(alt.class_key)
+        else:  # the last node was known already: its `get` touched the verdict after the class
+            cls, full = self._entry(alt.class_key), self._entry(alt.verdict_key)
+        cls.evaluated |= evaluated
+        full.evaluated |= evaluated
+        if class_matched:
+            cls.matched |= class_matched
+        if matched:
+            full.matched |= matched
+
+    def _memo_plan(self, entry: Verdict, exprs: tuple[str, ...]) -> _MemoPlan | None:
+        """How `_evaluate` would decide `exprs` on devices from shared outcomes alone: per selector,
+        the driver of a `device.driver == "x"` test or its projector and outcomes; None when one has
+        no projection (each device is then evaluated)."""
+        plan: _MemoPlan = []
+        literal = True
+        for e in exprs:
+            try:
+                driver = cel.compile_selector(e).driver if literal else None
+                shape = projection.fields_of(e)
+            except cel.CelCompileError:
+                return None  # (`get` reports it)
+            if driver is not None:
+                plan.append((driver, None, None))
+                continue
+            literal = False  # (as `_evaluate`: only the leading ones)
+            if shape is None:
+                return None
+            plan.append((None, self._projector(shape), entry.shared.get(e, {})))
+        return plan
+
+    def _known_matches(self, devices: list[DeviceRec | None], lo: int, todo: int, plan: _MemoPlan) -> int | None:
+        """The devices of `todo` (ids shifted by `lo`) every selector of `plan` (`_memo_plan`)
+        matches, shifted by `lo`, each decided by a test of the driver or a shared outcome already
+        known; None when one is not known (or is a runtime error)."""
+        if not plan or not todo:
+            return todo
+        known = self._representable
+        matched = 0
+        for j in iter_bits(todo):
+            i = lo + j
+            rec = devices[i]
+            if rec is None:
+                return None  # (a node's ids name live devices: `get` if one did not)
+            checked = False
+            for driver, projector, memo in plan:
+                if driver is not None:
+                    if rec.driver != driver:
+                        break
+                    continue
+                if not checked:
+                    if not (known[i] == 2 if i < len(known) and known[i] else self._is_representable(rec)):
+                        return None
+                    checked = True
+                outcome = memo.get(projector(rec.driver, rec.spec))  # type: ignore[union-attr,misc]  # set together with projector
+                if outcome is True:
+                    continue
+                if outcome is False:
+                    break
+                return None  # not known yet, or a runtime error (it names each device: `get` renders it)
+            else:
+                matched |= 1 << j
+        return matched
 
     def known(self, alt: Alt) -> Verdict | None:
         """What is known of `alt`'s verdict so far, evaluating nothing (None: nothing yet)."""
@@ -256,6 +395,16 @@ class Verdicts:
             self._cache.move_to_end(key)
         return entry
 
+    def _projector(self, shape: tuple[projection.Field, ...]) -> projection.Projector:
+        """The `projection.Projector` of a selector's fields (one per field list, kept while the
+        engine lives: a fleet's selectors read a few dozen lists)."""
+        projector = self._projectors.get(shape)
+        if projector is None:
+            if len(self._projectors) >= MAX_KEYS:  # (hostile claims may name many)
+                self._projectors.clear()
+            projector = self._projectors[shape] = projection.Projector(shape)
+        return projector
+
     def _is_representable(self, rec: DeviceRec) -> bool:
         """`projection.representable`, once per device id."""
         known, i = self._representable, rec.id
@@ -276,21 +425,25 @@ class Verdicts:
             return
         devices = self.inv.devices
         offset = 0
+        # the ids once: `bit_count` and each walk of a bitset as wide as the fleet cost per call (a
+        # node's devices sit high in it: ~100 us a `bit_count` at 250,000 GPUs, per node evaluated)
+        ids = list(iter_bits(todo))
         compiled = [cel.compile_selector(e) for e in exprs]
         while compiled and (driver := compiled[0].driver) is not None:
             # `device.driver == "x"`, the usual class selector: no CEL environment needed
-            keep = [i for i in iter_bits(todo) if devices[i].driver == driver]  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
+            keep = [i for i in ids if devices[i].driver == driver]  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
             exprs, compiled = exprs[1:], compiled[1:]
             offset += 1
-            kept = todo if len(keep) == todo.bit_count() else bits_of(keep)  # (usually every device: no new bitset)
+            kept = todo if len(keep) == len(ids) else bits_of(keep)  # (usually every device: no new bitset)
             if not exprs:
                 entry.evaluated |= todo
                 entry.matched |= kept
                 return
             entry.evaluated |= todo ^ kept
-            todo = kept
-        shapes = [projection.fields_of(e) for e in exprs]
-        memos = [None if shape is None else entry.shared.setdefault(e, {}) for e, shape in zip(exprs, shapes)]
+            todo, ids = kept, keep
+        projectors = [None if (shape := projection.fields_of(e)) is None else self._projector(shape) for e in exprs]
+        memos = [None if projector is None else entry.shared.setdefault(e, {}) for e, projector in zip(exprs, projectors)]
+        known = self._representable
         envs = self._envs
         matched: list[int] = []
         failed: list[int] = []
@@ -301,7 +454,7 @@ class Verdicts:
             began = timer[0]()
             deadline = (timer[0], began + timer[1])
         try:
-            for i in iter_bits(todo):
+            for i in ids:
                 if self.interrupted:
                     raise Interrupted("selector evaluation interrupted")
                 if deadline is not None and deadline[0]() > deadline[1]:
@@ -310,17 +463,17 @@ class Verdicts:
                 env = envs.get(i)
                 ok = True
                 for n, selector in enumerate(compiled):
-                    memo, shape, seen = memos[n], shapes[n], None
-                    if memo is not None and shape is not None and self._is_representable(rec):
-                        seen = projection.project(shape, rec.driver, rec.spec)
-                        known = memo.get(seen)
-                        if known is not None:  # a device that looked the same had it: a verdict already known
-                            if known is True:
+                    memo, projector, seen = memos[n], projectors[n], None
+                    if memo is not None and projector is not None and (known[i] == 2 if i < len(known) and known[i] else self._is_representable(rec)):
+                        seen = projector(rec.driver, rec.spec)
+                        outcome = memo.get(seen)
+                        if outcome is not None:  # a device that looked the same had it: a verdict already known
+                            if outcome is True:
                                 continue
                             ok = False
-                            if known is not False:
+                            if outcome is not False:
                                 failed.append(i)
-                                entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {_render(known, rec)}"
+                                entry.errors[i] = f"{owner}selector #{n + offset} on device {rec.label}: CEL runtime error: {_render(outcome, rec)}"
                             break
                     if env is None:
                         env = envs[i] = cel.device_env(rec.driver, rec.spec)
@@ -344,10 +497,12 @@ class Verdicts:
                             reason = _reason(str(exc), rec)
                             if reason is not None:
                                 memo[seen] = reason
+                                self.shared_outcomes += 1
                         ok = False
                         break
                     if seen is not None and memo is not None and len(memo) < MAX_SHARED:
                         memo[seen] = result
+                        self.shared_outcomes += 1
                     if not result:
                         ok = False
                         break
@@ -357,12 +512,40 @@ class Verdicts:
         finally:  # what was evaluated stays known, also when the budget ends the unit part way
             if timer is not None:
                 self.timer = (timer[0], timer[1] - (timer[0]() - began))
-            whole = len(done) == todo.bit_count()
+            whole = len(done) == len(ids)
             entry.evaluated |= todo if whole else bits_of(done)
             if matched:
                 entry.matched |= todo if whole and len(matched) == len(done) else bits_of(matched)
             if failed:
                 entry.failed |= bits_of(failed)
+
+
+def _fleet(parts: list[tuple[int, int]]) -> int:
+    """The fleet-wide bitset of nodes' parts (lo, bits shifted by lo; no id in two), built in one
+    buffer: a part's bytes copied in where no other part's ids lie between its first and last
+    (a node's pools are usually handed neighbouring ids), else its bits one by one."""
+    parts = sorted(part for part in parts if part[1])
+    if not parts:
+        return 0
+    low = parts[0][0] & ~7
+    ends = [lo + bits.bit_length() for lo, bits in parts]
+    buf = bytearray(((max(ends) - low) >> 3) + 1)
+    reach = 0  # the furthest end of the parts before
+    for n, (lo, bits) in enumerate(parts):
+        at = lo - low
+        inside, reach = reach > lo or (n + 1 < len(parts) and ends[n] > parts[n + 1][0]), max(reach, ends[n])
+        if inside:
+            for i in iter_bits(bits):  # (another part's ids inside its span)
+                i += at
+                buf[i >> 3] |= 1 << (i & 7)
+            continue
+        chunk = (bits << (at & 7)).to_bytes(((bits.bit_length() + (at & 7)) >> 3) + 1, "little")
+        start, end = at >> 3, (at >> 3) + len(chunk)
+        buf[start] |= chunk[0]  # (the first and last bytes may hold a neighbour's bits too)
+        if len(chunk) > 1:
+            buf[start + 1 : end - 1] = chunk[1:-1]
+            buf[end - 1] |= chunk[-1]
+    return int.from_bytes(buf, "little") << low
 
 
 def _reason(message: str, rec: DeviceRec) -> Outcome | None:
