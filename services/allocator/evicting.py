@@ -33,6 +33,8 @@ heard (the status writer down) ends with the patience. A refusal carries when it
 (``refusedAt``: the backoff counts from then) and stays in CLAIMS for `bus.REFUSAL_TTL_S`: a new
 leader replays those still there after the requests (`Evictions.replayed`), and each request carries
 the refusals in a row heard before it (``refusedBefore``), so both leaders double the backoff as often.
+A row lapses `REFUSALS_LAPSE` after the unit's last asking (the TTL: once its refusals expired a new
+leader could not count them, so neither does the leader; the backoff starts again from 60 s).
 
 Only a Pod whose claims still to place are none a gang member, and large (one claim, or several
 together on one node, take a whole node: `served`; the devices of its claims placed already count, of the
@@ -80,6 +82,11 @@ EVICTION_PATIENCE = 300.0
 """Seconds an eviction stays in flight (nothing more evicted for its Pod) while its claims are held:
 then it may be asked again (a PodDisruptionBudget may allow it by then), never in a hot loop."""
 
+REFUSALS_LAPSE = 2 * EVICTION_PATIENCE
+"""Seconds after a unit's last asking that its row of refusals lapses (the next refusal backs off
+`REFUSED_BACKOFF` again): as long as a refusal stays in CLAIMS (`bus.REFUSAL_TTL_S`), so a leader
+that takes over counts the same row as its predecessor, which cannot read back a refusal expired."""
+
 REFUSED_BACKOFF = 60.0
 """Seconds after a refusal is heard before the Pod's evictions may be asked again (doubled with each
 refusal in a row for the Pod, at most `EVICTION_PATIENCE`): a budget refuses until a Pod it counts
@@ -123,6 +130,8 @@ class Evictions:
     inflight: dict[str, InFlight] = field(default_factory=dict)
     refusals: dict[str, int] = field(default_factory=dict)
     """Unit key -> refusals heard in a row for it (the backoff doubles with each)."""
+    lapses: dict[str, float] = field(default_factory=dict)
+    """Unit key -> when its row of `refusals` lapses: its last asking + `REFUSALS_LAPSE`."""
     refused_claims: dict[str, float] = field(default_factory=dict)
     """Claim key -> until when it is not asked to go again (a refusal heard): planned around."""
 
@@ -145,7 +154,7 @@ class Evictions:
 
     def settle(self, book: Decisions, now: float) -> None:
         """Forget what is over: the Pod (the gang) placed or gone, its claims all released, or the
-        patience (the backoff, after a refusal) spent."""
+        patience (the backoff, after a refusal) spent; a row of refusals once it lapses."""
         for unit, found in list(self.inflight.items()):
             held = any((c := book.committed.get(k)) is not None and c.uid == uid for k, uid in found.claims.items())
             waits = _waits(book, unit)
@@ -157,6 +166,10 @@ class Evictions:
         for key, until in list(self.refused_claims.items()):
             if now >= until or key not in book.committed:
                 del self.refused_claims[key]
+        for unit, until in list(self.lapses.items()):
+            if now >= until:  # (its refusals expired from CLAIMS: a new leader could not count them)
+                del self.lapses[unit]
+                self.refusals.pop(unit, None)
 
     def refusal(self, book: Decisions, refused: ev.EvictionRefused, now: float) -> bool:
         """The status writer could not evict a Pod asked for (`EvictionRefused`); returns whether it is
@@ -206,10 +219,11 @@ class Evictions:
         still has) held again. Only the requests of the Pod's last asking count (an older asking's
         request for a claim not asked for again is over). A request without ``askedAt`` (an older
         version's), or one dated after `now`, counts from `now`: never held longer than a patience.
-        Refusals in a row go on from the last asking's count (``refusedBefore``). Then the `refusals`
-        CLAIMS still holds (they expire after `bus.REFUSAL_TTL_S`) are heard again (`refusal`, from
-        when each was refused): what a refused asking held stays let go, and it is asked again after
-        the same backoff as the earlier term's (doubled as many times)."""
+        Refusals in a row go on from the last asking's count (``refusedBefore``), lapsing as the
+        earlier term's do (`REFUSALS_LAPSE` after that asking). Then the `refusals` CLAIMS still holds
+        (they expire after `bus.REFUSAL_TTL_S`, no sooner than the row lapses) are heard again
+        (`refusal`, from when each was refused): what a refused asking held stays let go, and it is
+        asked again after the same backoff as the earlier term's (doubled as many times)."""
         by_unit: dict[str, list[ev.EvictionRequested]] = {}
         for request in requests:
             by_unit.setdefault(unit_of(request), []).append(request)
@@ -226,6 +240,7 @@ class Evictions:
             node = asked[-1].node
             if before := max(r.refused_before for r in asked):  # (refusals in a row the earlier term had heard)
                 self.refusals[unit] = max(self.refusals.get(unit, 0), before)
+            self.lapses[unit] = since + REFUSALS_LAPSE
             note = note_for(asked, node, since + EVICTION_PATIENCE if devices else 0.0)
             self.inflight[unit] = InFlight({r.key: r.uid for r in asked}, node, since, note, devices, asked[-1].asked_at)
             self._hold(book, unit, devices)
@@ -520,6 +535,7 @@ def _ask(
             )
         )
     note = note_for(requests, node, now + EVICTION_PATIENCE if devices else 0.0)
+    book.evictions.lapses[unit] = now + REFUSALS_LAPSE
     book.evictions.inflight[unit] = InFlight({r.key: r.uid for r in requests}, node, now, note, devices, now)
     book.evictions._hold(book, unit, devices)
     return requests

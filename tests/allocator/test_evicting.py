@@ -487,6 +487,32 @@ async def test_a_successor_doubles_the_backoff_as_often_as_the_leader_did(bus, m
     assert successor.book.evictions.refusals == {"pod:ml/big": 2}
 
 
+async def test_a_row_of_refusals_lapses_for_the_leader_as_its_refusals_expire_for_a_successor(bus, monkeypatch) -> None:
+    """The leader counts a refusal; once it has expired from CLAIMS (the TTL) a successor, which reads the
+    asking back but not the refusal, counts none: so the leader's row lapses as long after its last
+    asking (`REFUSALS_LAPSE`, the TTL), and both ask next with ``refusedBefore`` 0, backing off as
+    little. (Times scaled down from 60 s backoff, 300 s patience, 600 s TTL.)"""
+    assert evicting.REFUSALS_LAPSE == REFUSAL_TTL_S
+    for name, seconds in (("REFUSED_BACKOFF", 0.25), ("EVICTION_PATIENCE", 0.5), ("REFUSALS_LAPSE", 1.0)):
+        monkeypatch.setattr(evicting, name, seconds)
+    bus.refusal_ttl = 1.0
+    leader, take, _ = await asking_leader(bus)
+    told = refused_by_budget(leader.book.evictions.inflight["pod:ml/big"])
+    await take(told)
+    assert leader.book.evictions.refusals == {"pod:ml/big": 1}
+    async with asyncio.timeout(15):
+        while await bus.last_message("CLAIMS", told.subject) is not None:
+            await asyncio.sleep(0.1)  # until the refusal expires
+    successor = Allocator(bus, moves="early")
+    await successor.rebuild()
+    now = time.time()
+    for book in (leader.book, successor.book):
+        book.evictions.settle(book, now)
+        assert book.evictions.refusals == {} and book.evictions.inflight == {}
+        (request, *_) = evicting.decide(book, "ml/big", now)  # asked again, a new row
+        assert request.refused_before == 0
+
+
 THREE_NODES = [{"profile": "h100-sxm", "count": 3, "prefix": "n"}]  # 8 GPUs each
 
 
