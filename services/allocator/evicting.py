@@ -252,6 +252,24 @@ class Evictions:
         self.inflight.pop(unit, None)
         self._hold(book, unit, 0)
 
+    def unsendable(self, book: Decisions, unit: str, reason: str, now: float) -> None:
+        """The bus can never store the unit's requests (`PublishRefused`: more than an atomic batch
+        holds, or a message over the server's limit): taken as a refusal of the whole asking, what
+        was held is let go at once and it is asked again only after the backoff (the claims in its
+        way planned around meanwhile), so neither a retry in a hot loop nor a term ended by a write
+        that would be refused again after the rebuild."""
+        found = self.inflight.get(unit)
+        if found is None:
+            return
+        count = self.refusals[unit] = self.refusals.get(unit, 0) + 1
+        found.retry_at = now + backoff(count)
+        found.devices = 0
+        self._hold(book, unit, 0)
+        found.note = (
+            f"; with moves on, dralloc planned to evict Pods to make room on node {found.node}, but could not ask: "
+            f"{reason[:300]}; nothing is held for it now, and it tries again after {_clock(found.retry_at)}"
+        )
+
 
 def backoff(count: int) -> float:
     """Seconds before a unit refused `count` times in a row is asked for again: `REFUSED_BACKOFF` doubled

@@ -31,6 +31,7 @@ again only after the inventory changes, not at a rebuild.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -50,12 +51,14 @@ from dralloc.allocator.reservations import Unit, gang_unit, pod_unit
 from dralloc.allocator.retry import retry_waiting
 from dralloc.allocator.snapshot import Policy
 from dralloc.allocator.snapshot_store import Snapshots
-from dralloc.bus import MAX_BATCH, Bus, Permanent
+from dralloc.bus import MAX_BATCH, Bus, Permanent, PublishRefused
 from dralloc.metrics import allocator_metrics
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim
 
 T = TypeVar("T")
+
+log = logging.getLogger("dralloc.allocator")
 
 HOP_NS = 10_000_000
 """Engine work in one hop to its thread, at most (ns of the engine thread's CPU time; a claim is
@@ -469,9 +472,16 @@ class Allocator:
 
     async def _write_evictions(self, unit: str, requests: Sequence[ev.EvictionRequested], began: float) -> None:
         """Write a unit's eviction requests as one atomic batch, stored before this returns; if they
-        are not, the unit's evictions and hold end as if refused (`Evictions.refused`)."""
+        are not, the unit's evictions and hold end as if refused (`Evictions.refused`). A batch the bus
+        can never store (`PublishRefused`, raised before anything is sent: the fence is intact) is a
+        refusal with its backoff (`Evictions.unsendable`), and the term goes on: ended, its successor
+        would plan the same batch again."""
         try:
             await (await self.fence.send_batch(list(requests), began))
+        except PublishRefused as exc:
+            log.error("allocator: the evictions for %s cannot be asked for: %s", unit, exc)
+            self.book.evictions.unsendable(self.book, unit, str(exc), time.time())
+            self.room_changed.set()  # (what was held is free again; the waiting unit's failures are written again)
         except BaseException:
             self.book.evictions.refused(self.book, unit)
             raise

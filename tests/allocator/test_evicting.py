@@ -18,6 +18,7 @@ from dralloc.allocator import evicting, moving, reservations
 from dralloc.allocator.claims import unit_key
 from dralloc.allocator.decisions import AllocatePod, Decisions, GangComplete
 from dralloc.allocator.service import Allocator
+from dralloc.bus import client as bus_client
 from dralloc.bus.streams import REFUSAL_TTL_S
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
@@ -529,6 +530,24 @@ def gang_of_pods(book: Decisions, size: int = 2, gpus: int = 8) -> GangComplete:
         step = book.pod_submitted(pod(f"g{i}", f"g{i}"))
     assert isinstance(step, GangComplete)
     return step
+
+
+async def test_an_eviction_batch_the_bus_cannot_store_is_a_refusal_and_the_term_goes_on(bus, monkeypatch) -> None:
+    """A batch of requests the bus refuses before sending (`PublishRefused`: here over a batch limit of
+    one message) lets the hold go and backs off as a refusal; the term is not ended (its successor
+    would plan the same batch again) and the allocator goes on deciding."""
+    monkeypatch.setattr(bus_client, "MAX_BATCH", 1)  # (the Pods' one-claim commits still fit)
+    leader, take, on = await asking_leader(bus)
+    found = leader.book.evictions.inflight["pod:ml/big"]
+    assert not leader.term.is_set() and leader.book.reservations.evicting == {} and found.devices == 0
+    assert found.retry_at > found.asked_at and leader.book.evictions.refusals == {"pod:ml/big": 1}
+    assert "could not ask: an atomic batch holds 1 to 1 events, not 2" in found.note
+    assert evicting.decide(leader.book, "ml/big", found.asked_at + 1) == []  # not asked again before the backoff
+    asked = [f"dra.allocations.ml.{s.claim.metadata.name}.evict" for kept in on.values() for s in kept]
+    assert [await bus.last_message("ALLOCATIONS", subject) for subject in asked] == [None] * 4  # nothing sent
+    extra = ev.ClaimSubmitted(claim=claim_event("after", 1).claim)
+    await take(extra)
+    assert leader.committed[extra.claim.key].node  # the term decides on
 
 
 def test_a_gang_of_pods_that_does_not_fit_asks_for_the_pods_in_its_way_and_takes_their_nodes() -> None:
