@@ -3,7 +3,8 @@ the inventory indexes a pool's devices at once (`Inventory._index`), the ledger 
 node's free count once by a pool's net change (`Ledger._pool_rebuilt`), capacities are parsed
 once per shared capacity map (`CapacityMaps`) and topology reads attribute values directly
 (`attribute_value`); placement's kind index adds a new pool's devices to its nodes' counts
-(`KindIndex._added`). Whatever order slices come, go and are replaced in, with claims holding
+(`KindIndex._added`); a pool arriving as several slices has each slice read once to validate it
+(`SliceCheck`), not at each slice it grows by. Whatever order slices come, go and are replaced in, with claims holding
 devices, the engine must be left as a fresh load of the final slices with the same claims."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 import msgspec
 
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.inventory import CapacityMaps, attribute_value, iter_bits, lookup_attribute
+from dralloc.allocator.engine.inventory import CapacityMaps, _validate_pool, attribute_value, iter_bits, lookup_attribute
 from dralloc.allocator.engine.placement import kind_of
 from dralloc.allocator.engine.topology import NodeTopology
 from dralloc.schemas.resource import Device, DeviceClass, Node, ResourceClaim, ResourceSlice
@@ -212,3 +213,90 @@ def test_attribute_value_is_lookup_attributes_value_for_every_kind_and_name():
         found = lookup_attribute(rec, name)
         assert attribute_value(rec, name) == (found[1] if found is not None else None), name
         assert type(attribute_value(rec, name)) is type(found[1] if found is not None else None), name
+
+
+def _mig_slices(pool: str, count: int, faults: dict[int, dict]) -> list[ResourceSlice]:
+    """A MIG pool as `count` slices: slice 0 holds the counter set of the pool's GPU, the others one
+    partition each consuming from it. `faults[i]` is merged into slice i's spec (hostile variants)."""
+    slices = []
+    for i in range(count):
+        spec: dict = {"driver": DRIVER, "pool": {"name": pool, "generation": 1, "resourceSliceCount": count}, "nodeName": "node-a"}
+        if i == 0:
+            spec["sharedCounters"] = [{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}, "slices": {"value": "7"}}}]
+            spec["devices"] = [
+                {
+                    "name": "gpu-0",
+                    "capacity": {"memory": {"value": "80Gi"}},
+                    "consumesCounters": [{"counterSet": "gpu-0", "counters": {"slices": {"value": "7"}}}],
+                }
+            ]
+        else:
+            consumes = [{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}, "slices": {"value": "1"}}}]
+            spec["devices"] = [{"name": f"mig-{i}", "capacity": {"memory": {"value": "10Gi"}}, "consumesCounters": consumes}]
+        spec.update(faults.get(i, {}))
+        raw = {"metadata": {"name": f"{pool}-{i}"}, "spec": spec}
+        slices.append(msgspec.json.decode(msgspec.json.encode(raw), type=ResourceSlice))
+    return slices
+
+
+class _CountingMaps(CapacityMaps):
+    """CapacityMaps counting the devices it is asked about, by name."""
+
+    __slots__ = ("asked",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: dict[str, int] = {}
+
+    def of(self, driver: str, device: Device) -> dict:
+        self.asked[device.name] = self.asked.get(device.name, 0) + 1
+        return super().of(driver, device)
+
+
+def test_a_pool_of_several_slices_reads_each_slice_once_to_validate_it():
+    engine = Engine()
+    maps = engine.inventory.capacity_maps = _CountingMaps()
+    for slice_ in _mig_slices("node-a-gpu-0", 5, {}):
+        assert engine.apply(slice_) == []
+    # each device once validating its slice, once building the pool (before: the first slice's
+    # device 6 times, once at each of the 5 slices the pool grew by, and once built)
+    assert maps.asked == {"gpu-0": 2, "mig-1": 2, "mig-2": 2, "mig-3": 2, "mig-4": 2}
+    assert len(engine.inventory.pools[(DRIVER, "node-a-gpu-0")].devices) == 5
+    assert engine.inventory._slice_checks == {}  # nothing kept of a pool complete
+
+
+def test_a_pool_of_several_slices_is_refused_as_one_walk_of_all_of_them_would():
+    wrong_quantity = {"devices": [{"name": "mig-2", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"slices": {"value": "1x"}}}]}]}
+    faults: list[dict[int, dict]] = [
+        {3: {"devices": [{"name": "mig-1"}]}},  # a device name another slice has
+        {2: {"devices": [{"name": "mig-2", "consumesCounters": [{"counterSet": "gpu-9", "counters": {}}]}]}},
+        {4: {"devices": [{"name": "mig-4", "consumesCounters": [{"counterSet": "gpu-0", "counters": {"power": {"value": "1"}}}]}]}},
+        {1: {"sharedCounters": [{"name": "gpu-0", "counters": {}}]}},  # a counter set's name twice
+        {2: wrong_quantity},
+        {1: {"devices": [{"name": "mig-1", "capacity": {"memory": {"value": "ten"}}}]}},
+        {0: {"sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}, "slices": {"value": "-"}}}]}},
+        {1: {"devices": [{"name": "mig-1"}, {"name": "mig-1"}]}, 3: {"devices": [{"name": "gpu-0"}]}},
+    ]
+    for fault in faults:
+        engine = Engine()
+        slices = _mig_slices("node-a-gpu-0", 5, fault)
+        for count, slice_ in enumerate(slices, 1):
+            problems = engine.apply(slice_)
+            pool = engine.inventory.pools[(DRIVER, "node-a-gpu-0")]
+            expected = _validate_pool(pool, CapacityMaps())  # the whole walk of the slices so far
+            assert pool.invalid == expected, (fault, count)
+            assert problems == ([f"pool {DRIVER}/node-a-gpu-0 is invalid and is not used: {expected}"] if expected else [])
+        assert pool.invalid is not None and not pool.devices, fault
+    # the valid pool, its slices in any order (the partitions before their counter set are refused
+    # until it comes), one replaced, one removed and given back: as the whole walk says, valid at the end
+    engine = Engine()
+    order = random.Random(7).sample(_mig_slices("node-a-gpu-0", 5, {}), 5) + _mig_slices("node-a-gpu-0", 5, {2: wrong_quantity})[2:3]
+    for slice_ in order + _mig_slices("node-a-gpu-0", 5, {})[2:3]:
+        engine.apply(slice_)
+        pool = engine.inventory.pools[(DRIVER, "node-a-gpu-0")]
+        assert pool.invalid == _validate_pool(pool, CapacityMaps())
+    engine.remove("ResourceSlice", "node-a-gpu-0-0")
+    pool = engine.inventory.pools[(DRIVER, "node-a-gpu-0")]
+    assert not pool.complete and not pool.devices and pool.invalid is not None  # (consumed from a set gone)
+    assert engine.apply(_mig_slices("node-a-gpu-0", 5, {})[0]) == []
+    assert len(engine.inventory.pools[(DRIVER, "node-a-gpu-0")].devices) == 5

@@ -454,6 +454,9 @@ class Inventory:
         self.attribute_memo = AttributeMemo()
         self.repeats = Repeats()  # one instance of each repeated attribute value and capacity map
         self.capacity_maps = CapacityMaps()  # the parsed capacities of each shared capacity map
+        self._slice_checks: dict[str, SliceCheck] = {}
+        """Slice name -> what validating its pool needs of it (`SliceCheck`), kept while its pool is
+        incomplete: a pool arriving as several slices is validated at each, each slice read once."""
         self._known_list: list[str] | None = None
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
         self.taint_rules: dict[str, DeviceTaintRule] = {}
@@ -620,6 +623,7 @@ class Inventory:
 
     def remove_slice(self, name: str) -> list[str]:
         old = self.slices.pop(name, None)
+        self._slice_checks.pop(name, None)
         if old is None:
             return []
         key = (old.spec.driver, old.spec.pool.name)
@@ -659,7 +663,7 @@ class Inventory:
             pool.generation = max(s.spec.pool.generation for s in slices)
             pool.slices = sorted((s for s in slices if s.spec.pool.generation == pool.generation), key=lambda s: s.metadata.name)
             pool.expected = max(s.spec.pool.resource_slice_count for s in pool.slices)
-            pool.invalid = _validate_pool(pool, self.capacity_maps)
+            pool.invalid = self._validate(pool)
             self.pools[key] = pool
             if pool.usable:
                 self._build_devices(pool)
@@ -672,6 +676,27 @@ class Inventory:
         if pool.invalid:
             return [f"pool {pool.label} is invalid and is not used: {pool.invalid}"]
         return []
+
+    def _validate(self, pool: Pool) -> str | None:
+        """`_validate_pool(pool)`, each slice read once while its pool is incomplete (`SliceCheck`):
+        the whole walk again only for a pool found invalid, for its first problem's message. A pool
+        complete with none of its slices checked before (one slice, most of a fleet's) is walked once."""
+        checks = self._slice_checks
+        if pool.complete and not any(s.metadata.name in checks for s in pool.slices):
+            return _validate_pool(pool, self.capacity_maps)
+        found: list[SliceCheck] = []
+        for slice_ in pool.slices:
+            name = slice_.metadata.name
+            check = checks.get(name)
+            if check is None or check.slice is not slice_:
+                check = checks[name] = SliceCheck.of(slice_, self.capacity_maps)
+            found.append(check)
+        if pool.complete:
+            for slice_ in pool.slices:  # (a pool complete changes again rarely: its slices are read again then)
+                del checks[slice_.metadata.name]
+        if _consistent(found):
+            return None
+        return _validate_pool(pool, self.capacity_maps)
 
     def _build_devices(self, pool: Pool) -> None:
         for set_ in (cs for s in pool.slices for cs in s.spec.shared_counters):
@@ -863,6 +888,70 @@ def _validate_pool(pool: Pool, capacity_maps: CapacityMaps) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceCheck:
+    """What `_validate_pool` reads of one slice, found once a slice applied (`Inventory._validate`)."""
+
+    slice: ResourceSlice
+    set_names: tuple[str, ...]  # its counter sets', in order
+    defined: frozenset[tuple[str, str]]  # (counter set, counter) of its counter sets
+    names: frozenset[str]  # its devices'
+    devices: int
+    consumed_sets: frozenset[str]  # counter sets its devices consume from
+    consumed: frozenset[tuple[str, str]]  # (counter set, counter) its devices consume
+    quantities_ok: bool  # every counter value and capacity parses
+
+    @staticmethod
+    def of(slice_: ResourceSlice, capacity_maps: CapacityMaps) -> SliceCheck:
+        spec = slice_.spec
+        sets, devices = spec.shared_counters, spec.devices
+        consumed_sets: set[str] = set()
+        consumed: set[tuple[str, str]] = set()
+        quantities_ok = True
+        try:
+            for counter_set in sets:
+                for shared in counter_set.counters.values():
+                    _quantity(shared.value)
+            for device in devices:
+                capacity_maps.of(spec.driver, device)
+                for consumption in device.consumes_counters:
+                    consumed_sets.add(consumption.counter_set)
+                    for counter, value in consumption.counters.items():
+                        consumed.add((consumption.counter_set, counter))
+                        _quantity(value.value)
+        except ValueError:
+            quantities_ok = False  # (the pairs consumed are not all read: the pool is walked again for its message)
+        return SliceCheck(
+            slice=slice_,
+            set_names=tuple(cs.name for cs in sets),
+            defined=frozenset((cs.name, c) for cs in sets for c in cs.counters),
+            names=frozenset(d.name for d in devices),
+            devices=len(devices),
+            consumed_sets=frozenset(consumed_sets),
+            consumed=frozenset(consumed),
+            quantities_ok=quantities_ok,
+        )
+
+
+def _consistent(checks: list[SliceCheck]) -> bool:
+    """Whether `_validate_pool` finds nothing wrong with the pool of these slices' checks: counter set
+    names and device names unique across the slices, every counter consumed defined by one, every
+    quantity parsed."""
+    set_names = [n for c in checks for n in c.set_names]
+    if len(set(set_names)) != len(set_names) or not all(c.quantities_ok for c in checks):
+        return False
+    if len(checks) == 1:
+        c = checks[0]
+        return len(c.names) == c.devices and c.consumed_sets <= set(c.set_names) and c.consumed <= c.defined
+    names: set[str] = set()
+    defined: set[tuple[str, str]] = set()
+    for c in checks:
+        names |= c.names
+        defined |= c.defined
+    known = set(set_names)
+    return len(names) == sum(c.devices for c in checks) and all(c.consumed_sets <= known and c.consumed <= defined for c in checks)
 
 
 _quantity = functools.lru_cache(maxsize=4096)(parse_quantity)
