@@ -43,7 +43,7 @@ device's Kubernetes order.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import chain, islice
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.filters import room_for
@@ -72,7 +72,11 @@ SCAN_LIMIT = 256
 """Nodes scored for locality per unit before the best one seen is taken (bounds the work on huge fleets)."""
 
 WALK_BATCH = 64
-"""Nodes whose verdicts a first walk of a selector settles together (`Placement._settled`)."""
+"""Nodes whose verdicts a first walk of a selector settles together at most (`Placement._settled`)."""
+
+WALK_DEVICES = 1024
+"""Devices a batch of `_settled` stops at: a walk that stops at the next node (one of a few nodes
+with hundreds of MIG partitions each, say) has looked at few devices past it in vain."""
 
 Demand = list[tuple["Alt", int]]
 DemandKey = tuple[tuple["VerdictKey", int], ...]
@@ -383,7 +387,7 @@ class Placement:
     def _settled(self, ranks: Iterator[int], alt: Alt) -> Iterator[int]:
         """`ranks`, each node's verdict for `alt` (`local_verdict`) settled as it is yielded: where
         no device of the node needs an evaluation (`Verdicts.outcomes`: each takes a shared
-        outcome known already, asked for WALK_BATCH nodes at a time), from those outcomes, added
+        outcome known already, asked for a batch of nodes at a time: `_batch`), from those outcomes, added
         to the fleet-wide verdict (`Verdicts.record`) for all such nodes together, before a node
         that needs an evaluation or may be taken is yielded and when the walk is left; else by
         `local_verdict`'s `get` as before. The same verdicts, evaluations and charges as a
@@ -397,7 +401,7 @@ class Placement:
         try:
             while True:
                 if not queue:
-                    queue = list(islice(ranks, WALK_BATCH))[::-1]
+                    queue = self._batch(ranks)
                     if not queue:
                         return
                     known, learned = self._outcomes(queue, alt), self.verdicts.shared_outcomes
@@ -418,6 +422,17 @@ class Placement:
                     known, learned = self._outcomes(queue, alt), self.verdicts.shared_outcomes
         finally:
             self.verdicts.record(alt, passed)
+
+    def _batch(self, ranks: Iterator[int]) -> list[int]:
+        """The next ranks of `ranks`, up to WALK_BATCH nodes or WALK_DEVICES devices, last first."""
+        names, node, batch, devices = self.inv.node_names, self.topology.node, [], 0
+        for rank in ranks:
+            batch.append(rank)
+            topo = node(names[rank])
+            devices += topo.span.bit_count() if topo is not None else 1
+            if len(batch) >= WALK_BATCH or devices >= WALK_DEVICES:
+                break
+        return batch[::-1]
 
     def _outcomes(self, ranks: list[int], alt: Alt) -> dict[int, tuple[NodeTopology, tuple[int, int, int]]]:
         """Rank -> (topology, `Verdicts.outcomes`) of the nodes of `ranks` whose verdict for `alt`
