@@ -26,6 +26,7 @@ from dralloc.allocator.engine.repeats import Repeats
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
     Device,
+    DeviceAttribute,
     DeviceCapacity,
     DeviceClass,
     DeviceTaint,
@@ -187,15 +188,22 @@ MEMO_SHARED = 1_000_000
 """Distinct attribute answers `AttributeMemo` keeps one instance of before it starts over."""
 
 
-def lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
-    """`DeviceRec.attribute` without its memo: for a caller that looks a name up once per device
-    (the memo would only keep it alive)."""
+def _attribute(rec: DeviceRec, qualified: str) -> DeviceAttribute | None:
+    """The device's attribute named `qualified` (``domain/name``; the bare name for its own
+    driver's domain), or None."""
     attrs = rec.spec.attributes
     attr = attrs.get(qualified)
     if attr is None:
         domain, sep, ident = qualified.partition("/")
         if sep and domain == rec.driver:
             attr = attrs.get(ident)
+    return attr
+
+
+def lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
+    """`DeviceRec.attribute` without its memo: for a caller that looks a name up once per device
+    (the memo would only keep it alive)."""
+    attr = _attribute(rec, qualified)
     if attr is None:
         return None
     for kind in _KINDS:
@@ -209,15 +217,9 @@ def attribute_value(rec: DeviceRec, qualified: str) -> Any:
     """`lookup_attribute(rec, qualified)`'s value, None when the device lacks the attribute: read
     straight from a string or int attribute (what topology attributes are: a dict get and two
     field reads, not a walk over every kind; topology.py asks ~5 per device of every node built)."""
-    attrs = rec.spec.attributes
-    attr = attrs.get(qualified)
+    attr = _attribute(rec, qualified)
     if attr is None:
-        domain, sep, ident = qualified.partition("/")
-        if not sep or domain != rec.driver:
-            return None
-        attr = attrs.get(ident)
-        if attr is None:
-            return None
+        return None
     value: str | int | None = attr.string
     if value is None:
         value = attr.int
