@@ -190,8 +190,7 @@ class Evictions:
         if found.asked_at <= refused.refused_at <= now:
             now = refused.refused_at  # (when it was refused: the same backoff for a leader that replays it)
         if not found.refused:  # the first refusal of this asking: the backoff begins
-            count = self.refusals[unit] = self.refusals.get(unit, 0) + 1
-            found.retry_at = now + backoff(count)
+            self._back_off(unit, found, now)
         words = " ".join(refused.message.split())[:300]  # (one line, bounded: it goes into an Event)
         found.refused.append(f"{what}: {words or 'refused'}")
         self.refused_claims[refused.key] = now + EVICTION_PATIENCE
@@ -261,14 +260,18 @@ class Evictions:
         found = self.inflight.get(unit)
         if found is None:
             return
-        count = self.refusals[unit] = self.refusals.get(unit, 0) + 1
-        found.retry_at = now + backoff(count)
+        self._back_off(unit, found, now)
         found.devices = 0
         self._hold(book, unit, 0)
         found.note = (
             f"; with moves on, dralloc planned to evict Pods to make room on node {found.node}, but could not ask: "
             f"{reason[:300]}; nothing is held for it now, and it tries again after {_clock(found.retry_at)}"
         )
+
+    def _back_off(self, unit: str, found: InFlight, now: float) -> None:
+        """One more refusal of `unit` in a row: it is asked again only `backoff(count)` after `now`."""
+        count = self.refusals[unit] = self.refusals.get(unit, 0) + 1
+        found.retry_at = now + backoff(count)
 
 
 def backoff(count: int) -> float:
