@@ -73,6 +73,8 @@ def test_incremental_charges_are_what_a_rebuild_finds():
             if outcome.status == "allocated":
                 running.append(outcome.claim)
         assert engine.ledger.free_local == _free_counted(engine)
+        kinds = engine.placement.kinds  # the counts with a node, largest first: kept per change, not sorted again
+        assert kinds.most_claims_first == sorted((n for n, ranks in kinds.by_claims.items() if ranks), reverse=True)
         if i % 10 == 9:
             kept = _state(engine)
             generation += 1

@@ -42,8 +42,10 @@ device's Kubernetes order.
 
 from __future__ import annotations
 
+from bisect import bisect
 from collections.abc import Callable, Iterator
 from itertools import chain
+from operator import neg
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.filters import room_for
@@ -1109,13 +1111,22 @@ class KindIndex:
         if after == before:
             return
         bit = 1 << self.inv._see_node(node)
+        by_claims = self.by_claims
+        # a count that gains its first node or loses its last is put in or taken out of the list
+        # where it goes (filling nodes one by one does so at nearly every claim: sorting the
+        # counts again each time was a sort and a generator per claim); a new list each time,
+        # as before, so that a walk part-way through the old one (`_buckets`) reads it unchanged
         if before:
-            self.by_claims[before] &= ~bit
+            left = by_claims[before] = by_claims[before] & ~bit
+            if not left:
+                self.most_claims_first = [n for n in self.most_claims_first if n != before]
         if after:
-            self.by_claims[after] = self.by_claims.get(after, 0) | bit
-        if (before and not self.by_claims[before]) or (after and self.by_claims[after] == bit):
-            # a count gained its first node or lost its last: only then does the list change
-            self.most_claims_first = sorted((n for n, ranks in self.by_claims.items() if ranks), reverse=True)
+            had = by_claims.get(after, 0)
+            by_claims[after] = had | bit
+            if not had:
+                first = self.most_claims_first
+                at = bisect(first, -after, key=neg)
+                self.most_claims_first = [*first[:at], after, *first[at:]]
 
     def _rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         if old_devices:
