@@ -44,6 +44,8 @@ _KINDS = ("string", "int", "bool", "version", "strings", "ints", "bools", "versi
 
 CounterKey = tuple[str, str, str, str]
 """(driver, pool, counter set, counter): counters belong to one driver's pool."""
+CounterSetKey = tuple[str, str, str]
+"""(driver, pool, counter set): a CounterKey less its counter's name."""
 
 _MISSING = object()
 
@@ -81,6 +83,7 @@ class DeviceRec:
     all_nodes: bool
     taints: tuple[DeviceTaint, ...]  # only the effects that need a toleration: the slice's, then DeviceTaintRules' (by rule name)
     consumes: tuple[tuple[CounterKey, int], ...]
+    counter_set: CounterSetKey | None  # the one counter set `consumes` draws on (None: none, or several)
     capacity: dict[str, Capacity]  # fully-qualified name -> capacity
     multi: bool  # allowMultipleAllocations
     binds_to_node: bool
@@ -726,6 +729,9 @@ class Inventory:
                     if device.consumes_counters
                     else ()
                 )
+                sets = {c.counter_set for c in device.consumes_counters} if device.consumes_counters else ()
+                # (keyed (None, set): the keys above start with a set's name, never None)
+                counter_set = shared.setdefault((None, *sets), (pool.driver, pool.name, *sets)) if len(sets) == 1 else None
                 if per_device:
                     local, selector, all_nodes = device.node_name, device.node_selector, bool(device.all_nodes)
                 else:
@@ -743,6 +749,7 @@ class Inventory:
                     all_nodes=all_nodes,
                     taints=self._taints(pool.driver, pool.name, device) if device.taints or tainted else (),
                     consumes=shared.setdefault(consumes, consumes),
+                    counter_set=counter_set,
                     capacity=capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),

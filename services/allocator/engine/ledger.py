@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool, bits_of
+from dralloc.allocator.engine.inventory import CounterKey, CounterSetKey, DeviceRec, Inventory, Pool, bits_of
 from dralloc.schemas.resource import AllocationResult
 
 DevKey = tuple[str, str, str]
@@ -56,6 +56,11 @@ class Ledger:
         self.used_ids: set[int] = set()  # the same, as ids: a membership test without shifting a fleet-sized int
         self.cap_used: dict[int, dict[str, int]] = {}
         self.counter_used: dict[CounterKey, int] = {}
+        self._room: dict[CounterSetKey, dict[int, bool]] = {}
+        """counter set -> device id -> `counter_room`'s answer, for devices drawing on that set alone,
+        kept while the set's use is unchanged (`_counters` drops a set's answers as it changes one of
+        its counters, `_pool_rebuilt` a rebuilt pool's): a claim's filters ask it of every MIG slice
+        its selector matches on a node, and a change touches one GPU's set of the node's several."""
         self.free_local: dict[str, int] = {}  # node -> free exclusive node-local devices
         self.free_ge: list[int] = [0]  # k -> bitset of node ranks with at least k free
         self.on_charge: list[Callable[[list[DeviceRec], int], None]] = []  # (a record's devices, +1 taken / -1 freed): placement's indexes
@@ -88,7 +93,23 @@ class Ledger:
         return rec.id not in self.used_ids and self.counters_fit(rec)
 
     def counter_room(self, rec: DeviceRec) -> bool:
-        """Whether the device's counters fit beside what the ledger already uses."""
+        """Whether the device's counters fit beside what the ledger already uses (`_room`'s answer
+        when its counter set has not changed since it was worked out)."""
+        counter_set = rec.counter_set
+        if counter_set is None:
+            return self._counter_room(rec)
+        known = self._room.get(counter_set)
+        if known is None:
+            known = self._room[counter_set] = {}
+        else:
+            fits = known.get(rec.id)
+            if fits is not None:
+                return fits
+        fits = known[rec.id] = self._counter_room(rec)
+        return fits
+
+    def _counter_room(self, rec: DeviceRec) -> bool:
+        """`counter_room` worked out from the counters."""
         # a plain loop, not all(<genexpr>): it runs for every MIG slice a claim could take
         counters = self.inv.pools[(rec.driver, rec.pool)].counters
         used = self.counter_used
@@ -206,6 +227,13 @@ class Ledger:
             callback(recs, sign)
 
     def _counters(self, rec: DeviceRec, sign: int) -> None:
+        """Add (+1) or take back (-1) what the device consumes of its counters; the changed sets'
+        `counter_room` answers are dropped."""
+        if rec.counter_set is not None:
+            self._room.pop(rec.counter_set, None)
+        else:
+            for key, _ in rec.consumes:
+                self._room.pop(key[:3], None)
         used = self.counter_used
         for key, amount in rec.consumes:
             left = used.get(key, 0) + sign * amount
@@ -247,6 +275,8 @@ class Ledger:
             self.used_bits ^= bits_of(gone)  # (each bit is set: no fleet-sized `~`)
         for key in [k for k in self.counter_used if k[0] == pool.driver and k[1] == pool.name]:
             del self.counter_used[key]
+        for set_key in [k for k in self._room if k[0] == pool.driver and k[1] == pool.name]:
+            del self._room[set_key]  # (answers for its old devices' ids, which no device has again)
         exclusive, all_shares = self.exclusive, self.shares
         taken: list[int] = []
         for rec in pool.devices:
