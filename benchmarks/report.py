@@ -1,41 +1,64 @@
-"""Run every benchmark the README quotes, one after another; one JSON line per command.
+"""Run every benchmark the README's "Numbers" section quotes, one after another; one JSON line per command.
 
-    python benchmarks/report.py > numbers.jsonl          # everything (an idle machine: ~30 min)
-    python benchmarks/report.py --only engine,takeover   # the commands whose name starts so
+    python benchmarks/report.py > numbers.jsonl          # everything (an idle machine: ~30-40 min)
+    python benchmarks/report.py --only engine,takeover   # the benchmarks whose name starts so
 
-Each line: {"command": the exact `dralloc ...` command, "wall_s": how long it ran,
-"result": its --json output} or {"command", "error": its last stderr lines}. The README's
-"Numbers" section names the same commands, so a figure there can be checked against a line here.
-The commands run one at a time: two benchmarks at once measure each other.
+Each line: {"command": the exact command, as the README prints it, "wall_s": how long it ran,
+"result": its JSON output} or {"command", "error": its last stderr lines}. The README's
+"Numbers" section names the same commands, so a figure there can be checked against a line here
+(tests/benchmarks/test_report.py keeps the two lists equal). The commands run one at a time: two
+benchmarks at once measure each other.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-COMMANDS: list[list[str]] = [
-    ["bench", "engine", "--workload", "kube-perf-500", "--json"],
-    ["bench", "engine", "--workload", "kube-perf-500", "--first-fit", "--json"],
-    ["bench", "engine", "--workload", "gpu-fleet-10k", "--seed", "7", "--json"],
-    ["bench", "engine", "--workload", "churn-mixed", "--seed", "7", "--json"],
-    ["bench", "engine", "--workload", "frontier-250k", "--seed", "7", "--json"],
-    ["bench", "scale", "--gpus", "10k,50k,250k", "--seed", "7", "--json"],
-    ["bench", "takeover", "--decisions", "100000", "--json"],
-    ["bench", "takeover", "--decisions", "1000000", "--json"],
-    ["bench", "placement", "--seeds", "1-5", "--loads", "0.9,1.1", "--json"],
-    ["bench", "pipeline", "--json"],
+COMMANDS: list[str] = [
+    "dralloc bench engine --workload kube-perf-500 --json",
+    "dralloc bench engine --workload kube-perf-500 --first-fit --json",
+    "dralloc bench engine --workload churn-mixed --seed 7 --json",
+    "dralloc bench engine --workload gpu-fleet-10k --seed 7 --json",
+    "dralloc bench scale --gpus 10k,50k,100k,250k --seed 7 --json",
+    "dralloc bench takeover --decisions 100000 --json",
+    "dralloc bench takeover --decisions 1000000 --json",
+    "dralloc bench takeover --decisions 100000 --no-snapshot --json",
+    "dralloc bench placement --seeds 1-5 --loads 0.9,1.1 --max-wait 30 --moves --json",
+    "dralloc bench placement --seeds 1-5 --loads 0.9,1.1 --max-wait 0 --json",
+    "dralloc bench pipeline --json",
+    "python benchmarks/allocator.py --claims 10000 --rounds 3",
+    "python benchmarks/statuswriter.py --records 10000 --rounds 2",
+    "dralloc bench pipeline --chaos --rate 500 --duration 5 --burst 2000 --json",
+    "dralloc bench pipeline --chaos --cluster 3 --rate 100 --duration 5 --burst 500 --json",
+    "dralloc bench pipeline --hostile --json",
 ]
+"""As the README prints them: `dralloc ...` runs the CLI, `python benchmarks/X.py ...` a script, each with this
+interpreter."""
 
 
-def run(command: list[str]) -> dict:
-    """Run `dralloc <command>` in a fresh process; its JSON, or the error it ended with."""
+def name(command: str) -> str:
+    """What `--only` matches: the bench's name (`engine`, `pipeline`) or the script's (`allocator`)."""
+    words = shlex.split(command)
+    return words[2] if words[0] == "dralloc" else Path(words[1]).stem
+
+
+def argv(command: str) -> list[str]:
+    """The command as this interpreter runs it: `dralloc` as `python -m dralloc.cli`, a script by its path."""
+    words = shlex.split(command)
+    return [sys.executable, "-m", "dralloc.cli", *words[1:]] if words[0] == "dralloc" else [sys.executable, *words[1:]]
+
+
+def run(command: str) -> dict:
+    """Run one command in a fresh process; its JSON, or the error it ended with."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "dralloc.cli", *command], capture_output=True, text=True, check=False)
-    line: dict = {"command": "dralloc " + " ".join(command), "wall_s": round(time.perf_counter() - started, 1)}
+    done = subprocess.run(argv(command), capture_output=True, text=True, check=False)
+    line: dict = {"command": command, "wall_s": round(time.perf_counter() - started, 1)}
     if done.returncode != 0:
         line["error"] = done.stderr.strip()[-1000:]
     else:
@@ -43,14 +66,14 @@ def run(command: list[str]) -> dict:
     return line
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv_: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated prefixes of the commands to run (e.g. engine,takeover)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--only", default="", help="comma-separated prefixes of the benchmarks to run (e.g. engine,takeover)")
+    args = parser.parse_args(argv_)
     prefixes = [p.strip() for p in args.only.split(",") if p.strip()]
     failed = 0
     for command in COMMANDS:
-        if prefixes and not any(command[1].startswith(p) for p in prefixes):
+        if prefixes and not any(name(command).startswith(p) for p in prefixes):
             continue
         line = run(command)
         failed += "error" in line
