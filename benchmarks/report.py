@@ -1,19 +1,21 @@
 """Run every benchmark the README's "Numbers" section quotes, one after another; one JSON line per command.
 
-    python benchmarks/report.py > numbers.jsonl          # everything (an idle machine: ~30-40 min)
+    python benchmarks/report.py > numbers.jsonl          # everything (~16 min on the project's 2 cores, loaded)
     python benchmarks/report.py --only engine,takeover   # the benchmarks whose name starts so
 
-Each line: {"command": the exact command, as the README prints it, "wall_s": how long it ran,
-"result": its JSON output} or {"command", "error": its last stderr lines}. The README's
-"Numbers" section names the same commands, so a figure there can be checked against a line here
-(tests/benchmarks/test_report.py keeps the two lists equal). The commands run one at a time: two
-benchmarks at once measure each other.
+Each line: {"command": the exact command, as the README prints it, "commit": the tree's commit
+(`-dirty` with uncommitted edits), "load": the 1-minute load average before and after it (above 1.5 the
+README calls a figure loaded), "wall_s": how long it ran, "result": its JSON output} or, instead of
+"result", "error": its last stderr lines. The README's "Numbers" section names the same commands, so a
+figure there can be checked against a line here (tests/benchmarks/test_report.py keeps the two lists
+equal). The commands run one at a time: two benchmarks at once measure each other.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -54,11 +56,20 @@ def argv(command: str) -> list[str]:
     return [sys.executable, "-m", "dralloc.cli", *words[1:]] if words[0] == "dralloc" else [sys.executable, *words[1:]]
 
 
+def commit() -> str | None:
+    """The commit of the tree the benchmarks run in (the working directory), `-dirty` after it when tracked files
+    differ from it; None outside a git checkout."""
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
 def run(command: str) -> dict:
-    """Run one command in a fresh process; its JSON, or the error it ended with."""
+    """Run one command in a fresh process; its JSON, or the error it ended with, and the load around it."""
+    before = os.getloadavg()[0]
     started = time.perf_counter()
     done = subprocess.run(argv(command), capture_output=True, text=True, check=False)
-    line: dict = {"command": command, "wall_s": round(time.perf_counter() - started, 1)}
+    wall = round(time.perf_counter() - started, 1)
+    line: dict = {"command": command, "commit": commit(), "load": [round(before, 2), round(os.getloadavg()[0], 2)], "wall_s": wall}
     if done.returncode != 0:
         line["error"] = done.stderr.strip()[-1000:]
     else:

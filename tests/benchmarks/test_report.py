@@ -39,3 +39,12 @@ def test_only_picks_by_the_benchmarks_name_and_each_runs_with_this_interpreter()
         "--rounds",
         "3",
     ]
+
+
+def test_each_line_names_the_commit_and_the_load_around_the_command():
+    line = report.run('python -c \'print("{\\"ok\\": 1}")\'')
+    assert line["result"] == {"ok": 1}
+    assert bool(line["commit"]) == (ROOT / ".git").exists()  # None outside a git checkout
+    assert len(line["load"]) == 2 and all(load >= 0 for load in line["load"])
+    failed = report.run("python -c 'import sys; sys.exit(\"no\")'")
+    assert "result" not in failed and failed["error"] == "no"
