@@ -504,23 +504,24 @@ class Placement:
                     if not ranks:
                         return
 
-        def walk(ranks: int, with_none: bool) -> Iterator[int]:
-            """`ranks` by buckets: the nodes outside any domain, then domain by domain."""
+        if whole:
+            # partly used nodes, then whole ones (the buckets take only nodes with a free device
+            # of the kind: the parts hold no others), then those with none free
+            free_ranks = viable & free_ge[1]
+            walks = ((free_ranks ^ (free_ranks & whole), False), (viable & whole, False))
+        else:
+            walks = ((viable, True),)
+        # each walk by buckets: the nodes outside any domain, then domain by domain (a loop here,
+        # not a generator per walk: the usual claim takes the first node, and each generator
+        # level left suspended is made and closed for it)
+        for ranks, with_none in walks:
             inside = ranks & union
             yield from self._buckets(ranks ^ inside, free_ge, free, need, with_none=with_none)
             if inside:
                 for part in domain_parts(inside):
                     yield from self._buckets(part, free_ge, free, need, with_none=with_none)
-
         if whole:
-            # (the buckets take only nodes with a free device of the kind: the parts hold no others)
-            free_ranks = viable & free_ge[1]
-            yield from walk(free_ranks ^ (free_ranks & whole), False)
-            yield from walk(viable & whole, False)
-            rest = viable & ~(free_ge[1] if len(free_ge) > 1 else 0)
-            yield from self._known(rest)
-            return
-        yield from walk(viable, True)
+            yield from self._known(viable & ~(free_ge[1] if len(free_ge) > 1 else 0))
 
     def _buckets(self, viable: int, free_ge: list[int], free: dict[str, int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
@@ -529,6 +530,7 @@ class Placement:
         `with_none`: then the nodes with none free (they may still have shared devices)."""
         top = len(free_ge)
         by_claims, by_claims_first = self.kinds.by_claims, self.kinds.most_claims_first
+        names, known = self.inv.node_names, self.inv.node_known
         # the nodes with a free device not yielded yet: the buckets stop once it is empty (each
         # is one bitset operation as wide as the fleet's ranks, per part of the walk)
         left = viable & free_ge[1] if top > 1 else 0
@@ -538,7 +540,6 @@ class Placement:
             # counts reach the hundreds for MIG slices (a node's 400 partitions are devices of one
             # kind): with fewer nodes than counts to scan, the nodes' own counts (`free`, by name)
             # are grouped instead of one bitset test per count (a few counts: the scan is cheaper)
-            names = self.inv.node_names
             found: dict[int, int] = {}
             for rank in iter_bits(left):
                 k = free[names[rank]]
@@ -558,26 +559,23 @@ class Placement:
             # equally full: the node with the most claims first. It drains last anyway (every claim
             # on it must leave before it is whole again), so one more claim there delays a whole
             # node least; a node with few claims is the next to become whole for a large claim.
-            for n in by_claims_first:
-                part = bucket & by_claims[n]
-                if part:
-                    bucket ^= part
-                    yield from self._lowest_first(part)
-                    if not bucket:
-                        break
-            yield from self._lowest_first(bucket)
+            # (0: the bucket's nodes that no claim holds a device of.) In each part the lowest
+            # rank first, lazily: the first node usually fits.
+            for n in (*by_claims_first, 0):
+                part = bucket & by_claims[n] if n else bucket
+                if not part:
+                    continue
+                bucket ^= part
+                while part:
+                    low = part & -part
+                    part ^= low
+                    r = low.bit_length() - 1
+                    if names[r] in known:
+                        yield r
+                if not bucket:
+                    break
         if with_none:
             yield from self._known(viable & ~(free_ge[1] if top > 1 else 0))
-
-    def _lowest_first(self, ranks: int) -> Iterator[int]:
-        """The known node ranks of `ranks`, lowest first, lazily (the first node usually fits)."""
-        names, known = self.inv.node_names, self.inv.node_known
-        while ranks:
-            low = ranks & -ranks
-            ranks ^= low
-            r = low.bit_length() - 1
-            if names[r] in known:
-                yield r
 
     def _known(self, ranks: int) -> Iterator[int]:
         names, known = self.inv.node_names, self.inv.node_known
