@@ -504,6 +504,7 @@ class Placement:
                     if not ranks:
                         return
 
+        walks: tuple[tuple[int, bool], ...]  # (ranks, with_none) per walk
         if whole:
             # partly used nodes, then whole ones (the buckets take only nodes with a free device
             # of the kind: the parts hold no others), then those with none free
