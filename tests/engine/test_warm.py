@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from dralloc.allocator.engine import Engine, projection
+from dralloc.allocator.engine.verdicts import Verdicts
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
@@ -74,3 +75,63 @@ def test_warm_goes_in_hops_and_again_after_an_inventory_change(monkeypatch: pyte
     engine.apply(slices[0])  # new devices: new work, and only them
     assert not engine.warm(1.0)
     assert calls[0] == len(slices[0].spec.devices) > 0
+
+
+def _selected_mig_claim(name: str) -> ResourceClaim:
+    """A MIG claim with a selector of its own: a verdict no claim has walked the fleet for yet."""
+    request = {
+        "name": "mig",
+        "exactly": {
+            "deviceClassName": "mig.nvidia.com",
+            "count": 1,
+            "selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].profile == "1g.18gb"'}}],
+        },
+    }
+    return msgspec.convert({"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [request]}}}, ResourceClaim)
+
+
+def _walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many nodes walks ask `Verdicts.outcomes` about from now on."""
+    nodes = [0]
+    real = Verdicts.outcomes
+
+    def counting(self: Verdicts, alt: object, batch: list[tuple[int, int]]) -> object:
+        nodes[0] += len(batch)
+        return real(self, alt, batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Verdicts, "outcomes", counting)
+    return nodes
+
+
+def test_after_warm_a_new_selector_of_a_class_walks_only_the_nodes_its_class_reaches(monkeypatch: pytest.MonkeyPatch) -> None:
+    cold, warm = _fleet(), _fleet()
+    warm.allocate([_mig_claim("m0")])  # (the class's own claim walked the fleet: a new selector's has not)
+    cold.allocate([_mig_claim("m0")])
+    while warm.warm(1.0):
+        pass
+    walked = _walked(monkeypatch)
+    warmed = [warm.allocate([_selected_mig_claim(f"s{i}")])[0] for i in range(3)]
+    assert walked[0] <= 1  # the MIG node alone: no H100 node has a device of the class
+    unwarmed = [cold.allocate([_selected_mig_claim(f"s{i}")])[0] for i in range(3)]
+    assert walked[0] >= H100_NODES
+    assert [o.status for o in warmed] == ["allocated"] * 3
+    assert [msgspec.to_builtins(o) for o in warmed] == [msgspec.to_builtins(o) for o in unwarmed]
+
+
+def test_a_class_reach_is_not_used_once_the_inventory_changed() -> None:
+    engine = Engine()
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        engine.apply(event.device_class)
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 3, "prefix": "node"}]):
+        for slice_ in slices:
+            engine.apply(slice_)
+    while engine.warm(1.0):
+        pass  # the MIG class reaches no node yet
+    for _, slices in build_fleet([{"profile": "h200-sxm-mig", "count": 1, "prefix": "mig"}]):
+        for slice_ in slices:
+            engine.apply(slice_)
+    (before,) = engine.allocate([_selected_mig_claim("s0")])  # not warmed since: every node may host it
+    while engine.warm(1.0):
+        pass
+    (after,) = engine.allocate([_selected_mig_claim("s1")])
+    assert (before.status, before.node, after.status, after.node) == ("allocated", "mig-0", "allocated", "mig-0")

@@ -304,8 +304,9 @@ class Engine:
 
     def warm(self, seconds: float) -> bool:
         """Idle work for about `seconds`: what a first claim of a class would otherwise pay on its
-        way through the fleet and no decision depends on (`Verdicts.warm`); True while some is
-        left (after an inventory change there is more)."""
+        way through the fleet, and each class's reach (the nodes a walk for it may skip), on which
+        no device taken depends (`Verdicts.warm`); True while some is left (after an inventory
+        change there is more)."""
         return self.verdicts.warm(seconds)
 
     def interrupt(self) -> None:
@@ -364,7 +365,8 @@ class Engine:
         the unit is remembered to fail (misfits.py `known`; `explain` visits them to report them).
 
         Without network-attached devices a node is skipped when, for some
-        request, it is known (from earlier evaluations) to have no device any
+        request, it is known (from earlier evaluations, or from its class's reach
+        worked out at idle: `Verdicts.class_reach`) to have no device any
         alternative matches or fails on; without shared devices also when it
         has fewer free devices than the unit's smallest demand."""
         inv = self.inventory
@@ -383,7 +385,7 @@ class Engine:
                 smallest = None
                 for alt in request.alts:
                     seen, hit = self.verdicts.get(alt, 0).nodes(inv.version, alt.learn_key)
-                    reach |= hit | ~seen
+                    reach |= hit | (~seen & self.verdicts.class_reach(alt))
                     demand = 0 if alt.admin else (1 if alt.all_mode else alt.count)
                     smallest = demand if smallest is None else min(smallest, demand)
                 viable &= reach

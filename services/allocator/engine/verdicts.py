@@ -42,6 +42,15 @@ claim of a class, placement's `_settled`) takes each node whose devices all
 have known shared outcomes from them (`outcomes`) and adds what it passed to the
 verdict in one step (`record`): the same bits a `get` per node would set, with no
 evaluation or charge either way.
+
+Class reach (`warm`, `class_reach`): at idle, each class's own selectors are evaluated on every
+live device into an entry of their own (on no unit's account, outside the verdicts: no verdict,
+charge or shared outcome a claim reads is touched), and the node ranks where the class matches or
+fails on a device are kept for the inventory version they were worked out for. A node outside
+them has no device any request of the class matches or fails on, so the engine leaves it out of
+a walk as it does a node its own walks learned the same of (engine.py `_candidate_nodes`): the
+first claim of a new selector of a class that lives on a few nodes (MIG slices) no longer walks
+every node of the fleet to learn that.
 """
 
 from __future__ import annotations
@@ -103,6 +112,16 @@ class Verdict:
         return info
 
 
+@dataclass(slots=True)
+class _Reach:
+    """A class's own selectors on every live device (`Verdicts.warm`), and the node ranks where they
+    match or fail on one: for `version` of the inventory (-1: not worked out for any yet)."""
+
+    entry: Verdict = field(default_factory=Verdict)
+    version: int = -1
+    ranks: int = 0
+
+
 WARM_STEP = 256
 """Devices `Verdicts.warm` looks at between reads of the clock (~1 ms of work)."""
 
@@ -142,17 +161,19 @@ class Verdicts:
         # a dict of ids was ~40 MB at 250k GPUs)
         self._representable = bytearray()
         self._warmed = 0  # device ids below it have been through `warm`
+        self._reach: dict[VerdictKey, _Reach] = {}
+        """Per class key (of the classes known now): what `warm` worked out of it (`class_reach`)."""
         self._projectors: dict[tuple[projection.Field, ...], projection.Projector] = {}
         self.shared_outcomes = 0
         """Shared outcomes remembered so far (it grows with each: `outcomes` may know more since)."""
 
     def warm(self, seconds: float) -> bool:
-        """Work out for about `seconds` (wall clock) whether devices not seen here yet are ones
-        Kubernetes can represent (`projection.representable`, kept per device id), in id order;
-        True while some are left. A first evaluation of a shared selector needs it on every device
-        it reads: a third of a first claim of a class that walks the fleet. Only when that is paid
-        changes: it is a property of each device alone, so no verdict, budget charge or decision
-        depends on whether or how far `warm` ran, and it may run whenever the engine is idle."""
+        """Idle work for about `seconds` (wall clock); True while some is left. First whether devices
+        not seen here yet are ones Kubernetes can represent (`projection.representable`, kept per
+        device id), in id order: a first evaluation of a shared selector needs it on every device it
+        reads. Then each class's reach (`class_reach`). Only when work is paid changes, and which
+        nodes a walk leaves out that could not host it anyway: no verdict or budget charge a claim
+        reads is made here, so it may run whenever the engine is idle."""
         devices = self.inv.devices
         end = time.perf_counter() + seconds
         i = self._warmed
@@ -164,7 +185,57 @@ class Verdicts:
             if time.perf_counter() >= end:
                 break
         self._warmed = i
-        return i < len(devices)
+        return i < len(devices) or self._warm_reach(end)
+
+    def class_reach(self, alt: Alt) -> int:
+        """The node ranks where `alt`'s class matches or fails on a device, as `warm` worked them out
+        for the inventory as it is now; -1 (every node) when it has not (yet, or since a change)."""
+        reach = self._reach.get(alt.class_key)
+        return reach.ranks if reach is not None and reach.version == self.inv.version else -1
+
+    def _warm_reach(self, end: float) -> bool:
+        """`warm`'s second part, until `end` (`time.perf_counter`): each class's selectors on the live
+        devices not evaluated for its reach yet, in steps of `WARM_STEP` devices, then its node ranks;
+        True while some is left. Reaches of classes changed or gone are dropped."""
+        inv = self.inv
+        keys = {(name, inv.class_versions.get(name, 0), ()): cls for name, cls in inv.classes.items()}
+        for key in [key for key in self._reach if key not in keys]:
+            del self._reach[key]
+        for key, cls in keys.items():
+            reach = self._reach.setdefault(key, _Reach())
+            if reach.version == inv.version:
+                continue
+            todo = inv.live ^ (inv.live & reach.entry.evaluated)
+            if todo:
+                exprs = tuple(s.cel.expression if s.cel else "" for s in cls.spec.selectors)
+                ids = list(iter_bits(todo))
+                budget, timer, self.budget, self.timer = self.budget, self.timer, None, None  # on no unit's account
+                try:
+                    for at in range(0, len(ids), WARM_STEP):
+                        self._evaluate(reach.entry, bits_of(ids[at : at + WARM_STEP]), exprs, f"class {key[0]}: ", fresh=True)
+                        if time.perf_counter() >= end and at + WARM_STEP < len(ids):
+                            return True
+                finally:
+                    self.budget, self.timer = budget, timer
+                    self._envs.clear()  # (built for these alone: no claim's key is evaluated along)
+            reach.ranks, reach.version = self._reach_ranks(reach.entry), inv.version
+            if time.perf_counter() >= end:
+                return True  # (perhaps none left: the next call says so at once)
+        return False
+
+    def _reach_ranks(self, entry: Verdict) -> int:
+        """The ranks of the nodes of the live devices `entry` matches or fails on; -1 (every node) if
+        one of them is not a node's own (a network-attached device: the engine does not skip then)."""
+        inv = self.inv
+        devices, rank_of = inv.devices, inv.node_rank
+        ranks = 0
+        for i in iter_bits((entry.matched | entry.failed) & inv.live):
+            rec = devices[i]
+            rank = rank_of.get(rec.local_node) if rec is not None and rec.local_node is not None else None
+            if rank is None:
+                return -1
+            ranks |= 1 << rank
+        return ranks
 
     def begin(self, budget: int | None, timer: tuple[Callable[[], float], float] | None = None) -> None:
         """A new allocation unit: it may spend `budget` cost units and `timer` (clock, seconds) on
