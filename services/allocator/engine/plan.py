@@ -54,6 +54,12 @@ class Alt:
     """Devices that must share one value of each match attribute (its count, when it asks for
     several and not All): a node without such a group cannot serve it, whatever is free."""
     learn_key: tuple[Any, ...] = ()  # (constraint_attributes, match_attributes, group): the engine's per-node match memory key
+    uses: dict[int, tuple[Any, str, dict[str, int] | None]] = field(default_factory=dict)
+    """With capacity requests: id of a device's published capacity map -> (the map, the device's
+    driver, what taking the device consumes): `consumed_capacity`'s answer, which depends on those
+    two alone, for every device publishing that map (a fleet's namesakes share one, repeats.py).
+    The plan's alternatives are shared by the claims of one spec (`Planner`), so this outlives a
+    claim: placement asks it of every shared device of every node it passes."""
 
 
 @dataclass(slots=True, eq=False)
@@ -253,13 +259,29 @@ def consumed_capacity(alt: Alt, rec: Any) -> dict[str, int] | None:
     names), or None when the device cannot serve the request: a requested capacity
     the device lacks, or a value its request policy forbids or its total cannot hold.
     Read-only: without capacity requests the answer depends on the device alone and is
-    kept on it (`DeviceRec.default_use`)."""
+    kept on it (`DeviceRec.default_use`); with them, on the alternative per capacity map (`Alt.uses`)."""
     if not alt.capacity:
         use: dict[str, int] | None = rec.default_use  # (NOT_YET until first asked)
         if use is NOT_YET:
             use = rec.default_use = _consumed(alt, rec)
         return use
-    return _consumed(alt, rec)
+    published = rec.spec.capacity
+    if not published:
+        return _consumed(alt, rec)  # (an empty map may be a new one each time: nothing to key by)
+    uses = alt.uses
+    known = uses.get(id(published))
+    if known is not None and known[0] is published and known[1] == rec.driver:
+        return known[2]
+    use = _consumed(alt, rec)
+    if len(uses) >= USES_KEPT:
+        uses.clear()
+    uses[id(published)] = (published, rec.driver, use)  # (the map kept: its id is not given to another meanwhile)
+    return use
+
+
+USES_KEPT = 1024
+"""Capacity maps an alternative keeps `consumed_capacity`'s answer for (`Alt.uses`) before it
+starts over: a fleet's shared devices publish a few; this bounds what a hostile one costs."""
 
 
 def _consumed(alt: Alt, rec: Any) -> dict[str, int] | None:
