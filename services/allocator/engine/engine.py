@@ -263,12 +263,10 @@ class Engine:
         always get one). `within`: the node ranks (a bitset of `Inventory.node_rank`)
         the engine may pick from when it picks the node (None: every node; a gang's
         domain, see gang.py); ignored when `node` is given."""
-        outcomes: dict[int, Outcome] = {}
         if not together:
-            for i, claim in enumerate(claims):
-                # checked claim by claim: a key listed twice gets its first allocation back
-                outcomes[i] = self._existing(claim) or self._allocate_unit([self._plan(claim)], node, explain, within)[0]
-            return [outcomes[i] for i in range(len(claims))]
+            # checked claim by claim, in order: a key listed twice gets its first allocation back
+            return [self._existing(claim) or self._allocate_unit([self._plan(claim)], node, explain, within)[0] for claim in claims]
+        outcomes: dict[int, Outcome] = {}
         pending: list[tuple[int, ClaimPlan]] = []
         seen: set[str] = set()
         for i, claim in enumerate(claims):
@@ -675,7 +673,7 @@ class Engine:
 
     def _commit(self, plans: list[ClaimPlan], node: str | None, slots_by_claim: list[list[Slot]], explain: bool) -> list[Outcome]:
         # explanations first: their filter counts describe the state the search saw
-        explanations = [explain_success(self, plan, node, slots) if explain else None for plan, slots in zip(plans, slots_by_claim)]
+        explanations = [explain_success(self, plan, node, slots) for plan, slots in zip(plans, slots_by_claim)] if explain else [None] * len(plans)
         outcomes = []
         for plan, slots, explanation in zip(plans, slots_by_claim, explanations):
             allocation, entries = self._result(plan, node, slots)
