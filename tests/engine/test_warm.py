@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dralloc.allocator.engine import Engine, projection
+from dralloc.allocator.engine import Engine, projection, verdicts
 from dralloc.allocator.engine.verdicts import Verdicts
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
@@ -107,8 +107,11 @@ def test_after_warm_a_new_selector_of_a_class_walks_only_the_nodes_its_class_rea
     cold, warm = _fleet(), _fleet()
     warm.allocate([_mig_claim("m0")])  # (the class's own claim walked the fleet: a new selector's has not)
     cold.allocate([_mig_claim("m0")])
-    while warm.warm(1.0):
-        pass
+    monkeypatch.setattr(verdicts, "WARM_STEP", 8)
+    hops = 1
+    while warm.warm(0.0):  # in hops of one step of 8 devices: each reach is worked out across several
+        hops += 1
+    assert hops > 20
     walked = _walked(monkeypatch)
     warmed = [warm.allocate([_selected_mig_claim(f"s{i}")])[0] for i in range(3)]
     assert walked[0] <= 1  # the MIG node alone: no H100 node has a device of the class
