@@ -241,3 +241,64 @@ def test_a_node_no_object_names_is_refused_not_a_traceback():
     (again,) = engine.allocate([_claim("c", 1)], node="no-such-node", explain=True)
     assert again.message == outcome.message
     assert engine.allocate([_claim("c", 1)])[0].status == "allocated"
+
+
+def _chips(domains: list[str], split: set[int]) -> tuple[list[dict], list[dict]]:
+    """MIG-capable chips of 2 slices, each its own counter set, in these NVLink domains: the whole
+    chip takes both slices; a chip in `split` also publishes its halves (one slice each)."""
+    devices, counters = [], []
+    for i, domain in enumerate(domains):
+        attributes = {"model": {"string": "a100"}, "gpu.example.com/nvlink": {"string": domain}}
+        counters.append({"name": f"chip-{i}", "counters": {"slices": {"value": "2"}}})
+        parts = [(f"chip-{i}", 2)] + ([(f"chip-{i}-half-{h}", 1) for h in range(2)] if i in split else [])
+        for name, slices in parts:
+            consumes = [{"counterSet": f"chip-{i}", "counters": {"slices": {"value": str(slices)}}}]
+            devices.append({"name": name, "attributes": attributes, "consumesCounters": consumes})
+    return devices, counters
+
+
+def test_candidates_with_counter_sets_of_their_own_take_what_the_search_takes(monkeypatch):
+    # MIG-capable chips, some with their halves published too: the shortcuts take candidates that
+    # each draw on a counter set of their own (`search.independent`) and leave the rest to the
+    # search; with the shortcuts and without (all three turned off), the same outcomes, messages
+    # and devices at every step budget, claims of 1-4 with and without a matchAttribute
+    import random
+
+    rng = random.Random(3)
+    nvlink = "gpu.example.com/nvlink"
+    shortcut_with_counters = 0
+    for _ in range(40):
+        domains = [rng.choice("ab") for _ in range(rng.randint(2, 6))]
+        split = {i for i in range(len(domains)) if rng.random() < 0.3}
+        devices, counters = _chips(domains, split)
+        claims = [(f"c{i}", rng.randint(1, 4), rng.random() < 0.6) for i in range(rng.randint(2, 5))]
+        releases = {rng.randrange(len(claims))}
+        for budget in (1, 2, 3, 4, 6, 500_000):
+            runs = []
+            for shortcut in (True, False):
+                if shortcut:
+                    take_group = Engine._take_group
+
+                    def counted(self, option, *args, _take_group=take_group):
+                        nonlocal shortcut_with_counters
+                        found = _take_group(self, option, *args)
+                        shortcut_with_counters += found is not None and any(rec.consumes for rec in option[2])
+                        return found
+
+                    monkeypatch.setattr(Engine, "_take_group", counted)
+                else:
+                    monkeypatch.setattr(Engine, "_take_first", lambda *args: None)
+                    monkeypatch.setattr(Engine, "_take_group", lambda *args: None)
+                    monkeypatch.setattr(Engine, "_no_group", lambda *args: False)
+                engine = _partitions_engine(devices, counters)
+                engine.budget = budget
+                got = []
+                for i, (name, count, match) in enumerate(claims):
+                    (outcome,) = engine.allocate([_claim(name, count, match=nvlink if match else None)])
+                    got.append((outcome.status, outcome.message, outcome.node, _devices(outcome) if outcome.allocation else None))
+                    if i in releases:
+                        engine.release(f"ns/{name}")
+                runs.append(got)
+                monkeypatch.undo()
+            assert runs[0] == runs[1]
+    assert shortcut_with_counters > 25  # whole chips of their own sets did skip the search

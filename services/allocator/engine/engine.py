@@ -32,7 +32,7 @@ from dralloc.allocator.engine.misfits import Misfits
 from dralloc.allocator.engine.moves import MovePlan
 from dralloc.allocator.engine.placement import Placement
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, Planner
-from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot, elements
+from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot, elements, independent
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdict, Verdicts
 from dralloc.schemas.quantity import format_quantity, parse_quantity
@@ -593,7 +593,8 @@ class Engine:
 
     def _take_first(self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], node: str | None, steps: list[int]) -> list[Slot] | None:
         """The usual unit: one claim, one request, one feasible alternative, no constraints. When
-        no candidate is shared or consumes counters, every candidate can be taken whatever else is
+        the candidates are `independent` (none shared, none drawing on another's counter set: whole
+        GPUs, MIG-capable ones too), every candidate can be taken whatever else is
         taken, so the search would take the first `count` in placement's order, one step each:
         that answer without building the search. So too for one device (a MIG slice, a share):
         each candidate passed the filters' counter and capacity tests against the ledger alone,
@@ -602,7 +603,7 @@ class Engine:
         the search is needed (or the step budget would run out on the way, where the search raises it)."""
         _, alt, cands, consumed = option
         count = alt.count
-        if alt.all_mode or steps[0] + count > self.budget or (count > 1 and any(rec.multi or rec.consumes for rec in cands)):
+        if alt.all_mode or steps[0] + count > self.budget or (count > 1 and not independent(cands)):
             return None
         slot = Slot(claim=0, alt=alt, cands=list(cands), consumed=consumed)
         self.placement.order_slots([slot], node)
@@ -614,8 +615,8 @@ class Engine:
         self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], constraint: Constraint, node: str | None, steps: list[int]
     ) -> list[Slot] | None:
         """The usual multi-device unit: one claim, one request, one feasible alternative of a count,
-        one matchAttribute over it, candidates neither shared nor consuming counters (so any of
-        them can be taken with any other) and a group known to exist (`_no_group` said so). The
+        one matchAttribute over it, `independent` candidates (so any of them can be taken with
+        any other) and a group known to exist (`_no_group` said so). The
         search would try the attribute's values in placement's order (`order_slots`' rank, then
         candidate order), one step each, and take the first `count` candidates of the first value
         held by that many, one step each: that answer, with those steps, without building the
@@ -623,7 +624,7 @@ class Engine:
         the search raises it)."""
         _, alt, cands, consumed = option
         count = alt.count
-        if not constraint.match or alt.all_mode or alt.admin or not constraint.covers(alt) or any(rec.multi or rec.consumes for rec in cands):
+        if not constraint.match or alt.all_mode or alt.admin or not constraint.covers(alt) or not independent(cands):
             return None
         slot = Slot(claim=0, alt=alt, cands=list(cands), consumed=consumed)
         rank = self.placement.order_slots([slot], node)
@@ -648,23 +649,23 @@ class Engine:
 
     def _no_group(self, option: tuple[int, Alt, list[DeviceRec], dict[int, dict[str, int]]], constraint: Constraint, steps: list[int]) -> bool:
         """The usual misfit of a multi-device claim: one request, one feasible alternative, one
-        matchAttribute over it, candidates that consume no counters, and no value of the attribute
-        held by `count` of them (an NVLink pair for a claim of four). The search would try each
-        value once (one step each) and fail: True, with those steps charged. False: the search
-        decides (a group exists, or the step budget would run out on the way, where it raises)."""
+        matchAttribute over it, candidates none of which draws on another's counter set
+        (`independent`, shared ones allowed: the search's counter bound, which runs first and may
+        end it with no step, then holds), and no value of the attribute held by `count` of them (an
+        NVLink pair for a claim of four). The search would try each value once (one step each) and
+        fail: True, with those steps charged. False: the search decides (a group exists, or the
+        step budget would run out on the way, where it raises)."""
         _, alt, cands, _ = option
         if not constraint.match or alt.all_mode or not constraint.covers(alt):
             return False
         counts: dict[AttrValue, int] = {}
         attribute, need = constraint.attribute, alt.count
         for rec in cands:
-            if rec.consumes:
-                return False  # the search's counter bound runs first and may end it with no step
             for value in elements(rec, attribute):
                 n = counts[value] = counts.get(value, 0) + 1
                 if n >= need:
                     return False
-        if steps[0] + len(counts) > self.budget:
+        if steps[0] + len(counts) > self.budget or not independent(cands, shared=True):
             return False
         steps[0] += len(counts)
         return True

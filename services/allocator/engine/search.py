@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dralloc.allocator.engine.inventory import AttrValue, CounterKey, DeviceRec
+from dralloc.allocator.engine.inventory import AttrValue, CounterKey, CounterSetKey, DeviceRec
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.plan import Alt, Constraint
 
@@ -338,6 +338,24 @@ def elements(rec: DeviceRec, attr: str) -> tuple[AttrValue, ...]:
     if a is None:
         return ()
     return rec.values(attr) if a[0] in LIST_KINDS else (a,)  # type: ignore[return-value]  # values is None only when the attribute is absent: `a` says it is present
+
+
+def independent(cands: list[DeviceRec], *, shared: bool = False) -> bool:
+    """Whether any of a request's `cands` (the filters' candidates: each had counter room beside the
+    ledger alone) can be taken with any others of them as far as the search checks: none is shared
+    (their capacity adds up; `shared`: allowed, the caller's concern), and each that consumes
+    counters draws on one counter set no other candidate draws on (what one takes leaves every
+    other's room as it was: the search's counter bound holds and no take fails on counters)."""
+    sets: set[CounterSetKey] = set()
+    for rec in cands:
+        if rec.multi and not shared:
+            return False
+        if rec.consumes:
+            counter_set = rec.counter_set
+            if counter_set is None or counter_set in sets:
+                return False
+            sets.add(counter_set)
+    return True
 
 
 def _enough(cands: list[DeviceRec], count: int) -> bool:
