@@ -83,3 +83,25 @@ def test_incremental_charges_are_what_a_rebuild_finds():
             assert _state(engine) == kept
             checked += len(running)
     assert checked > 50
+
+
+def test_claim_counts_are_listed_largest_first_as_they_come_and_go():
+    """`KindIndex.most_claims_first` puts a count in (or takes it out) where it goes, never sorting:
+    counts appear above and below those listed, and leave from the middle and the ends."""
+    engine = Engine()
+    engine.apply(msgspec.convert({"metadata": {"name": "gpu"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}, DeviceClass))
+    for node in ("node-a", "node-b", "node-c"):
+        engine.apply(msgspec.convert({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}}, Node))
+        engine.apply(_slice(node, 1))
+    kinds, seen = engine.placement.kinds, set()
+    steps = [("a", 1), ("c", 1), ("c", 1), ("c", 1), ("b", 1), ("b", 1), ("a", 1), ("c", -1), ("b", -1), ("c", -1), ("c", 1), ("a", -1), ("b", -1)]
+    for i, (node, change) in enumerate(steps):
+        if change > 0:
+            (outcome,) = engine.allocate([_claim(f"{node}-{i}", 1, match=False)], node=f"node-{node}")
+            assert outcome.status == "allocated"
+        else:
+            held = sorted(k for k in engine.ledger.claims if k.startswith(f"ns/{node}-"))
+            assert engine.release(held[-1])
+        assert kinds.most_claims_first == sorted((n for n, ranks in kinds.by_claims.items() if ranks), reverse=True)
+        seen.add(tuple(kinds.most_claims_first))
+    assert (3, 2, 1) in seen and (3, 1) in seen  # a count added below and above others, one taken from the middle

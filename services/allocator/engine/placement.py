@@ -42,7 +42,7 @@ device's Kubernetes order.
 
 from __future__ import annotations
 
-from bisect import bisect
+from bisect import insort
 from collections.abc import Callable, Iterator
 from itertools import chain
 from operator import neg
@@ -1077,7 +1077,8 @@ class KindIndex:
             elif (was := held.pop(rec.key, None)) is not None:
                 holds[was] = holds.get(was, 0) + 1
         for (node, kind), n in counts.items():
-            self._set(kind, node, self.free.get(kind, {}).get(node, 0) - sign * n)
+            free = self.free.get(kind)
+            self._set(kind, node, (free.get(node, 0) if free is not None else 0) - sign * n)
         for (node, claim), n in holds.items():
             self._hold(node, claim, sign * n)
             if keep:  # (one device: `_seen` reads the counts with it charged)
@@ -1113,19 +1114,22 @@ class KindIndex:
         by_claims = self.by_claims
         # a count that gains its first node or loses its last is put in or taken out of the list
         # where it goes (filling nodes one by one does so at nearly every claim: sorting the
-        # counts again each time was a sort and a generator per claim); a new list each time,
-        # as before, so that a walk part-way through the old one (`_buckets`) reads it unchanged
+        # counts again each time was a sort and a generator per claim); in a copy, as before a
+        # new list, so that a walk part-way through the old one (`_buckets`) reads it unchanged
+        first = None
         if before:
             left = by_claims[before] = by_claims[before] & ~bit
             if not left:
-                self.most_claims_first = [n for n in self.most_claims_first if n != before]
+                first = self.most_claims_first.copy()
+                first.remove(before)
         if after:
             had = by_claims.get(after, 0)
             by_claims[after] = had | bit
             if not had:
-                first = self.most_claims_first
-                at = bisect(first, -after, key=neg)
-                self.most_claims_first = [*first[:at], after, *first[at:]]
+                first = self.most_claims_first.copy() if first is None else first
+                insort(first, after, key=neg)
+        if first is not None:
+            self.most_claims_first = first
 
     def _rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         if old_devices:
@@ -1219,7 +1223,10 @@ class KindIndex:
         return order
 
     def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
-        free = self.free.setdefault(kind, {})
+        # (get, then set if missing: `setdefault(kind, {})` made a dict per call, on every charge)
+        free = self.free.get(kind)
+        if free is None:
+            free = self.free[kind] = {}
         old = free.get(node, 0)
         free[node] = new
         if new != old and self._domain_of is not None:
@@ -1233,14 +1240,17 @@ class KindIndex:
         # bitsets over thousands of node ranks: flip a bit only where it changes (each
         # operation makes a new int the size of the fleet)
         bit = 1 << self.inv._see_node(node)
-        total = self.total.get(kind, {}).get(node, 0)
+        totals = self.total.get(kind)
+        total = totals.get(node, 0) if totals is not None else 0
         whole = self.whole.get(kind, 0)
         if total and new == total:
             if not whole & bit:
                 self.whole[kind] = whole | bit
         elif whole & bit:
             self.whole[kind] = whole ^ bit
-        ge = self.ge.setdefault(kind, [0])
+        ge = self.ge.get(kind)
+        if ge is None:
+            ge = self.ge[kind] = [0]
         while len(ge) <= max(new, old):
             ge.append(0)
         if new > old:
