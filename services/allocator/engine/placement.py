@@ -52,6 +52,7 @@ from dralloc.allocator.engine.filters import room_for
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, iter_bits
 from dralloc.allocator.engine.keep_whole import Group, KeepWhole, drain_last, held_whole
 from dralloc.allocator.engine.ledger import Ledger
+from dralloc.allocator.engine.partitions import Partitions
 from dralloc.allocator.engine.topology import (
     GPU,
     GROUP_LEVELS,
@@ -79,6 +80,12 @@ WALK_BATCH = 64
 WALK_DEVICES = 1024
 """Devices a batch of `_settled` stops at: a walk that stops at the next node (one of a few nodes
 with hundreds of MIG partitions each, say) has looked at few devices past it in vain."""
+
+PARTITION_WORDS = (
+    "partition: of the node's free placements, the one that blocks the fewest free partitions of the kinds"
+    " in use now (each counted as many times as its kind is in use fleet-wide), the topology order breaking ties"
+)
+"""`dralloc explain`'s line for a MIG slice's placement (partitions.py)."""
 
 Demand = list[tuple["Alt", int]]
 DemandKey = tuple[tuple["VerdictKey", int], ...]
@@ -114,6 +121,8 @@ class Placement:
         """Whole nodes kept for large claims in proportion to recent large demand (keep_whole.py;
         off until its `factor` is set)."""
         self.kinds = KindIndex(inventory, ledger, self.keep_whole, self._shape)
+        self.partitions = Partitions(inventory, ledger)
+        """Partitions in use per kind and which partitions overlap: a MIG slice's best fit (partitions.py)."""
         self._groups: dict[Group, tuple[int, int, int]] = {}
         """Group -> (inventory version, its node ranks, devices of the kind per node) (`_group`)."""
         self._static: dict[tuple[str, tuple[int] | None, DemandKey], int | None] = {}
@@ -743,13 +752,29 @@ class Placement:
 
     def order_slots(self, slots: list[Slot], node: str | None) -> dict[int, int] | None:
         """Sort each slot's candidates best first (in place); returns device id -> rank,
-        the order in which matchAttribute values are tried. None: order unchanged."""
+        the order in which matchAttribute values are tried. None: order unchanged. A unit of
+        one device from partitions (a MIG slice) then takes the one that blocks the fewest
+        partitions in use (partitions.py), the topology order breaking ties."""
         if not self.scoring:
             return None
-        topo = self.topology.node(node)
         demanding = [s for s in slots if not s.alt.all_mode]
+        ordered = self._topology_order(demanding, node)
+        if len(demanding) == 1 and demanding[0].alt.count == 1 and len(demanding[0].cands) > 1:
+            ordered = self.partitions.reorder(demanding[0].cands) or ordered
+        if not ordered:
+            return None
+        rank: dict[int, int] = {}
+        for slot in slots:
+            for rec in slot.cands:
+                rank.setdefault(rec.id, len(rank))
+        return rank
+
+    def _topology_order(self, demanding: list[Slot], node: str | None) -> bool:
+        """Sort the demanding slots' candidates closest and best fit first (in place); False when
+        there is nothing to choose (every candidate is taken, or none shares anything)."""
+        topo = self.topology.node(node)
         if topo is None or topo.flat or not demanding or all(len(s.cands) <= s.alt.count for s in demanding):
-            return None  # nothing to choose: every candidate is taken (or none shares anything)
+            return False
         groups = topo.groups
         # The order depends only on the candidates' groups, which are shared and how many each
         # slot needs, and on the node's structure: nodes of one profile in the same state (the
@@ -765,11 +790,7 @@ class Placement:
         for slot, order in zip(demanding, orders):
             cands = slot.cands
             slot.cands[:] = [cands[i] for i in order]
-        rank: dict[int, int] = {}
-        for slot in slots:
-            for rec in slot.cands:
-                rank.setdefault(rec.id, len(rank))
-        return rank
+        return True
 
     def _slot_order(self, demanding: list[Slot], topo: NodeTopology) -> list[tuple[int, ...]]:
         """Per slot, its candidates' indexes best first (see `order_slots`)."""
@@ -855,6 +876,8 @@ class Placement:
             lines.append("next best: none; no other node could hold it now")
         if demand:
             lines.append(self._hole(node, demand, ids))
+        if len(chosen) == 1 and self.partitions.partition(chosen[0]):
+            lines.append(PARTITION_WORDS)
         if node is not None and (self.reserved_nodes >> self.inv.node_rank.get(node, 0)) & 1 and node in self.inv.node_rank:
             lines.append(f"reserved: node {node} holds devices reserved for a claim that waits; taken because no node without one could hold this claim")
         return lines

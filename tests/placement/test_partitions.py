@@ -1,0 +1,37 @@
+"""A MIG slice takes the placement that blocks the fewest partitions in use (engine/partitions.py)."""
+
+from __future__ import annotations
+
+from conftest import claim, devices, make_engine
+
+from dralloc.allocator.engine.placement import PARTITION_WORDS
+
+
+def test_a_3g_slice_takes_the_half_that_blocks_fewer_1g_slices_in_use():
+    # gpu-0 full of 1g slices (7 in use); a 3g slice on gpu-1 at memory slices 0-3 would block
+    # four free 1g placements, at 4-7 three (slice 7 takes no 1g): it goes to 4-7. The
+    # topology order alone (as before partitions.py) takes the first in name order, at 0.
+    engine = make_engine([("h100-sxm-mig", 1)])
+    for i in range(7):
+        assert devices(engine.allocate([claim(f"small-{i}", 1, mig="1g.10gb")])[0])[0].startswith("gpu-0-mig-1g10gb-")
+    outcome = engine.allocate([claim("big", 1, mig="3g.40gb")], explain=True)[0]
+    assert devices(outcome) == ["gpu-1-mig-3g40gb-9-4"]
+    assert PARTITION_WORDS in outcome.explanation.notes
+
+
+def test_a_kind_nobody_uses_costs_nothing():
+    # nothing in use: every placement costs 0 and the topology order stands (the first, at 0)
+    engine = make_engine([("h100-sxm-mig", 1)])
+    assert devices(engine.allocate([claim("big", 1, mig="3g.40gb")])[0]) == ["gpu-0-mig-3g40gb-9-0"]
+
+
+def test_the_weights_follow_the_ledger():
+    # in use per kind, counted as the ledger charges and frees; a release gives the count back
+    engine = make_engine([("h100-sxm-mig", 1)])
+    partitions = engine.placement.partitions
+    for name, profile in (("a", "1g.10gb"), ("b", "1g.10gb"), ("c", "2g.20gb")):
+        engine.allocate([claim(name, 1, mig=profile)])
+    assert partitions.in_use == {("gpu.nvidia.com", "1g.10gb"): 2, ("gpu.nvidia.com", "2g.20gb"): 1}
+    engine.release("default/a")
+    engine.release("default/c")
+    assert {k: v for k, v in partitions.in_use.items() if v} == {("gpu.nvidia.com", "1g.10gb"): 1}
