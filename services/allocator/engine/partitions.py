@@ -43,7 +43,7 @@ class Partitions:
         self.ledger = ledger
         self.in_use: dict[Kind, int] = {}
         """Kind -> devices of that kind (consuming counters) held exclusively now."""
-        self._overlaps: dict[int, tuple[DeviceRec, ...]] = {}
+        self._overlaps: dict[int, tuple[tuple[DeviceRec, Kind], ...]] = {}
         """Device id -> the devices of its pool it cannot be held with (a counter both use, past its capacity)."""
         self._consumers: dict[tuple[str, str], tuple[Pool, dict[CounterKey, list[tuple[DeviceRec, int]]]]] = {}
         """Pool -> (the pool, counter -> the devices consuming it and how much): `overlaps`' index."""
@@ -72,14 +72,15 @@ class Partitions:
         """The free devices taking `rec` would make unavailable, each weighted by its kind's use."""
         in_use, free = self.in_use, self.ledger.free
         total = 0
-        for other in self.overlaps(rec):
-            weight = in_use.get(partition_kind(other), 0)
+        for other, kind in self.overlaps(rec):
+            weight = in_use.get(kind, 0)
             if weight and free(other):
                 total += weight
         return total
 
-    def overlaps(self, rec: DeviceRec) -> tuple[DeviceRec, ...]:
-        """The devices of `rec`'s pool that share a counter with it beyond the counter's capacity."""
+    def overlaps(self, rec: DeviceRec) -> tuple[tuple[DeviceRec, Kind], ...]:
+        """The devices of `rec`'s pool that share a counter with it beyond the counter's capacity,
+        each with its kind (read once here, not per cost)."""
         hit = self._overlaps.get(rec.id)
         if hit is None:
             pool = self.inv.pools[(rec.driver, rec.pool)]
@@ -90,7 +91,7 @@ class Partitions:
                 for other, used in consumers[key]:
                     if used > room and other is not rec:
                         found[other.id] = other
-            hit = self._overlaps[rec.id] = tuple(found.values())
+            hit = self._overlaps[rec.id] = tuple((other, partition_kind(other)) for other in found.values())
         return hit
 
     def _consumers_of(self, pool: Pool) -> dict[CounterKey, list[tuple[DeviceRec, int]]]:
