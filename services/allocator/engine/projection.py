@@ -160,20 +160,15 @@ def project(fields: tuple[Field, ...], driver: str, device: Device) -> tuple[obj
     return tuple(key)
 
 
-KNOWN_MAX = 4096
-"""Devices' value identities a `Projector` remembers before it starts over (a fleet repeats a few
-values per device name; this bounds what one whose values are all distinct costs)."""
-
-
 class Projector:
-    """`project` of one list of fields, remembered by the identity of the values a device holds
-    there: the engine points equal attribute values and capacity maps of a fleet's devices at one
-    instance (engine/repeats.py), so thousands of devices read the same few objects, and `project`
-    encoded each value again (~4 us a device: most of a first walk of a selector over the fleet).
-    The instances remembered are held, so an identity seen is never another object's; a device
-    whose values are other instances (equal or not) is projected as `project` does."""
+    """`project` of one list of fields, with the reads worked out once: the fields' keys (qualified,
+    bare), not `project`'s per device. Each value is encoded as it is met: msgspec encodes a
+    DeviceAttribute in about the time a dict lookup by its identity took, and remembering values by
+    identity paid off only where equal values were one instance (engine/repeats.py shares a value
+    with the previous device of the same name only: gpu-fleet-10k's nodes alternate four models, so
+    nearly every lookup missed and was kept, ~1 us a device, most of a node's evaluation)."""
 
-    __slots__ = ("fields", "_reads", "_known")
+    __slots__ = ("fields", "_reads")
 
     def __init__(self, fields: tuple[Field, ...]) -> None:
         self.fields = fields
@@ -187,11 +182,14 @@ class Projector:
                 # (attributes?, the qualified key, the domain, the bare key when the domain may be the driver's): as `_lookup` reads them
                 reads.append((f[0] == "attributes", None if "/" in f[1] else f"{f[1]}/{f[2]}", f[1], None if "/" in f[2] else f[2]))
         self._reads = tuple(reads)
-        self._known: dict[tuple[object, ...], tuple[list[object], tuple[object, ...]]] = {}
 
     def __call__(self, driver: str, device: Device) -> tuple[object, ...]:
         """`project(self.fields, driver, device)`."""
-        if len(self._reads) == 1 and (read := self._reads[0]) is not None:  # the usual selector: one field read
+        key: list[object] = [driver]
+        for read in self._reads:
+            if read is None:
+                key.append(bool(device.allow_multiple_allocations))
+                continue
             attributes, qualified, domain, bare = read
             entries: dict[str, Any] = device.attributes if attributes else device.capacity
             value = entries.get(qualified) if qualified is not None else None
@@ -199,37 +197,11 @@ class Projector:
                 if value is not None:
                     return project(self.fields, driver, device)  # both: their order in the map decides (rare)
                 value = other
-            one = (driver, id(value))
-            known = self._known.get(one)
-            if known is not None:
-                return known[1]
-            return self._keep(one, [value], project(self.fields, driver, device))
-        key: list[object] = [driver]
-        held: list[object] = []
-        for read in self._reads:
-            if read is None:
-                key.append(bool(device.allow_multiple_allocations))
-                continue
-            attributes, qualified, domain, bare = read
-            entries = device.attributes if attributes else device.capacity
-            value = entries.get(qualified) if qualified is not None else None
-            if bare is not None and domain == driver and (other := entries.get(bare)) is not None:
-                if value is not None:
-                    return project(self.fields, driver, device)  # both: their order in the map decides (rare)
-                value = other
-            key.append(id(value))
-            held.append(value)
-        known = self._known.get(tuple(key))
-        if known is not None:
-            return known[1]
-        return self._keep(tuple(key), held, project(self.fields, driver, device))
+            key.append(_ABSENT if value is None else _encode(value))
+        return tuple(key)
 
-    def _keep(self, key: tuple[object, ...], held: list[object], projected: tuple[object, ...]) -> tuple[object, ...]:
-        """Remember `projected` for the identities `key` of the values `held` (held: never another's)."""
-        if len(self._known) >= KNOWN_MAX:
-            self._known.clear()
-        self._known[key] = (held, projected)
-        return projected
+
+_encode = msgspec.json.encode
 
 
 def _lookup(entries: dict[str, Any], driver: str, domain: str, name: str) -> object:
