@@ -5,6 +5,7 @@ from __future__ import annotations
 from conftest import claim, devices, make_engine
 
 from dralloc.allocator.engine.placement import PARTITION_WORDS
+from dralloc.discovery.fleet import build_fleet
 
 
 def test_a_3g_slice_takes_the_half_that_blocks_fewer_1g_slices_in_use():
@@ -35,3 +36,21 @@ def test_the_weights_follow_the_ledger():
     engine.release("default/a")
     engine.release("default/c")
     assert {k: v for k, v in partitions.in_use.items() if v} == {("gpu.nvidia.com", "1g.10gb"): 1}
+
+
+def test_the_weights_count_only_devices_that_exist():
+    # a pool's slices removed: its held devices are gone (the ledger keeps the claims by name), so
+    # they weigh nothing; the slices back, they count again
+    engine = make_engine([("h100-sxm-mig", 1)])
+    partitions = engine.placement.partitions
+    engine.allocate([claim("a", 1, mig="1g.10gb")])
+    engine.allocate([claim("c", 1, mig="2g.20gb")])
+    held = {("gpu.nvidia.com", "1g.10gb"): 1, ("gpu.nvidia.com", "2g.20gb"): 1}
+    assert partitions.in_use == held
+    slices = [s for _, node_slices in build_fleet([("h100-sxm-mig", 1)]) for s in node_slices if s.spec.driver == "gpu.nvidia.com"]
+    for s in slices:
+        engine.remove("ResourceSlice", s.metadata.name)
+    assert not any(partitions.in_use.values())
+    for s in slices:
+        engine.apply(s)
+    assert {k: v for k, v in partitions.in_use.items() if v} == held
