@@ -73,6 +73,18 @@ def test_no_group_is_charged_one_step_per_value_tried():
     assert "search budget of 1 steps exhausted" in over.message
 
 
+def _outcomes(engine: Engine, claims: list[tuple[str, int, str | None]], releases: set[int]) -> list[tuple]:
+    """Each claim (name, count, matchAttribute) allocated in turn, those at `releases` released after
+    theirs: (status, message, node, devices) per claim."""
+    got = []
+    for i, (name, count, match) in enumerate(claims):
+        (outcome,) = engine.allocate([_claim(name, count, match=match)])
+        got.append((outcome.status, outcome.message, outcome.node, _devices(outcome) if outcome.allocation else None))
+        if i in releases:
+            engine.release(f"ns/{name}")
+    return got
+
+
 def test_a_matched_group_takes_what_the_search_takes_with_its_steps(monkeypatch):
     # random NVLink layouts and claims of 1-4 matched GPUs, one after another (some released): the
     # shortcut and the search (the shortcut turned off) give the same outcomes, messages and
@@ -93,13 +105,7 @@ def test_a_matched_group_takes_what_the_search_takes_with_its_steps(monkeypatch)
                     monkeypatch.setattr(Engine, "_take_group", lambda *args: None)
                 engine = _two_nodes(domains)
                 engine.budget = budget
-                got = []
-                for i, (name, count) in enumerate(claims):
-                    (outcome,) = engine.allocate([_claim(name, count, match=nvlink)])
-                    got.append((outcome.status, outcome.message, outcome.node, _devices(outcome) if outcome.allocation else None))
-                    if i in releases:
-                        engine.release(f"ns/{name}")
-                runs.append(got)
+                runs.append(_outcomes(engine, [(name, count, nvlink) for name, count in claims], releases))
                 monkeypatch.undo()
             assert runs[0] == runs[1]
             searched += sum(1 for status, *_ in runs[0] if status == "allocated")
@@ -292,13 +298,7 @@ def test_candidates_with_counter_sets_of_their_own_take_what_the_search_takes(mo
                     monkeypatch.setattr(Engine, "_no_group", lambda *args: False)
                 engine = _partitions_engine(devices, counters)
                 engine.budget = budget
-                got = []
-                for i, (name, count, match) in enumerate(claims):
-                    (outcome,) = engine.allocate([_claim(name, count, match=nvlink if match else None)])
-                    got.append((outcome.status, outcome.message, outcome.node, _devices(outcome) if outcome.allocation else None))
-                    if i in releases:
-                        engine.release(f"ns/{name}")
-                runs.append(got)
+                runs.append(_outcomes(engine, [(name, count, nvlink if match else None) for name, count, match in claims], releases))
                 monkeypatch.undo()
             assert runs[0] == runs[1]
     assert shortcut_with_counters > 25  # whole chips of their own sets did skip the search
