@@ -40,22 +40,27 @@ workload draws nothing at random):
 
 Claims are allocated one at a time; the engine picks the node. Reported:
 claims/s, p50/p99 latency per claim, peak RSS (and per GPU), cold start
-(build the engine from the objects and answer the first claim).
+(build the engine from the objects and answer the first claim); after the
+run (all but frontier-250k), what its CEL selectors cost per device and what
+refusing a cost bomb takes (`cel`, `cel_costs`).
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
+import math
 import random
 import resource
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
-from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine import CelError, Engine, compile_selector, device_env
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.discovery.fleet import FleetSpec, build_fleet, fleet_nodes, load_fleet
 from dralloc.schemas.resource import (
@@ -512,7 +517,109 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         result["churn_after"] = workload.churn_after
         result["utilization_at_fill"] = round((busy_at_fill or _busy_gpus(engine)) / workload.devices, 4)
     result.update(workload.extra)
+    if lazy is None and not workload.consume:  # (frontier's fleet and claims are gone by now)
+        result["cel"] = cel_costs(workload)
     return result
+
+
+CEL_SCAN = 5_000
+"""Devices `cel_costs` looks at, spread over the workload's slices (the CEL view of every one of
+gpu-fleet-10k's 80,000 devices would add seconds to the bench)."""
+CEL_SAMPLE = 1_000
+"""At most this many of them each selector is timed on."""
+CEL_PASSES = 3
+_bombs = itertools.count()
+
+
+def cost_bomb(n: int) -> str:
+    """Three nested `all`s over a 90-element list and a lookup that fails on every device: cel-go
+    estimates 2,227,977, over Kubernetes' limit of 1,000,000 (tests/engine/test_cel_cost.py). `n`
+    names the lookup, so each call is a new expression: the compile cache answers a repeat without
+    compiling, an attacker sends new ones."""
+    items = ", ".join(str(i) for i in range(90))
+    return f'cel.bind(l, [{items}], l.all(a, l.all(b, l.all(c, true)))) && device.attributes["gpu.example.com"].missing{n} == 1'
+
+
+def _selects(selectors: list, env: Any) -> bool:
+    """Does every selector accept the device (a CEL error: no)?"""
+    try:
+        return all(selector.matches(env) for selector in selectors)
+    except CelError:
+        return False
+
+
+def _spread(items: list, count: int) -> list:
+    """At most `count` of `items`, evenly spaced."""
+    return items[:: max(1, len(items) // count)][:count]
+
+
+def _cpu_us(evaluate: Callable[[Any], object], envs: list) -> float:
+    """CPU microseconds per device of `evaluate` over `envs` (a CEL error is a verdict too): the
+    fastest of CEL_PASSES passes, the least disturbed by a busy machine."""
+    best = math.inf
+    for _ in range(CEL_PASSES):
+        started = time.thread_time()
+        for env in envs:
+            try:
+                evaluate(env)
+            except CelError:
+                pass
+        best = min(best, time.thread_time() - started)
+    return round(best / len(envs) * 1e6, 2)
+
+
+def _bomb_refused_ms() -> float:
+    """CPU milliseconds to refuse `cost_bomb` at compile time (parse, type check, cost estimate): the
+    fastest of CEL_PASSES new expressions. RuntimeError if one compiles."""
+    best = math.inf
+    for _ in range(CEL_PASSES):
+        started = time.thread_time()
+        try:
+            compile_selector(cost_bomb(next(_bombs)))
+        except CelError:
+            best = min(best, time.thread_time() - started)
+        else:
+            raise RuntimeError("the cost bomb compiled: the cost limit is not enforced")
+    return round(best * 1000, 2)
+
+
+def cel_costs(workload: Workload) -> dict:
+    """What the workload's CEL costs, outside the measured run (the JSON's `cel`): each distinct
+    selector of its classes and claims that reaches CEL (not decided by the driver literal), timed on
+    up to CEL_SAMPLE of CEL_SCAN devices spread over its slices (a claim's selector: those its class
+    selects; a class's: all), in CPU microseconds per device as the engine evaluates it (`us`:
+    `matches`, literal tests, then the Rust core, the interpreter where that errs) and by the
+    reference interpreter alone (`interpreter_us`); `us_per_device` and
+    `interpreter_us_per_device` are their [min, max] over the selectors (null without any); and
+    `cost_bomb_refused_ms`, what refusing a cost bomb at compile time takes."""
+    devices = [(s.spec.driver, d) for s in workload.objects if isinstance(s, ResourceSlice) for d in s.spec.devices or ()]
+    envs = [device_env(driver, device) for driver, device in _spread(devices, CEL_SCAN)]
+    classes = {o.metadata.name: [compile_selector(s.cel.expression) for s in o.spec.selectors or ()] for o in workload.objects if isinstance(o, DeviceClass)}
+    timed: dict[str, tuple[Any, list]] = {s.expression: (s, envs) for selectors in classes.values() for s in selectors}
+    selected = {name: [env for env in envs if _selects(selectors, env)] for name, selectors in classes.items()}
+    for claim in workload.claims:
+        for request in claim.spec.devices.requests:
+            if request.exactly is not None:
+                for s in request.exactly.selectors or ():
+                    timed.setdefault(s.cel.expression, (compile_selector(s.cel.expression), selected[request.exactly.device_class_name]))
+    rows = []
+    for expression, (selector, on) in timed.items():
+        sample = _spread(on, CEL_SAMPLE)
+        if selector.driver is None and sample:
+            rows.append(
+                {
+                    "expression": expression,
+                    "devices": len(sample),
+                    "us": _cpu_us(selector.matches, sample),
+                    "interpreter_us": _cpu_us(selector.evaluate, sample),
+                }
+            )
+    return {
+        "selectors": rows,
+        "us_per_device": [min(r["us"] for r in rows), max(r["us"] for r in rows)] if rows else None,
+        "interpreter_us_per_device": [min(r["interpreter_us"] for r in rows), max(r["interpreter_us"] for r in rows)] if rows else None,
+        "cost_bomb_refused_ms": _bomb_refused_ms(),
+    }
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine import CelError, Engine, compile_selector
 from dralloc.cli import _benchmarks_module
 from dralloc.discovery.attributes import LABEL_PROFILE
 
@@ -101,6 +101,30 @@ def test_measure_churns_at_steady_utilisation_and_names_the_seed(churn):
     assert result["errors"] == 0 and result["allocated"] > result["releases"]
     assert abs(result["utilization"] - result["utilization_at_fill"]) < 0.15
     assert result["utilization_at_fill"] > 0.6
+    assert "cel" in result  # (cel_costs, tested below)
+
+
+def test_cel_costs_time_each_selector_that_reaches_cel_on_the_devices_its_class_selects(churn):
+    cel = W.cel_costs(churn)
+    rows = {row["expression"]: row for row in cel["selectors"]}
+    claims = {s for claim in churn.claims for s in _selectors(claim)}
+    assert set(rows) == claims | {W.GPU_CLASS, W.MIG_CLASS}
+    mig = set(W.MIG_SELECTORS.values())
+    # a claim's selector sees its class's devices only: MIG selectors the MIG partitions, the others the
+    # whole GPUs, fewer in this fleet than its partitions; the classes see every device looked at
+    assert len({rows[e]["devices"] for e in mig}) == 1 and len({rows[e]["devices"] for e in claims - mig}) == 1
+    assert rows[next(iter(claims - mig))]["devices"] < rows[next(iter(mig))]["devices"] <= rows[W.MIG_CLASS]["devices"]
+    assert all(row["us"] > 0 and row["interpreter_us"] > 0 for row in rows.values())
+    assert cel["us_per_device"] == [min(r["us"] for r in rows.values()), max(r["us"] for r in rows.values())]
+    assert cel["cost_bomb_refused_ms"] > 0
+
+
+def test_cel_costs_leave_out_the_driver_literal_and_the_cost_bomb_stays_over_the_limit():
+    cel = W.cel_costs(W.kube_perf_500())  # its only selector: the class's `device.driver == ...`
+    assert cel["selectors"] == [] and cel["us_per_device"] is None and cel["interpreter_us_per_device"] is None
+    assert cel["cost_bomb_refused_ms"] > 0
+    with pytest.raises(CelError, match="estimated cost 2,227,977 is over the limit"):
+        compile_selector(W.cost_bomb(10**9))  # (a number the bench has not used: not in the compile cache)
 
 
 def test_frontier_fleet_is_31250_nodes_with_nvl72_racks():
@@ -133,6 +157,7 @@ def test_measure_drops_the_frontier_claims_it_has_decided_and_still_counts_them(
     result = W.measure("frontier-250k", seed=5, workload=small)
     assert result["claims"] == count == result["allocated"] + result["unsatisfiable"] + result["errors"]
     assert small.claims == [None] * count  # the bench keeps no decided claim (the peak RSS is the engine's)
+    assert "cel" not in result  # (nothing left to time the selectors on)
     churn = W.churn_mixed(arrivals=50, seed=3)
     W.measure("churn-mixed", seed=3, workload=churn)
     assert all(c is not None for c in churn.claims)  # other workloads keep theirs
