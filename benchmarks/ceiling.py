@@ -13,10 +13,21 @@ as the allocator and the status writer are, pulling as `Bus.consume` does
 The streams and the bucket are copies of the real ones' configuration (file
 storage, replicas, duplicate window) under other names (`CEIL_IN`, `CEIL_OUT`,
 KV `ceil`), so the measurement touches none of the pipeline's data.
-`claims_per_second` is over the middle half of the records, by the server's
-timestamps of the KV puts (as the pipeline's rate is). `cpu_ms_per_claim_by_stage`
-is each stage's CPU per message: the floor under the pipeline's submitter
-(source), allocator (relay) and status writer (sink).
+`claims_per_second` is over the whole chain, by the server's timestamps: from the
+first message stored in `CEIL_IN` to the last KV put (`chain_rate`). The source
+runs ahead of the consumers (it waits only for its own publishes to be stored),
+so it is done long before the last put: a rate over the middle half of the puts
+(what this measured before) left the source's work and its share of the
+server's out and came out at more messages a second than the CPU per message
+allows on two cores (14,360/s at 0.186 ms: 2.7 CPUs). Over the whole chain,
+the CPU seconds counted fall inside the span the rate is over (the stages
+idle on a pull request before the first publish), so `claims_per_second` x
+`cpu_ms_per_claim` is at most the CPUs there are. The first publish waits
+until both stages pull (`Stage.pulling`: a process's start can take seconds
+on a busy machine). `cpu_ms_per_claim_by_stage` is each stage's CPU per
+message from its connection to its end (a stage process's start, its
+imports, ~0.3 CPU s, is not the chain's work): the floor under the
+pipeline's submitter (source), allocator (relay) and status writer (sink).
 """
 
 from __future__ import annotations
@@ -69,9 +80,10 @@ async def relay(url: str, source: str, target: str, count: int) -> None:
     `target`.<n> (a KV bucket: `$KV.<bucket>.<n>`), acked once stored. Ends after `count`. Pulls as
     `Bus.consume` does (`dralloc.bus.pull.Puller`, up to `FETCH` a request)."""
     bus = await Bus.connect(url, name=f"ceiling-{source}")
+    began = time.process_time()  # (what came before, the process's start and imports, is not the chain's)
     try:
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=5)
-        sub = await jetstream(bus).pull_subscribe("", durable=f"ceil-{source.lower()}", stream=source, config=config)
+        sub = await jetstream(bus).pull_subscribe("", durable=durable(source), stream=source, config=config)
         puller = Puller(sub, FETCH, 1.0)
         done = 0
         while done < count:
@@ -87,13 +99,19 @@ async def relay(url: str, source: str, target: str, count: int) -> None:
             done += len(messages)
     finally:
         await bus.close()
-        print(time.process_time(), flush=True)  # this stage's CPU seconds, read by `Stage.finish`
+        print(time.process_time() - began, flush=True)  # this stage's CPU seconds, read by `Stage.finish`
+
+
+def durable(source: str) -> str:
+    """The name of the relay's pull consumer on `source`."""
+    return f"ceil-{source.lower()}"
 
 
 class Stage:
     """One relay process (`python ceiling.py relay URL SOURCE TARGET COUNT`)."""
 
     def __init__(self, url: str, source: str, target: str, count: int) -> None:
+        self.source = source
         self.args = [str(Path(__file__).resolve()), "relay", url, source, target, str(count)]
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -102,6 +120,16 @@ class Stage:
             sys.executable, *self.args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent,
         )  # fmt: skip
+
+    async def pulling(self, bus: Bus, timeout: float) -> None:
+        """Return once the stage's consumer exists and waits on a pull request: it has started (on a
+        busy machine a process's start can take seconds, which the chain's rate must not count)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # (not made yet)
+                if (await jetstream(bus).consumer_info(self.source, durable(self.source))).num_waiting:
+                    return
+            await asyncio.sleep(0.05)
 
     async def finish(self, timeout: float) -> float | None:
         """Wait for the stage to end (it has relayed everything); the CPU seconds it reports, None if it did not."""
@@ -128,13 +156,13 @@ def process_cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def middle_rate(times: list[float]) -> float | None:
-    """Records per second over the middle half of `times` (the first and last quarter are warm-up and drain)."""
-    ordered = sorted(times)
-    low, high = len(ordered) // 4, (3 * len(ordered)) // 4 - 1  # the first and the last record of the middle half
-    if high - low < 1 or ordered[high] <= ordered[low]:
+def chain_rate(first_in: list[float], last_out: list[float]) -> float | None:
+    """Messages per second through the whole chain: `last_out`'s count over the span from the
+    first of `first_in` (the source's first publish stored) to the last of `last_out` (the last
+    KV put stored); None when there is no such span."""
+    if not first_in or not last_out or max(last_out) <= min(first_in):
         return None
-    return (high - low) / (ordered[high] - ordered[low])
+    return len(last_out) / (max(last_out) - min(first_in))
 
 
 async def stored_times(bus: Bus, stream: str, count: int, timeout: float) -> list[float]:
@@ -159,7 +187,8 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, serv
     try:
         for stage in stages:
             await stage.start()
-        await asyncio.sleep(1.0)  # the stages connect and make their consumers before the first publish
+        for stage in stages:  # the stages connect and make their consumers before the first publish
+            await stage.pulling(bus, timeout)
         cpu_before = time.process_time()
         servers_before = sum(process_cpu_seconds(pid) for pid in server_pids or [])
         in_flight: set[asyncio.Future[Any]] = set()
@@ -177,11 +206,12 @@ async def measure(bus: Bus, payload: bytes, count: int, status_bucket: str, serv
         if server_pids:  # once the sink is done (its last put stored), before the timestamps are read
             cpu["nats-server"] = round(sum(process_cpu_seconds(pid) for pid in server_pids) - servers_before, 2)
         times = await stored_times(bus, f"KV_{BUCKET}", count, timeout)
+        published = await stored_times(bus, IN, count, timeout)
     finally:
         for stage in stages:
             await stage.stop()
         await remove(bus)
-    rate = middle_rate(times)
+    rate = chain_rate(published, times)
     return {
         "claims_per_second": None if rate is None else round(rate, 1),
         "messages": count,

@@ -131,11 +131,13 @@ def test_leader_terms_counts_the_epochs_that_wrote_decisions():
     assert pipeline.leader_terms(stored[:2]) == 1
 
 
-def test_middle_rate_leaves_out_the_first_and_last_quarter():
-    # 100 records: a slow start and end, 10 per second in the middle
-    times = [0.0] * 25 + [10 + i / 10 for i in range(50)] + [100.0] * 25
-    assert ceiling.middle_rate(times) == pytest.approx(10.0, rel=0.05)
-    assert ceiling.middle_rate([1.0, 1.0]) is None
+def test_the_chain_rate_runs_from_the_first_publish_to_the_last_put():
+    # the source publishes 100 in the first second; the puts come at 10 a second, the last at 15 s
+    published = [i / 100 for i in range(100)]
+    puts = [5.1 + i / 10 for i in range(100)]
+    assert ceiling.chain_rate(published, puts) == pytest.approx(100 / 15.0)
+    assert ceiling.chain_rate(published, []) is None
+    assert ceiling.chain_rate([2.0], [1.0]) is None
 
 
 async def test_the_ceiling_relays_every_message_through_two_consumer_processes(bus: Bus):
