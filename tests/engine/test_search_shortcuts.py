@@ -236,6 +236,35 @@ def test_the_largest_group_is_what_the_search_can_find():
                 assert bool(hit & node) == (most >= other) == (searched.status == "allocated")
 
 
+def test_the_learned_group_follows_the_nodes_devices():
+    # a node's groups are counted from bitsets per attribute value cached on its topology
+    # (topology.value_bits): when its devices are published anew (another NVLink layout, a device
+    # without the attribute) they are counted anew, and agree with the search there
+    nvlink = "gpu.example.com/nvlink"
+    engine = _two_nodes(["p0", "p0", "p1", "p1"])
+    node = 1 << engine.inventory.node_rank["node-1"]
+
+    def learned(size: int) -> bool:
+        plan = engine.planner.plan(_claim("x", size, match=nvlink), engine.inventory.classes, engine.inventory.class_versions)
+        alt = plan.requests[0].alts[0]
+        seen, hit = engine.verdicts.get(alt, 0).nodes(engine.inventory.version, alt.learn_key)
+        assert seen & node
+        return bool(hit & node)
+
+    assert engine.allocate([_claim("four", 4, match=nvlink)], node="node-1")[0].status == "unsatisfiable"
+    assert engine.allocate([_claim("two", 2, match=nvlink)], node="node-1")[0].status == "allocated"
+    assert (learned(2), learned(4)) == (True, False)
+    engine.release("ns/two")
+    devices = [*_gpus(["q", "q", "q"]), {"name": "gpu-3", "attributes": {"model": {"string": "h100"}}}]
+    spec = {"driver": "gpu.example.com", "pool": {"name": "node-1", "generation": 2, "resourceSliceCount": 1}, "nodeName": "node-1", "devices": devices}
+    engine.apply(msgspec.convert({"metadata": {"name": "node-1-gpus"}, "spec": spec}, ResourceSlice))
+    (three,) = engine.allocate([_claim("three", 3, match=nvlink)], node="node-1")
+    assert _devices(three) == ["gpu-0", "gpu-1", "gpu-2"]
+    engine.release("ns/three")
+    assert engine.allocate([_claim("four-again", 4, match=nvlink)], node="node-1")[0].status == "unsatisfiable"
+    assert (learned(3), learned(4)) == (True, False)
+
+
 def test_a_node_no_object_names_is_refused_not_a_traceback():
     engine = _engine(_gpus(["a", "a"]))
     (outcome,) = engine.allocate([_claim("c", 1)], node="no-such-node")

@@ -34,6 +34,7 @@ from dralloc.allocator.engine.placement import Placement
 from dralloc.allocator.engine.plan import Alt, ClaimPlan, Constraint, Planner
 from dralloc.allocator.engine.search import BudgetExceeded, Search, Slot, elements, independent
 from dralloc.allocator.engine.snapshot import EngineSnapshot, Observer
+from dralloc.allocator.engine.topology import NodeTopology, value_bits
 from dralloc.allocator.engine.verdicts import SelectorBudgetExceeded, Verdict, Verdicts
 from dralloc.schemas.quantity import format_quantity, parse_quantity
 from dralloc.schemas.resource import (
@@ -462,7 +463,7 @@ class Engine:
                         matched, lo = (verdict.matched & mask if not hit else 0), 0
                     if not hit:
                         if alt.group:
-                            hit = self._learn_groups(verdict, alt, matched, bit, lo)
+                            hit = self._learn_groups(verdict, alt, matched, bit, lo, topo)
                         elif alt.constraint_attributes:
                             hit = any(all(inv.devices[i + lo].attribute(a) is not None for a in alt.constraint_attributes) for i in iter_bits(matched))  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
                         else:
@@ -470,9 +471,9 @@ class Engine:
                     if hit:
                         info[1] |= bit
 
-    def _learn_groups(self, verdict: Verdict, alt: Alt, matched: int, bit: int, lo: int = 0) -> bool:
+    def _learn_groups(self, verdict: Verdict, alt: Alt, matched: int, bit: int, lo: int = 0, topo: NodeTopology | None = None) -> bool:
         """Whether the node (`bit`) has a group of `alt.group` of its `matched` devices (ids
-        shifted down by `lo`), with the
+        shifted down by `lo`; `topo`: the node's topology when they are its own), with the
         same answer noted for the other group sizes of the verdict's node memory that read the same
         attributes and have not seen the node (a node without a pair has no group of 4 or 8 either):
         the claims of those sizes then skip it without a try of their own."""
@@ -483,7 +484,7 @@ class Engine:
         ]
         groups = [alt.group, *(g for g, _ in siblings)]
         # a device adds one to a value at most: with fewer matching devices no group is reached
-        largest = 0 if matched.bit_count() < min(groups) else _largest_group(self.inventory, matched, alt, max(groups), lo)
+        largest = 0 if matched.bit_count() < min(groups) else _largest_group(self.inventory, matched, alt, max(groups), lo, topo)
         for group, info in siblings:
             info[0] |= bit
             if largest >= group:
@@ -720,16 +721,24 @@ class Engine:
         return allocation, entries
 
 
-def _largest_group(inv: Inventory, matched: int, alt: Alt, cap: int, lo: int = 0) -> int:
+def _largest_group(inv: Inventory, matched: int, alt: Alt, cap: int, lo: int = 0, topo: NodeTopology | None = None) -> int:
     """The largest group, counted up to `cap`, of the `matched` devices (ids shifted down by `lo`;
     free or not) that have
     every constraint attribute: for each match attribute the most of them sharing one value, the
     least of those over the attributes (`cap` without match attributes). A group of `alt.group`
     exists when this reaches it: a matchAttribute over NVLink domains of two cannot hold a claim
-    for four, however free the node is."""
+    for four, however free the node is. `topo`: the node's topology, when `matched` are its own
+    devices (shifted by its `lo`); one match attribute is then counted from its value bitsets
+    (`value_bits`: a bitset operation per value, where the loop below looks up each device's
+    attributes, ~25 us a node of 8 GPUs on gpu-fleet-10k): the same answer below `cap`, and `cap`
+    where the loop reaches it (the callers compare it with groups of at most `cap`)."""
     attributes = alt.match_attributes
     if not attributes:
         return cap
+    if topo is not None and len(attributes) == 1:
+        for name in alt.constraint_attributes:
+            matched &= value_bits(inv, topo, name)[0]
+        return min(cap, max(((matched & bits).bit_count() for bits in value_bits(inv, topo, attributes[0])[1]), default=0))
     counts: list[dict[object, int]] = [{} for _ in attributes]
     best = [0] * len(attributes)
     left = len(attributes)

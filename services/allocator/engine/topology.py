@@ -31,7 +31,7 @@ from typing import Any
 
 import networkx as nx
 
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, attribute_value
+from dralloc.allocator.engine.inventory import AttrValue, DeviceRec, Inventory, Pool, attribute_value
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
@@ -101,6 +101,8 @@ class NodeTopology:
     placement's cache (`Placement.local_verdict`). A node's verdict does not change while its
     devices do not (the key names the class version and selectors), and this topology is
     rebuilt when they change, so the cache goes with it."""
+    values: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    """Attribute name -> `value_bits` of the node (its cache; rebuilt with this topology)."""
 
 
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
@@ -403,6 +405,28 @@ class Topology:
                 union |= b
             hit = self._unions[label] = (bits, union)
         return hit[1]
+
+
+def value_bits(inv: Inventory, topo: NodeTopology, attribute: str) -> tuple[int, tuple[int, ...]]:
+    """(the node's devices that have `attribute`, and per value of it the devices holding that
+    value as matchAttribute compares them: `DeviceRec.values`), bitsets shifted by `lo`. Cached on
+    the topology, which is rebuilt when the node's devices change: a matchAttribute's groups on a
+    node are then one `&` and `bit_count()` per value, not an attribute lookup per device."""
+    hit = topo.values.get(attribute)
+    if hit is None:
+        having = 0
+        per: dict[AttrValue, int] = {}
+        for i in topo.groups:
+            rec = inv.devices[i]
+            found = rec.values(attribute) if rec is not None else None
+            if found is None:
+                continue
+            bit = 1 << (i - topo.lo)
+            having |= bit
+            for value in found:
+                per[value] = per.get(value, 0) | bit
+        hit = topo.values[attribute] = (having, tuple(per.values()))
+    return hit
 
 
 def level_of(topo: NodeTopology, ids: list[int]) -> int:
