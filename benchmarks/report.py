@@ -1,6 +1,6 @@
 """Run every benchmark the README's "Numbers" section quotes, one after another; one JSON line per command.
 
-    python benchmarks/report.py > numbers.jsonl          # everything (~16 min on the project's 2 cores, loaded)
+    python benchmarks/report.py > numbers.jsonl          # everything (~20 min on the project's 2 cores, loaded)
     python benchmarks/report.py --only engine,takeover   # the benchmarks whose name starts so
 
 Each line: {"command": the exact command, as the README prints it, "commit": the tree's commit
@@ -32,6 +32,7 @@ COMMANDS: list[str] = [
     "dralloc bench takeover --decisions 1000000 --json",
     "dralloc bench takeover --decisions 100000 --no-snapshot --json",
     "dralloc bench placement --seeds 1-5 --loads 0.9,1.1 --max-wait 30 --moves --json",
+    "dralloc bench placement --seeds 6-10 --loads 0.9,1.1 --max-wait 30 --moves --json",
     "dralloc bench placement --seeds 1-5 --loads 0.9,1.1 --max-wait 0 --json",
     "dralloc bench pipeline --json",
     "python benchmarks/allocator.py --claims 10000 --rounds 3",
