@@ -204,20 +204,22 @@ def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[De
     used, shares, room, cap_used = ledger.used_ids, ledger.shares, ledger.counter_room, ledger.cap_used
     defaults = not alt.capacity
     tolerations = alt.tolerations
-    names = [c.attribute for c in covering]
+    names = [c.attribute for c in covering] if covering else []
     out: list[DeviceRec] = []
     consumed: dict[int, dict[str, int]] = {}
     dropped = [0] * len(STAGES)  # in use, counters, capacity, taints, constraints
+    in_use = 0  # (dropped[0], counted in a local: most devices a claim passes are in use)
     for rec in recs:
         if not admin:
-            rid = rec.id
-            if rid in used:
-                dropped[0] += 1  # in use
+            if rec.id in used:
+                in_use += 1
                 continue
             if rec.consumes and not shares.get(rec.key) and not room(rec):
                 dropped[1] += 1  # counters
                 continue
-        use = rec.default_use if defaults and rec.default_use is not NOT_YET else consumed_capacity(alt, rec)
+        use = rec.default_use
+        if not defaults or use is NOT_YET:
+            use = consumed_capacity(alt, rec)
         if use is None or (rec.multi and not admin and not _room(cap_used.get(rec.id, {}), use, rec)):
             dropped[2] += 1  # capacity
             continue
@@ -230,6 +232,7 @@ def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[De
         if rec.multi:
             consumed[rec.id] = use
         out.append(rec)
+    dropped[0] = in_use
     return out, consumed, dropped
 
 
@@ -254,6 +257,10 @@ def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list
     if not matched:
         return []
     devices = inv.devices
+    if matched == mask:
+        # every device of the node (a class of the node's only kind): the order as it is, no
+        # bit to test per device
+        return list(map(devices.__getitem__, order))  # type: ignore[arg-type]  # ids from a live bitset name live devices (None marks only a removed id)
     low = (mask & -mask).bit_length() - 1
     if mask.bit_length() - low <= SPAN_MAX:
         local = matched >> low
