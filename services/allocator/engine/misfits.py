@@ -105,17 +105,19 @@ class Misfits:
         entry[:] = [bits, base + len(log), self.inv.version, ledger.remote_changes]
         return bits
 
-    def note(self, plans: list[ClaimPlan], node: str) -> None:
-        """Remember that placing `plans` on `node` fails now, without trying it (placement found
-        too few free matching devices there, `Placement.order_nodes`): the node is left out of
-        later walks of the same shape (`known`) until it changes. Nothing is kept to recall:
-        the one such node the engine still tries, for the refusal's message, is tried for real."""
+    def note(self, plans: list[ClaimPlan], ranks: int) -> None:
+        """Remember that placing `plans` on the nodes of `ranks` (a bitset of node ranks) fails
+        now, without trying them (placement found too few free matching devices there,
+        `Placement.order_nodes`, which notes the nodes it passed together): they are left out
+        of later walks of the same shape (`known`) until they change. Nothing is kept to
+        recall: the one such node the engine still tries, for the refusal's message, is tried
+        for real."""
         if len(plans) != 1:
             return
         shape = shape_of(plans[0])
         entry = self._ranks.setdefault(shape, [0, 0, -1, -1])
         self._current(shape, entry)
-        entry[0] |= 1 << self.inv.node_rank[node]
+        entry[0] |= ranks
 
     def put(self, key: tuple[Any, ...] | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
         if key is None:

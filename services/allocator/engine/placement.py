@@ -112,7 +112,7 @@ class Placement:
         self.learn = learn
         """The engine's per-node match memory (`learn(plans, node, mask)`): nodes scored here
         are remembered as the engine's own attempts are, so later units skip those that cannot serve."""
-        self.note_misfit: Callable[[list[ClaimPlan], str], None] | None = None
+        self.note_misfit: Callable[[list[ClaimPlan], int], None] | None = None
         """The engine's memory of failures (`Misfits.note`): a node `order_nodes` leaves out as
         one the unit must fail on is remembered as such."""
         self.topology = Topology(inventory)
@@ -321,16 +321,28 @@ class Placement:
             yield from order
             return
         first_short = None
-        for name in order:
-            topo = self.topology.node(name)
-            if topo is not None and self._short(topo, alt):
-                if self.note_misfit is not None:
-                    self.note_misfit(plans, name)
-                first_short = first_short or name
-                continue
-            yield name
+        rank, short = inv.node_rank, 0  # the short nodes not noted yet: noted together before the next yield
+        try:
+            for name in order:
+                topo = self.topology.node(name)
+                if topo is not None and self._short(topo, alt):
+                    short |= 1 << rank[name]
+                    first_short = first_short or name
+                    continue
+                if short:
+                    self._note_short(plans, short)
+                    short = 0
+                yield name
+        finally:  # (also when an evaluation in `_short` ends the unit: those passed are noted, as one by one)
+            if short:
+                self._note_short(plans, short)
         if first_short is not None:
             yield first_short
+
+    def _note_short(self, plans: list[ClaimPlan], ranks: int) -> None:
+        """Note the nodes of `ranks` as misfits of the unit (`note_misfit`), if anyone listens."""
+        if self.note_misfit is not None:
+            self.note_misfit(plans, ranks)
 
     def _short(self, topo: NodeTopology, alt: Alt) -> bool:
         """Whether a unit of the one request `alt` (`_single`) must fail on the node at the
@@ -663,16 +675,21 @@ class Placement:
 
     def _masked_level(self, topo: NodeTopology, node: str, demand: Demand, free_only: bool) -> int | None | object:
         """`node_level` with bitsets: per group, its free matching devices counted with one
-        `&` and `bit_count()` (groups of one device cannot hold a demand of two). Shared and
-        counter-consuming devices do not count one bit each: `_PER_DEVICE` says to count them
-        one by one (`_counts`)."""
+        `&` and `bit_count()` (groups of one device cannot hold a demand of two). A shared
+        device does not count one bit (`_counts` counts it as enough alone), nor does a
+        counter-consuming one when every item wants one device (`_counts` then also counts
+        groups of one device): `_PER_DEVICE` says to count them one by one (`_counts`)."""
         # the node's own bits only (shifted by `lo`): nothing here is as wide as the fleet
         free = topo.span & ~self.kinds.used_on(node, topo.lo) if free_only else topo.span
         items: list[tuple[int, int]] = []
         for alt, count in demand:
             bits = self.local_verdict(topo, alt)[0] & free
-            if bits & topo.special:
-                return _PER_DEVICE
+            special = bits & topo.special
+            if special:
+                unfit = self._unfit(topo, special, free_only) if max(n for _, n in demand) >= 2 else None
+                if unfit is None:
+                    return _PER_DEVICE
+                bits ^= unfit
             if alt.constraint_attributes:
                 bits &= self._having(topo, alt.constraint_attributes)
             if bits.bit_count() < count:
@@ -689,6 +706,22 @@ class Placement:
                 else:
                     return pos
         return NODE
+
+    def _unfit(self, topo: NodeTopology, special: int, free_only: bool) -> int | None:
+        """Of the node's `special` devices (shifted by `lo`), those `_counts` leaves out: removed,
+        or (with `free_only`) short of counter room (`Ledger.counters_fit`); the rest count one
+        bit each. None when one of them is shared: it counts as a whole demand item alone."""
+        devices, lo, fits = self.inv.devices, topo.lo, self.ledger.counters_fit
+        unfit = 0
+        for off in iter_bits(special):
+            rec = devices[off + lo]
+            if rec is None:
+                unfit |= 1 << off
+            elif rec.multi:
+                return None
+            elif free_only and not fits(rec):
+                unfit |= 1 << off
+        return unfit
 
     def _having(self, topo: NodeTopology, attributes: tuple[str, ...]) -> int:
         """The node's devices (shifted by `lo`) that have every one of the attributes (a
