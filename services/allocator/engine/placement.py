@@ -64,6 +64,7 @@ from dralloc.allocator.engine.topology import (
     NodeTopology,
     Topology,
     level_of,
+    value_bits,
 )
 
 if TYPE_CHECKING:
@@ -725,16 +726,11 @@ class Placement:
 
     def _having(self, topo: NodeTopology, attributes: tuple[str, ...]) -> int:
         """The node's devices (shifted by `lo`) that have every one of the attributes (a
-        matchAttribute or distinctAttribute needs them); cached per node topology (rebuilt
-        when its devices change, with it)."""
-        bits = topo.having.get(attributes)
-        if bits is None:
-            bits = 0
-            for i in topo.groups:
-                rec = self.inv.devices[i]
-                if rec is not None and all(rec.attribute(a) is not None for a in attributes):
-                    bits |= 1 << (i - topo.lo)
-            topo.having[attributes] = bits
+        matchAttribute or distinctAttribute needs them): from the node's value bitsets
+        (`value_bits`, cached on its topology and rebuilt with it)."""
+        bits = topo.span
+        for attribute in attributes:
+            bits &= value_bits(self.inv, topo, attribute)[0]
         return bits
 
     def _static_level(self, node: str, demand: Demand, topo: NodeTopology | None = None, demand_key: DemandKey | None = None) -> int:

@@ -91,8 +91,6 @@ class NodeTopology:
     (MIG): their free count is not one bit each, so the scan counts them device by device."""
     span: int
     """All of the node's device bits, shifted by `lo`."""
-    having: dict[tuple[str, ...], int]
-    """Attribute names -> the devices (shifted by `lo`) that have them all (placement's cache)."""
     shape: int
     """The serial of the node's structure (`Shape`): nodes of one hardware profile share it,
     so an order worked out for one (by device position) holds for the others."""
@@ -182,7 +180,7 @@ def build_node(
             names=[{} for _ in GROUP_LEVELS], sizes=[dict.fromkeys(range(n), 1) for _ in GROUP_LEVELS],
             clique=None, devices=n, lo=lo, flat=True, masks=[[] for _ in GROUP_LEVELS],
             special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
-            span=sum(1 << (rec.id - lo) for rec in recs), having={}, shape=0,
+            span=sum(1 << (rec.id - lo) for rec in recs), shape=0,
         )  # fmt: skip
     canon: dict[Hub, int] = {}
     shape_key = tuple([tuple([(hub[0], canon.setdefault(hub, len(canon))) for hub in hubs]) for hubs in hub_lists])
@@ -220,7 +218,6 @@ def build_node(
         masks=masks,
         special=sum(1 << (rec.id - lo) for rec in recs if rec.multi or rec.consumes),
         span=(1 << len(recs)) - 1 if gapless else sum(1 << (rec.id - lo) for rec in recs),
-        having={},
         shape=serial,
     )
 
