@@ -367,15 +367,17 @@ class Engine:
         request, it is known (from earlier evaluations, or from its class's reach
         worked out at idle: `Verdicts.class_reach`) to have no device any
         alternative matches or fails on; without shared devices also when it
-        has fewer free devices than the unit's smallest demand."""
+        has fewer free devices than the unit's smallest demand.
+
+        Worked out when called (a function returning the walk, not a generator around it: a
+        generator still suspended when a node fits is closed by a GeneratorExit thrown
+        through it, per claim)."""
         inv = self.inventory
         if not inv.node_known:
-            yield None
-            return
+            return iter((None,))
         confined = -1 if within is None else within  # every rank, or a gang's domain
         if inv.nonlocal_bits:
-            yield from self.placement.order_nodes(plans, confined)
-            return
+            return self.placement.order_nodes(plans, confined)
         viable = confined
         need = 0
         for plan in plans:
@@ -393,9 +395,10 @@ class Engine:
             free_ge = self.ledger.free_ge
             viable &= free_ge[need] if need < len(free_ge) else 0
         skipped = viable & self.misfits.known(plans) if skip_misfits else 0
-        yield from self.placement.order_nodes(plans, viable ^ skipped, skip_short=skip_misfits)
+        order = self.placement.order_nodes(plans, viable ^ skipped, skip_short=skip_misfits)
         if skipped:  # nothing else fit: one of them, so that the refusal still says why (a recall)
-            yield inv.node_names[(skipped & -skipped).bit_length() - 1]
+            return itertools.chain(order, (inv.node_names[(skipped & -skipped).bit_length() - 1],))
+        return order
 
     # --- CEL errors ----------------------------------------------------------------------
 

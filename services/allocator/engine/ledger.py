@@ -248,14 +248,15 @@ class Ledger:
             return
         self.free_local[node] = new
         bit = 1 << self.inv._see_node(node)
-        while len(self.free_ge) <= max(new, old):
-            self.free_ge.append(0)
+        free_ge = self.free_ge
+        while len(free_ge) <= max(new, old):
+            free_ge.append(0)
         if new > old:
             for k in range(old + 1, new + 1):
-                self.free_ge[k] |= bit
+                free_ge[k] |= bit
         else:
             for k in range(new + 1, old + 1):
-                self.free_ge[k] &= ~bit
+                free_ge[k] &= ~bit
 
     def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         """A pool's devices were replaced: what is derived from the records, again for its devices.
