@@ -38,7 +38,7 @@ from dralloc.allocator import leader
 from dralloc.allocator.catchup import InventoryMark
 from dralloc.allocator.config import Config
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.memory import freeze_long_lived, release_term
+from dralloc.allocator.engine.memory import Collector
 from dralloc.allocator.fence import Fenced
 from dralloc.allocator.shell import Allocator
 from dralloc.bus import Bus, report_lag
@@ -52,15 +52,16 @@ log = logging.getLogger("dralloc.allocator")
 async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine | None = None) -> None:
     """Wait for the leader lease, lead until it is lost or a write is fenced off, and again; resign on stop."""
     lease = leader.Lease(await bus.key_value(leader.BUCKET), ttl=config.lease_ttl)
+    collector = Collector()  # the process's collector policy, across its terms
     try:
         while await lease.acquire(stop):
             # The CEL time budget on the engine thread's own CPU clock, not the wall clock: a starved
             # allocator (a busy machine) must not fail good claims for time it spent waiting to run.
             engine = engine or Engine(cel_budget=config.cel_budget, cel_seconds=(time.thread_time, config.cel_seconds), keep_whole=config.keep_whole)
-            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot, moves=config.moves)
+            allocator = Allocator(bus, engine, lease=lease, max_wait=config.max_wait, snapshot=config.snapshot, moves=config.moves, collector=collector)
             engine = None  # a later term rebuilds a fresh engine from the streams
             try:
-                await _lead(bus, config, stop, allocator)
+                await _lead(bus, config, stop, allocator, collector)
             except Exception as exc:  # NATS went away mid-term, or a refused write: the next term rebuilds
                 log.warning("allocator: term of epoch %d ended: %s", lease.epoch, exc)
                 await asyncio.sleep(0.2)
@@ -68,12 +69,12 @@ async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine
                 log.info("allocator: term of epoch %d ended", lease.epoch)
             del allocator  # the term's engine is garbage now, but frozen (cyclic: only the collector frees it)
             if not stop.is_set():  # (on the way out the process's end frees it)
-                release_term()
+                collector.collect()
     finally:
         await lease.resign()
 
 
-async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Allocator) -> None:
+async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Allocator, collector: Collector) -> None:
     """One term: rebuild from the streams, then decide until `stop` or the term ends."""
     term = allocator.term
     assert allocator.lease is not None
@@ -87,7 +88,7 @@ async def _lead(bus: Bus, config: Config, stop: asyncio.Event, allocator: Alloca
             inventory_seq = await allocator.rebuild()
         finally:
             gc.enable()
-        freeze_long_lived()
+        collector.loaded()
         allocator.inventory_mark = mark = InventoryMark(inventory_seq)
         tasks.create_task(
             bus.consume("INVENTORY", allocator.on_inventory, term, durable=None, name="allocator-inventory", start_seq=inventory_seq + 1, seen=mark.read)

@@ -44,6 +44,7 @@ from dralloc.allocator import evicting, leader, moving
 from dralloc.allocator.catchup import InventoryMark, names_unknown_class
 from dralloc.allocator.decisions import Adopt, Allocate, AllocatePod, Decisions, GangComplete
 from dralloc.allocator.engine import Engine, Outcome
+from dralloc.allocator.engine.memory import Collector
 from dralloc.allocator.fence import Fence
 from dralloc.allocator.intake import Intake, Taken
 from dralloc.allocator.rebuild import rebuild
@@ -84,8 +85,12 @@ class Allocator:
         max_wait: float = 0.0,
         snapshot: Policy | None = None,
         moves: str = "off",
+        collector: Collector | None = None,
     ) -> None:
         self.bus = bus
+        self.collector = collector
+        """The process's collector policy (engine/memory.py), settled after each piece of engine work;
+        None: the collector is left as it is (a test's, a library user's process)."""
         self.moves = moves
         """When large units that wait get room by moving small claims (moving.py `MODES`; "off": never)."""
         self.snapshots = Snapshots(bus, policy=snapshot, epoch=lambda: lease.epoch if lease is not None else 0)
@@ -155,13 +160,16 @@ class Allocator:
         """The engine's idle work (`Engine.warm`: nothing a decision depends on) in hops of at most
         `HOP_NS`, after the rebuild and after each inventory change, until `stop`. Each hop holds
         `lock` as a claim does, and the lock serves its waiters in turn: a claim that comes waits
-        for one hop at most, and the first claim of a class does not pay for the whole fleet's."""
+        for one hop at most, and the first claim of a class does not pay for the whole fleet's. Once
+        the work is done, the collector's turn (`Collector.idle`: a full collection if due)."""
         while not stop.is_set():
             self.warm_wanted.clear()
             more = True
             while more and not stop.is_set():
                 async with self.lock:
                     more = await self._engine_work(self.engine.warm, HOP_NS / 1e9)
+            if self.collector is not None and not stop.is_set():
+                self.collector.idle()
             wanted, stopped = asyncio.ensure_future(self.warm_wanted.wait()), asyncio.ensure_future(stop.wait())
             await asyncio.wait({wanted, stopped}, return_when=asyncio.FIRST_COMPLETED)
             wanted.cancel()
@@ -396,6 +404,8 @@ class Allocator:
             return await asyncio.to_thread(fn, *args)
         finally:
             self.engine_busy = False
+            if self.collector is not None:  # what the work left alive (a decision's, a warm hop's) is long-lived
+                self.collector.settle()
 
     def _undo_unless_stored(self, write: asyncio.Future[None], event: ev.AllocationCommitted) -> None:
         if write.cancelled() or write.exception() is not None:

@@ -1,6 +1,6 @@
 """A term's engine is freed when the term ends (#17 item 4). Each term freezes its loaded engine
 out of the cyclic collector's sight (engine/memory.py) and an engine is cyclic, so before
-`release_term` a process that lost and won the lease again kept every earlier term's engine: a
+`Collector.collect` at term end a process that lost and won the lease again kept every earlier term's engine: a
 fleet's worth of memory per term. Real nats-server, the allocator service in-process, the lease
 taken from it by another holder as a rival allocator would."""
 
