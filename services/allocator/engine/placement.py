@@ -230,8 +230,13 @@ class Placement:
         kind = self._kind(demand) if self.scoring and ranks and self.held_rules else None
         totals = self.kinds.total.get(kind, {}) if kind is not None else {}
         if kind is None or not totals or demand[0][1] >= max(totals.values()):
-            return self._order_nodes(plans, ranks)
+            return self._order_later(plans, ranks)
         return iter(drain_last(ranks, self.inv.node_names, self.inv.node_known, self.kinds.claims, self.kinds.free.get(kind, {})))
+
+    def _order_later(self, plans: list[ClaimPlan], ranks: int) -> Iterator[str]:
+        """`_order_nodes(plans, ranks)` worked out when the walk reaches it (after the nodes before
+        it were tried, as their evaluations may tell the unit's kind), not when it is called."""
+        yield from self._order_nodes(plans, ranks)
 
     # --- whole nodes kept for large claims ---------------------------------------------------
 
@@ -376,13 +381,13 @@ class Placement:
         return True
 
     def _order_nodes(self, plans: list[ClaimPlan], viable: int) -> Iterator[str]:
+        """Known nodes among the `viable` ranks, in the order to try them. Worked out when called
+        and walked lazily: a function returning the walk, not a generator around it (a generator
+        still suspended when a node fits is closed by a GeneratorExit thrown through it, per claim)."""
         inv = self.inv
         names = inv.node_names
         if not self.scoring:
-            for rank in iter_bits(viable):
-                if names[rank] in inv.node_known:
-                    yield names[rank]
-            return
+            return (names[rank] for rank in iter_bits(viable) if names[rank] in inv.node_known)
         demand = _demand(plans)
         if not demand or (len(demand) == 1 and demand[0][1] < 2):
             # one device of the class, any: it gains nothing from NVLink, so nodes without it
@@ -392,21 +397,28 @@ class Placement:
             nvlink = self.topology.nvlink_ranks if demand and not demand[0][0].selectors else 0
             kind = self._kind(demand)
             order = chain(self._fit_order(viable & ~nvlink, kind), self._fit_order(viable & nvlink, kind)) if viable & nvlink else self._fit_order(viable, kind)
-            later = []
-            if demand and kind is None and not inv.nonlocal_bits:
-                order = self._settled(order, demand[0][0])
-            for rank in order:
-                name = names[rank]
-                # with the kind known, the buckets only hold nodes with a free device of that kind
-                if demand and kind is None and not self._any_free(name, demand[0][0]):
-                    if self.learn is not None:  # the engine does not try it now: remember what it matches
-                        self.learn(plans, name, self.inv.node_bits(name))
-                    later.append(name)  # full for this request: tried last (another alternative may fit)
-                else:
-                    yield name
-            yield from later
-            return
-        yield from self._locality_order(plans, demand, viable)
+            if demand and kind is None:
+                return self._full_last(plans, demand[0][0], order)
+            # with the kind known, the buckets only hold nodes with a free device of that kind
+            return map(names.__getitem__, order)
+        return self._locality_order(plans, demand, viable)
+
+    def _full_last(self, plans: list[ClaimPlan], alt: Alt, order: Iterator[int]) -> Iterator[str]:
+        """The nodes of `order` (ranks), those where `alt` (the unit's first request, its kind not
+        known yet: the buckets counted every kind) has no free device last."""
+        names = self.inv.node_names
+        if not self.inv.nonlocal_bits:
+            order = self._settled(order, alt)
+        later = []
+        for rank in order:
+            name = names[rank]
+            if not self._any_free(name, alt):
+                if self.learn is not None:  # the engine does not try it now: remember what it matches
+                    self.learn(plans, name, self.inv.node_bits(name))
+                later.append(name)  # full for this request: tried last (another alternative may fit)
+            else:
+                yield name
+        yield from later
 
     def _settled(self, ranks: Iterator[int], alt: Alt) -> Iterator[int]:
         """`ranks`, each node's verdict for `alt` (`local_verdict`) settled as it is yielded: where
@@ -550,13 +562,25 @@ class Placement:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
         the nodes with at least k free, `free` their counts by node) in `_hole_order(need)`, then
         the most claims holding devices there (`KindIndex.by_claims`), then rank; lazily.
-        `with_none`: then the nodes with none free (they may still have shared devices)."""
+        `with_none`: then the nodes with none free (they may still have shared devices).
+        At most one node with a free device (the usual walk: best fit fills one node at a time)
+        is the whole order, whatever its count and claims: answered without a generator (one
+        suspended when a node fits is closed by a GeneratorExit thrown through it, per claim)."""
         top = len(free_ge)
-        by_claims, by_claims_first = self.kinds.by_claims, self.kinds.most_claims_first
-        names, known = self.inv.node_names, self.inv.node_known
         # the nodes with a free device not yielded yet: the buckets stop once it is empty (each
         # is one bitset operation as wide as the fleet's ranks, per part of the walk)
         left = viable & free_ge[1] if top > 1 else 0
+        if left & (left - 1):
+            return self._by_buckets(viable, left, free_ge, free, need, with_none)
+        rank = left.bit_length() - 1
+        first = (rank,) if left and self.inv.node_names[rank] in self.inv.node_known else ()
+        return chain(first, self._known(viable & ~(free_ge[1] if top > 1 else 0))) if with_none else iter(first)
+
+    def _by_buckets(self, viable: int, left: int, free_ge: list[int], free: dict[str, int], need: int, with_none: bool) -> Iterator[int]:
+        """`_buckets` for two nodes or more with a free device (`left`)."""
+        top = len(free_ge)
+        by_claims, by_claims_first = self.kinds.by_claims, self.kinds.most_claims_first
+        names, known = self.inv.node_names, self.inv.node_known
         order: tuple[int, ...] | list[int] = _hole_order(need, top)
         groups: dict[int, int] | None = None
         if len(order) > 32 and left.bit_count() * 4 < len(order):
