@@ -138,14 +138,7 @@ class DeviceRec:
         column = memo.column((qualified,), self.id) if memo is not None else None  # beside `attribute`'s, under a key no name can be
         hit: Any = column[self.id] if column is not None else _MISSING
         if hit is _MISSING:
-            attr = self.attribute(qualified)
-            if attr is None:
-                hit = None
-            elif attr[0].endswith("s"):
-                kind = attr[0][:-1]
-                hit = tuple(dict.fromkeys((kind, v) for v in attr[1]))
-            else:
-                hit = (attr,)
+            hit = value_set(self.attribute(qualified))
             if column is not None and memo is not None:
                 hit = column[self.id] = memo.share(hit)
         found: tuple[AttrValue, ...] | None = hit  # (the value set of that attribute)
@@ -214,6 +207,17 @@ def lookup_attribute(rec: DeviceRec, qualified: str) -> AttrValue | None:
         if value is not None:
             return (kind, tuple(value)) if isinstance(value, list) else (kind, value)
     return None
+
+
+def value_set(attr: AttrValue | None) -> tuple[AttrValue, ...] | None:
+    """An attribute (`lookup_attribute`'s answer) as the set of values matchAttribute and
+    distinctAttribute compare: `DeviceRec.values`, for an answer in hand."""
+    if attr is None:
+        return None
+    if attr[0].endswith("s"):
+        kind = attr[0][:-1]
+        return tuple(dict.fromkeys((kind, v) for v in attr[1]))
+    return (attr,)
 
 
 def attribute_value(rec: DeviceRec, qualified: str) -> Any:

@@ -31,7 +31,7 @@ from typing import Any
 
 import networkx as nx
 
-from dralloc.allocator.engine.inventory import AttrValue, DeviceRec, Inventory, Pool, attribute_value
+from dralloc.allocator.engine.inventory import AttrValue, DeviceRec, Inventory, Pool, attribute_value, lookup_attribute, value_set
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
@@ -415,7 +415,8 @@ def value_bits(inv: Inventory, topo: NodeTopology, attribute: str) -> tuple[int,
         per: dict[AttrValue, int] = {}
         for i in topo.groups:
             rec = inv.devices[i]
-            found = rec.values(attribute) if rec is not None else None
+            # read once per device for the node's life: without the attribute memo's columns
+            found = value_set(lookup_attribute(rec, attribute)) if rec is not None else None
             if found is None:
                 continue
             bit = 1 << (i - topo.lo)
