@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from dralloc.allocator.engine import Engine, projection, verdicts
+from dralloc.allocator.engine.topology import Topology
 from dralloc.allocator.engine.verdicts import Verdicts
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
@@ -75,6 +76,26 @@ def test_warm_goes_in_hops_and_again_after_an_inventory_change(monkeypatch: pyte
     engine.apply(slices[0])  # new devices: new work, and only them
     assert not engine.warm(1.0)
     assert calls[0] == len(slices[0].spec.devices) > 0
+
+
+def test_after_warm_a_claim_reads_the_multi_node_domains_warm_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet's domains are rebuilt after each inventory change; warm builds them, so a
+    claim's walk does not (it asks each node's clique when it does: ~18 ms at 31,250 nodes)."""
+    cold, warm = _fleet(), _fleet()
+    while warm.warm(1.0):
+        pass
+    asked: list[str] = []
+    real = Topology._clique
+
+    def counting(self: Topology, node: str) -> str | None:
+        asked.append(node)
+        return real(self, node)
+
+    monkeypatch.setattr(Topology, "_clique", counting)
+    assert warm.allocate([_mig_claim("m0")])[0].status == "allocated"
+    assert asked == []
+    assert cold.allocate([_mig_claim("m0")])[0].status == "allocated"
+    assert len(asked) == H100_NODES + 1  # the rebuild a cold walk pays: every node's clique
 
 
 def _selected_mig_claim(name: str) -> ResourceClaim:

@@ -123,3 +123,16 @@ def test_small_claim_fills_a_hole_before_breaking_a_whole_node_of_the_fuller_rac
     assert engine.allocate([claim("one", 1)])[0].node == "h100-sxm-2"
     # no hole left: a whole node; both racks have 8 free now, r0 comes first by rank
     assert engine.allocate([claim("two", 1)])[0].node == "h100-sxm-1"
+
+
+def test_a_rack_named_as_a_clique_is_a_domain_of_its_own():
+    """Nodes 0-1 share the NVLink clique label "x", nodes 2-3 the rack label "x": two domains, not
+    one name over both (nor one hiding the other), each with its own nodes."""
+    engine = make_engine([("h100-sxm", 4)])
+    for i in range(4):
+        name = f"h100-sxm-{i}"
+        label = {"nvidia.com/gpu.clique": "x"} if i < 2 else {"dralloc.dev/rack": "x"}
+        engine.apply(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **label})))
+    of, members = engine.placement.topology.domains()
+    assert members == {"x": ["h100-sxm-0", "h100-sxm-1"], "rack:x": ["h100-sxm-2", "h100-sxm-3"]}
+    assert [of[f"h100-sxm-{i}"] for i in range(4)] == ["x", "x", "rack:x", "rack:x"]

@@ -18,9 +18,11 @@ The graph is built when a node's devices change (the inventory's per-node
 stamp), never per claim: the hot path reads `NodeTopology.groups`, a tuple of
 small integers per device, and compares them.
 
-Across nodes, a second graph links nodes to their multi-node domains (the
-NVLink clique of GB200 NVL72 trays, from the devices or the node label, or
-any node label a gang names); its components are the domains gangs stay in.
+Across nodes, each node belongs to one multi-node domain at most (the NVLink
+clique of GB200 NVL72 trays, from the devices or the node label, else its
+rack label; or the value of any node label a gang names): the domains gangs
+stay in are those groups, rebuilt when the inventory changes (`Engine.warm`
+builds them before a claim needs them).
 """
 
 from __future__ import annotations
@@ -333,34 +335,34 @@ class Topology:
         `label` None: the NVLink clique (a device's `dralloc.dev/nvlinkClique`,
         else the node label `nvidia.com/gpu.clique`), else the `dralloc.dev/rack`
         label. A label key: nodes that share its value. Nodes without one are in
-        no domain. Rebuilt when the inventory changes."""
+        no domain. A domain is named by its value (a rack whose value a clique
+        already has: `rack:<value>`), in the order of its first node.
+        Rebuilt when the inventory changes."""
         inv = self.inv
         hit = self._domains.get(label)
         if hit is not None and hit[0] == inv.version:
             return hit[1], hit[2]
-        graph = nx.Graph()
+        # A node links to one hub at most (its clique, else its rack; or the label's value), so a
+        # domain is a hub's nodes: grouped in one pass, in the order of each hub's first node.
+        by_hub: dict[tuple[str, str], list[str]] = {}
         for name in inv.nodes():
-            graph.add_node(("node", name))
             labels = inv.node_labels.get(name, {})
             if label is None:
                 clique = self._clique(name) or labels.get(CLIQUE_LABEL)
-                if clique:
-                    graph.add_edge(("node", name), ("clique", clique))
-                elif labels.get(RACK_LABEL):
-                    graph.add_edge(("node", name), ("rack", labels[RACK_LABEL]))
-            elif labels.get(label):
-                graph.add_edge(("node", name), ("label", labels[label]))
+                hub = ("clique", clique) if clique else ("rack", labels[RACK_LABEL]) if labels.get(RACK_LABEL) else None
+            else:
+                hub = ("label", labels[label]) if labels.get(label) else None
+            if hub is not None:
+                by_hub.setdefault(hub, []).append(name)
         of: dict[str, str] = {}
         members: dict[str, list[str]] = {}
         rank = inv.node_rank
-        for comp in nx.connected_components(graph):
-            hubs = sorted(str(v[1]) for v in comp if v[0] != "node")
-            if not hubs:
-                continue
-            nodes = sorted((v[1] for v in comp if v[0] == "node"), key=lambda n: rank[n])
-            members[hubs[0]] = nodes
+        for (kind, value), nodes in by_hub.items():
+            # a rack named as a clique is another domain
+            domain = value if value not in members else f"{kind}:{value}"
+            members[domain] = nodes = sorted(nodes, key=rank.__getitem__)
             for n in nodes:
-                of[n] = hubs[0]
+                of[n] = domain
         self._domains[label] = (inv.version, of, members)
         return of, members
 
