@@ -1,6 +1,6 @@
 """Run every benchmark the README's "Numbers" section quotes, one after another; one JSON line per command.
 
-    python benchmarks/report.py > numbers.jsonl          # everything (~20 min on the project's 2 cores, loaded)
+    python benchmarks/report.py > numbers.jsonl          # everything (~13 min on the project's 2 cores, idle)
     python benchmarks/report.py --only engine,takeover   # the benchmarks whose name starts so
 
 Each line: {"command": the exact command, as the README prints it, "commit": the tree's commit
