@@ -7,10 +7,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dralloc.allocator.engine import Engine, projection, verdicts
+from dralloc.allocator.engine import Engine, projection, topology, verdicts
 from dralloc.allocator.engine.topology import Topology
 from dralloc.allocator.engine.verdicts import Verdicts
-from dralloc.discovery.fleet import build_fleet
+from dralloc.discovery.fleet import build_fleet, fleet_nodes
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
 from dralloc.schemas.resource import ResourceClaim
@@ -19,14 +19,16 @@ CLASSES = Path(__file__).resolve().parents[2] / "examples" / "deviceclasses.yaml
 H100_NODES = 20
 
 
+FLEET = [{"profile": "h100-sxm", "count": H100_NODES, "prefix": "node"}, {"profile": "h200-sxm-mig", "count": 1, "prefix": "mig"}]
+
+
 def _fleet() -> Engine:
     """H100 nodes (8 GPUs and 8 NICs each) first, then one MIG node: the MIG class's first claim
     walks every H100 node before it finds a device of its class."""
     engine = Engine()
     for event in events_from_manifests(load_paths([str(CLASSES)]), print):
         engine.apply(event.device_class)
-    fleet = [{"profile": "h100-sxm", "count": H100_NODES, "prefix": "node"}, {"profile": "h200-sxm-mig", "count": 1, "prefix": "mig"}]
-    for _, slices in build_fleet(fleet):
+    for _, slices in build_fleet(FLEET):
         for slice_ in slices:
             engine.apply(slice_)
     return engine
@@ -96,6 +98,41 @@ def test_after_warm_a_claim_reads_the_multi_node_domains_warm_built(monkeypatch:
     assert asked == []
     assert cold.allocate([_mig_claim("m0")])[0].status == "allocated"
     assert len(asked) == H100_NODES + 1  # the rebuild a cold walk pays: every node's clique
+
+
+def _gpu_claim(name: str) -> ResourceClaim:
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}
+    return msgspec.convert({"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [request]}}}, ResourceClaim)
+
+
+def test_after_warm_a_claim_builds_no_node_topology_though_the_nodes_came_after_their_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Node object arriving after its node's slices (its labels are news) leaves the node's
+    topology stale with no pool rebuild to build it again; warm builds it, so no claim's walk does."""
+    cold, warm = _fleet(), _fleet()
+    for engine in (cold, warm):
+        for node in fleet_nodes(FLEET):
+            engine.apply(node)
+    hops = 1
+    while warm.placement.topology.warm(0.0):  # a few nodes a hop: a claim waits for one at most
+        hops += 1
+    assert hops > 1
+    while warm.warm(1.0):
+        pass
+    built: list[str] = []
+    real = topology.build_node
+
+    def counting(node: str, *args: object) -> object:
+        built.append(node)
+        return real(node, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(topology, "build_node", counting)
+    claims = [_gpu_claim("g0"), _mig_claim("m0"), _gpu_claim("g1")]
+    warmed = [warm.allocate([c])[0] for c in claims]
+    assert built == []
+    unwarmed = [cold.allocate([c])[0] for c in claims]
+    assert len(built) >= H100_NODES  # the MIG claim's walk passes every H100 node
+    assert [o.status for o in warmed] == ["allocated"] * 3
+    assert [msgspec.to_builtins(o) for o in warmed] == [msgspec.to_builtins(o) for o in unwarmed]
 
 
 def _selected_mig_claim(name: str) -> ResourceClaim:

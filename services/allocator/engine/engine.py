@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -305,11 +306,14 @@ class Engine:
         """Idle work for about `seconds`: what a first claim of a class would otherwise pay on its
         way through the fleet, and each class's reach (the nodes a walk for it may skip), on which
         no device taken depends (`Verdicts.warm`); True while some is left (after an inventory
-        change there is more). Last, the multi-node domains (`Topology.domains`, rebuilt after each
+        change there is more). Then the node topologies not built since their node changed
+        (`Topology.warm`) and last the multi-node domains (`Topology.domains`, rebuilt after each
         inventory change: ~18 ms at 31,250 nodes), which a scored walk reads on every claim."""
-        if self.verdicts.warm(seconds):
+        end = time.perf_counter() + seconds
+        topology = self.placement.topology
+        if self.verdicts.warm(seconds) or topology.warm(end):
             return True
-        self.placement.topology.domain_union()
+        topology.domain_union()
         return False
 
     def interrupt(self) -> None:
