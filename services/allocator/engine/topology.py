@@ -360,8 +360,9 @@ class Topology:
         `label` None: the NVLink clique (a device's `dralloc.dev/nvlinkClique`,
         else the node label `nvidia.com/gpu.clique`), else the `dralloc.dev/rack`
         label. A label key: nodes that share its value. Nodes without one are in
-        no domain. A domain is named by its value (a rack whose value a clique
-        already has: `rack:<value>`), in the order of its first node.
+        no domain. A domain is named by its value (a clique and a rack of the
+        same value are two domains: the later one by its first node is
+        `<kind>:<value>`, e.g. `rack:x`), in the order of its first node.
         Rebuilt when the inventory changes."""
         inv = self.inv
         hit = self._domains.get(label)
@@ -383,7 +384,7 @@ class Topology:
         members: dict[str, list[str]] = {}
         rank = inv.node_rank
         for (kind, value), nodes in by_hub.items():
-            # a rack named as a clique is another domain
+            # a clique and a rack of the same value are two domains
             domain = value if value not in members else f"{kind}:{value}"
             members[domain] = nodes = sorted(nodes, key=rank.__getitem__)
             for n in nodes:
