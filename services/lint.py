@@ -23,6 +23,7 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from dralloc import hardware
 from dralloc.allocator.engine.cel import CelError, compile_selector, diagnose, shown
 from dralloc.manifests import Manifests
 from dralloc.pods import PodError, class_for_extended_resources, is_dra_extended_resource_name, is_workload, workload_pods
@@ -141,12 +142,12 @@ def selector_problems(obj: object, where: str) -> list[Problem]:
     return [problem for field, selector, _ in _selectors(obj) for problem in _cel_problems(where, field, selector)]
 
 
-def _selector_checks(obj: object, where: str, classes: Mapping[str, DeviceClass], hardware: bool) -> list[Problem]:
-    """`selector_problems`, and with `hardware` every selector checked against a representative fleet."""
+def _selector_checks(obj: object, where: str, classes: Mapping[str, DeviceClass], with_hardware: bool) -> list[Problem]:
+    """`selector_problems`, and `with_hardware` every selector checked against a representative fleet."""
     problems: list[Problem] = []
     for field, selector, class_name in _selectors(obj):
         found = _cel_problems(where, field, selector)
-        if hardware and selector.cel is not None:
+        if with_hardware and selector.cel is not None:
             within = _class_selectors(classes.get(class_name)) if class_name else ()
             found = _hardware_problems(where, field, selector.cel.expression, found, within, is_class=isinstance(obj, DeviceClass))
         problems += found
@@ -168,8 +169,6 @@ def _hardware_problems(where: str, field: str, expression: str, found: list[Prob
     compiles cleanly is a problem when it fails at run time on the fleet's
     devices (a class sees every device).
     """
-    from dralloc import hardware
-
     if not found:
         if not (is_class and _known_domains_only(expression)):
             return []
@@ -203,16 +202,14 @@ def _hardware_problems(where: str, field: str, expression: str, found: list[Prob
 
 
 def _known_domains_only(expression: str) -> bool:
-    from dralloc import hardware
-
     found = hardware.domains(expression)
     if not found:
         return False
     return all(d in hardware.PUBLISHERS for d in found)
 
 
-def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Mapping[str, DeviceClass], hardware: bool) -> list[Problem]:
-    """What the engine refuses (more than 32 devices in one claim) and, with `hardware`, an ExactCount
+def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Mapping[str, DeviceClass], with_hardware: bool) -> list[Problem]:
+    """What the engine refuses (more than 32 devices in one claim) and, `with_hardware`, an ExactCount
     request larger than any node of the representative fleet offers."""
     problems: list[Problem] = []
     total = 0
@@ -235,11 +232,9 @@ def _count_problems(spec: ResourceClaimSpec, path: str, where: str, classes: Map
                 )
             )
             continue
-        if hardware and exact is not None and exact.device_class_name in classes:
-            from dralloc import hardware as hw
-
+        if with_hardware and exact is not None and exact.device_class_name in classes:
             selectors = [*_class_selectors(classes[exact.device_class_name]), *(s.cel.expression for s in exact.selectors if s.cel is not None)]
-            most = hw.most_per_node(selectors)
+            most = hardware.most_per_node(selectors)
             if most is not None and 0 < most[0] < count:
                 problems.append(
                     Problem(
@@ -331,8 +326,6 @@ def _diagnosis(expression: str) -> tuple[str, tuple[str, ...]] | None:
     Cached: a workload sends the same few selectors with every claim, and the submit path and the
     ingestor lint each claim (parsing and diagnosing a selector is most of their CPU per claim).
     Bounded, as the input is hostile: 1,024 expressions of at most the API's 10 KiB each."""
-    from dralloc import hardware
-
     hints = list(diagnose(expression))
     message = ""
     try:
