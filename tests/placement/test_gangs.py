@@ -136,3 +136,15 @@ def test_a_rack_named_as_a_clique_is_a_domain_of_its_own():
     of, members = engine.placement.topology.domains()
     assert members == {"x": ["h100-sxm-0", "h100-sxm-1"], "rack:x": ["h100-sxm-2", "h100-sxm-3"]}
     assert [of[f"h100-sxm-{i}"] for i in range(4)] == ["x", "x", "rack:x", "rack:x"]
+
+
+def test_a_clique_whose_value_reads_like_a_prefixed_rack_hides_no_domain():
+    """A clique labelled "rack:x" (first), a clique "x", then a rack "x": the rack's prefixed name is
+    taken, so it is prefixed again; three domains, each with its own node."""
+    engine = make_engine([("h100-sxm", 3)])
+    labels = [{"nvidia.com/gpu.clique": "rack:x"}, {"nvidia.com/gpu.clique": "x"}, {"dralloc.dev/rack": "x"}]
+    for i, label in enumerate(labels):
+        name = f"h100-sxm-{i}"
+        engine.apply(Node(metadata=ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **label})))
+    _, members = engine.placement.topology.domains()
+    assert members == {"rack:x": ["h100-sxm-0"], "x": ["h100-sxm-1"], "rack:rack:x": ["h100-sxm-2"]}

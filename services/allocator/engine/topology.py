@@ -362,7 +362,8 @@ class Topology:
         label. A label key: nodes that share its value. Nodes without one are in
         no domain. A domain is named by its value (a clique and a rack of the
         same value are two domains: the later one by its first node is
-        `<kind>:<value>`, e.g. `rack:x`), in the order of its first node.
+        `<kind>:<value>`, e.g. `rack:x`, prefixed again while that name is
+        taken), in the order of its first node.
         Rebuilt when the inventory changes."""
         inv = self.inv
         hit = self._domains.get(label)
@@ -384,8 +385,11 @@ class Topology:
         members: dict[str, list[str]] = {}
         rank = inv.node_rank
         for (kind, value), nodes in by_hub.items():
-            # a clique and a rack of the same value are two domains
-            domain = value if value not in members else f"{kind}:{value}"
+            # a clique and a rack of the same value are two domains; the prefix is repeated until the
+            # name is free (a label's value may itself read `rack:x`)
+            domain = value
+            while domain in members:
+                domain = f"{kind}:{domain}"
             members[domain] = nodes = sorted(nodes, key=rank.__getitem__)
             for n in nodes:
                 of[n] = domain
