@@ -34,9 +34,13 @@ def _fleet() -> Engine:
     return engine
 
 
-def _mig_claim(name: str) -> ResourceClaim:
-    request = {"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com", "count": 1}}
+def _claim(name: str, device_class: str, count: int) -> ResourceClaim:
+    request = {"name": device_class.split(".")[0], "exactly": {"deviceClassName": device_class, "count": count}}
     return msgspec.convert({"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [request]}}}, ResourceClaim)
+
+
+def _mig_claim(name: str) -> ResourceClaim:
+    return _claim(name, "mig.nvidia.com", 1)
 
 
 def _counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -100,11 +104,6 @@ def test_after_warm_a_claim_reads_the_multi_node_domains_warm_built(monkeypatch:
     assert len(asked) == H100_NODES + 1  # the rebuild a cold walk pays: every node's clique
 
 
-def _gpu_claim(name: str) -> ResourceClaim:
-    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}
-    return msgspec.convert({"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"}, "spec": {"devices": {"requests": [request]}}}, ResourceClaim)
-
-
 def test_after_warm_a_claim_builds_no_node_topology_though_the_nodes_came_after_their_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Node object arriving after its node's slices (its labels are news) leaves the node's
     topology stale with no pool rebuild to build it again; warm builds it, so no claim's walk does."""
@@ -126,7 +125,7 @@ def test_after_warm_a_claim_builds_no_node_topology_though_the_nodes_came_after_
         return real(node, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(topology, "build_node", counting)
-    claims = [_gpu_claim("g0"), _mig_claim("m0"), _gpu_claim("g1")]
+    claims = [_claim("g0", "gpu.nvidia.com", 2), _mig_claim("m0"), _claim("g1", "gpu.nvidia.com", 2)]
     warmed = [warm.allocate([c])[0] for c in claims]
     assert built == []
     unwarmed = [cold.allocate([c])[0] for c in claims]
