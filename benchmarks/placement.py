@@ -152,6 +152,10 @@ class Job:
         return [_claim(f"job-{self.index:05d}-{m}", self) for m in range(count)]
 
 
+Departure = tuple[str, list[str], float, int]
+"""A running job's end on the timeline: its family, its claims' keys, the GPUs it held (weighted) and its index."""
+
+
 def _claim(name: str, job: Job) -> ResourceClaim:
     product = PRODUCTS[job.family]
     requests = []
@@ -471,7 +475,7 @@ def run(
     result = Result(moving=moving)
     used = 0.0
     # (time, 0 departure | 1 end of a wait | 2 moves tried during a wait, order, payload): departures first
-    timeline: list[tuple[float, int, int, object]] = []
+    timeline: list[tuple[float, int, int, Departure | Job]] = []
     order = itertools.count()
     waiting: dict[int, tuple[Job, list[ResourceClaim]]] = {}  # in arrival order
     held: dict[int, int] = {}  # waiting job -> the devices reserved for it
@@ -615,7 +619,8 @@ def run(
         while timeline and timeline[0][0] <= until:
             now, kind, seq, payload = heapq.heappop(timeline)
             if kind == 0:
-                family, keys, weight, index = payload  # type: ignore[misc]
+                assert isinstance(payload, tuple)
+                family, keys, weight, index = payload
                 if departs.get(index) != seq:
                     continue  # a departure a move superseded (the claim restarted)
                 del departs[index]
@@ -630,17 +635,18 @@ def run(
                         del waiting[index]
                         held.pop(index, None)
             elif kind == 2:  # moves tried `move_after` minutes into a wait
-                job = payload  # type: ignore[assignment]
+                assert isinstance(payload, Job)
+                job = payload
                 if job.index in waiting and move_for(job, waiting[job.index][1], now):
                     del waiting[job.index]
                     held.pop(job.index, None)
                     holding.pop(job.index, None)
-            elif (job := payload).index in waiting:  # type: ignore[union-attr]
-                claims = waiting.pop(job.index)[1]  # type: ignore[union-attr]
-                held.pop(job.index, None)  # type: ignore[union-attr]
-                if not move_for(job, claims, now):  # type: ignore[arg-type]
-                    refuse(job, claims, now)  # type: ignore[arg-type]
-                holding.pop(job.index, None)  # type: ignore[union-attr]
+            elif isinstance(payload, Job) and (job := payload).index in waiting:
+                claims = waiting.pop(job.index)[1]
+                held.pop(job.index, None)
+                if not move_for(job, claims, now):
+                    refuse(job, claims, now)
+                holding.pop(job.index, None)
             if reserving and waiting:
                 reserve_for_waiting()
 

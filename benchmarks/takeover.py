@@ -30,6 +30,7 @@ import time
 import uuid
 
 import msgspec
+from nats.js.api import PubAck
 from pipeline import CLASSES, claim_event
 
 from dralloc.allocator.service import Allocator, Config
@@ -62,7 +63,7 @@ async def _write(bus: Bus, leader: Allocator, events: list[ev.AllocationEvent], 
     """Write `events` pipelined (`first`: the index of the first one in the whole history, for its
     message id); each stored write goes to the leader's compacted record, as the leader's own do."""
 
-    async def stored(ack, event: ev.AllocationEvent) -> None:  # type: ignore[no-untyped-def]
+    async def stored(ack: asyncio.Future[PubAck], event: ev.AllocationEvent) -> None:
         leader.snapshots.stored((await ack).seq, (event,))
 
     for start in range(0, len(events), PIPELINE):
@@ -97,13 +98,16 @@ async def run(decisions: int, *, live: int = 1000, nodes: int = 125, tail: int |
         template = next(iter(leader.committed.values()), None)
         written_started = time.perf_counter()
         pairs = (decisions - live) // 2
-        if pairs and template is None:
-            raise RuntimeError("no live claim was committed: nothing to copy the history from")
+        if template is None:
+            if pairs:
+                raise RuntimeError("no live claim was committed: nothing to copy the history from")
+            pairs = 0
         history = 2 * pairs
         snapshot_at = max(0, history - tail)  # history events written before the leader's last snapshot
         snapshot_s = None
         for start in range(0, pairs, CHUNK):
-            events = _history(template, min(CHUNK, pairs - start), start)  # type: ignore[arg-type]
+            assert template is not None  # (pairs is 0 without one)
+            events = _history(template, min(CHUNK, pairs - start), start)
             first = 2 * start
             cut = min(max(snapshot_at - first, 0), len(events))
             if snapshot and snapshot_s is None and first + cut == snapshot_at:

@@ -31,6 +31,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from contextvars import Token
 from typing import Any
 
 from opentelemetry import baggage, propagate, trace
@@ -195,14 +196,15 @@ class _Current:
 
     def __init__(self, span: Span) -> None:
         self.span = span
-        self.token: object = None
+        self.token: Token[Context] | None = None
 
     def __enter__(self) -> Span:
         self.token = otel_context.attach(trace.set_span_in_context(self.span))
         return self.span
 
     def __exit__(self, *exc: object) -> None:
-        otel_context.detach(self.token)  # type: ignore[arg-type]
+        if self.token is not None:
+            otel_context.detach(self.token)
 
 
 def recording() -> bool:

@@ -51,7 +51,8 @@ class Puller:
 
     @property
     def _queue(self) -> asyncio.Queue[Msg]:
-        return self.sub._sub._pending_queue  # type: ignore[no-any-return]
+        queue: asyncio.Queue[Msg] = self.sub._sub._pending_queue  # (nats-py's subscription is untyped here: `sub` is Any)
+        return queue
 
     async def fetch(self) -> list[Msg]:
         """Up to `batch` messages: those already delivered, else the first to come within `wait`

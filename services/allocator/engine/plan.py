@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -261,10 +261,11 @@ def consumed_capacity(alt: Alt, rec: Any) -> dict[str, int] | None:
     Read-only: without capacity requests the answer depends on the device alone and is
     kept on it (`DeviceRec.default_use`); with them, on the alternative per capacity map (`Alt.uses`)."""
     if not alt.capacity:
-        use: dict[str, int] | None = rec.default_use  # (NOT_YET until first asked)
-        if use is NOT_YET:
+        known = rec.default_use  # (NOT_YET until first asked: no dict, so not typed as one)
+        if known is NOT_YET:
             use = rec.default_use = _consumed(alt, rec)
-        return use
+            return use
+        return cast("dict[str, int] | None", known)
     published = rec.spec.capacity
     if not published:
         return _consumed(alt, rec)  # (an empty map may be a new one each time: nothing to key by)
