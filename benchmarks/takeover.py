@@ -30,11 +30,10 @@ import time
 import uuid
 
 import msgspec
-from nats.js.api import PubAck
 from pipeline import CLASSES, claim_event
 
 from dralloc.allocator.service import Allocator, Config
-from dralloc.bus import Bus, embedded_nats
+from dralloc.bus import Bus, PubAck, embedded_nats
 from dralloc.discovery.fleet import build_fleet
 from dralloc.ingestor.sources import events_from_manifests
 from dralloc.manifests import load_paths
