@@ -27,6 +27,9 @@ COMMANDS: list[str] = [
     "dralloc bench engine --workload kube-perf-500 --first-fit --json",
     "dralloc bench engine --workload churn-mixed --seed 7 --json",
     "dralloc bench engine --workload gpu-fleet-10k --seed 7 --json",
+    "PYTHONPATH=build/native dralloc bench engine --workload kube-perf-500 --json",
+    "PYTHONPATH=build/native dralloc bench engine --workload churn-mixed --seed 7 --json",
+    "PYTHONPATH=build/native dralloc bench engine --workload gpu-fleet-10k --seed 7 --json",
     "dralloc bench scale --gpus 10k,50k,100k,250k --seed 7 --json",
     "dralloc bench takeover --decisions 100000 --json",
     "dralloc bench takeover --decisions 1000000 --json",
@@ -42,18 +45,29 @@ COMMANDS: list[str] = [
     "dralloc bench pipeline --hostile --json",
 ]
 """As the README prints them: `dralloc ...` runs the CLI, `python benchmarks/X.py ...` a script, each with this
-interpreter."""
+interpreter; `PYTHONPATH=build/native` before one runs it on the native build (README "Native build": build it
+first; the engine bench's `native` says which ran)."""
+
+
+def split(command: str) -> tuple[dict[str, str], list[str]]:
+    """The command's leading `NAME=value` environment, and its words after it."""
+    words = shlex.split(command)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isupper():
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    return env, words
 
 
 def name(command: str) -> str:
     """What `--only` matches: the bench's name (`engine`, `pipeline`) or the script's (`allocator`)."""
-    words = shlex.split(command)
+    words = split(command)[1]
     return words[2] if words[0] == "dralloc" else Path(words[1]).stem
 
 
 def argv(command: str) -> list[str]:
     """The command as this interpreter runs it: `dralloc` as `python -m dralloc.cli`, a script by its path."""
-    words = shlex.split(command)
+    words = split(command)[1]
     return [sys.executable, "-m", "dralloc.cli", *words[1:]] if words[0] == "dralloc" else [sys.executable, *words[1:]]
 
 
@@ -68,7 +82,7 @@ def run(command: str) -> dict:
     """Run one command in a fresh process; its JSON, or the error it ended with, and the load around it."""
     before = os.getloadavg()[0]
     started = time.perf_counter()
-    done = subprocess.run(argv(command), capture_output=True, text=True, check=False)
+    done = subprocess.run(argv(command), capture_output=True, text=True, check=False, env={**os.environ, **split(command)[0]})
     wall = round(time.perf_counter() - started, 1)
     line: dict = {"command": command, "commit": commit(), "load": [round(before, 2), round(os.getloadavg()[0], 2)], "wall_s": wall}
     if done.returncode != 0:

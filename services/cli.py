@@ -608,13 +608,15 @@ app.add_typer(bench_app, name="bench")
 
 
 def _benchmarks_module(name: str):
-    """benchmarks/ sits beside the package in the repository (the editable install)."""
+    """A checkout's benchmarks/: beside the package (the editable install), else in the working
+    directory (a copied install, e.g. the native build, run from the checkout)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    beside = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = beside if beside.is_file() else Path.cwd() / "benchmarks" / f"{name}.py"
     if not path.is_file():
-        fail(f"{path} not found: benchmarks run from a repository checkout")
+        fail(f"{beside} and {path} not found: benchmarks run from a repository checkout")
     spec = importlib.util.spec_from_file_location(f"dralloc_benchmarks_{name}", path)
     if spec is None or spec.loader is None:
         fail(f"{path}: not loadable as a Python module")

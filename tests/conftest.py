@@ -1,11 +1,47 @@
-"""Shared test locations."""
+"""Shared test locations, and the native run (README "Native build").
 
+With DRALLOC_NATIVE=1 the tests run on the native build (the engine's search modules compiled by
+mypyc, installed where PYTHONPATH points): the session starts only if each module setup.py
+compiles is imported compiled, and tests marked `interpreted` are deselected. Those replace or
+instrument the engine's internals (monkeypatch, a subclass, an attribute of another type, a weak reference), which
+a compiled module neither sees nor allows; the interpreted run covers them.
+"""
+
+import ast
+import importlib
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+NATIVE = os.environ.get("DRALLOC_NATIVE") == "1"
+
+
+def _native_modules() -> tuple[str, ...]:
+    """setup.py's NATIVE_MODULES (read, not imported: importing setup.py runs setup())."""
+    for node in ast.parse((REPO / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NATIVE_MODULES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError("setup.py has no NATIVE_MODULES")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "interpreted: replaces or instruments engine internals: deselected on the native build (DRALLOC_NATIVE=1)")
+    if NATIVE:
+        interpreted = [name for name in _native_modules() if not str(importlib.import_module(f"dralloc.allocator.engine.{name}").__file__).endswith(".so")]
+        if interpreted:
+            raise pytest.UsageError(f"DRALLOC_NATIVE=1 but these engine modules are not compiled: {', '.join(interpreted)} (build: README, Native build)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not NATIVE:
+        return
+    dropped = [item for item in items if item.get_closest_marker("interpreted")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("interpreted")]
 
 
 @pytest.fixture(scope="session")

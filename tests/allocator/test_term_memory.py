@@ -27,6 +27,7 @@ class Recorded(service.Allocator):
         Recorded.terms.append((weakref.ref(self), weakref.ref(self.engine)))
 
 
+@pytest.mark.interpreted  # (a compiled Engine takes no weak reference)
 async def test_a_new_term_does_not_keep_the_previous_terms_engine(bus: Bus, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(service, "Allocator", Recorded)
     Recorded.terms = []

@@ -4,6 +4,7 @@ allocatable on its fleet) and churn at steady utilisation, seeds named in the ou
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -102,6 +103,8 @@ def test_measure_churns_at_steady_utilisation_and_names_the_seed(churn):
     assert abs(result["utilization"] - result["utilization_at_fill"]) < 0.15
     assert result["utilization_at_fill"] > 0.6
     assert "cel" in result  # (cel_costs, tested below)
+    # which engine ran: compiled on the native run (DRALLOC_NATIVE=1, .ci/run), else the sources
+    assert result["native"] is (os.environ.get("DRALLOC_NATIVE") == "1")
 
 
 def test_cel_costs_time_each_selector_that_reaches_cel_on_the_devices_its_class_selects(churn):

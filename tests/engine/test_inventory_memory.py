@@ -5,6 +5,7 @@ the nodes used most recently, and a node's topology is built once per run of its
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from dralloc.allocator.engine import Engine, inventory, topology
 from dralloc.allocator.engine.inventory import Inventory, iter_bits
@@ -53,6 +54,7 @@ def test_node_masks_are_stored_node_sized_and_answer_exactly_past_the_cache(monk
     assert span.bit_length() <= 5 and lo == min(ids)
 
 
+@pytest.mark.interpreted
 def test_a_node_publishing_two_slices_gets_its_topology_built_once(monkeypatch):
     built: list[str] = []
     real = topology.build_node
@@ -234,6 +236,7 @@ def test_a_pools_slice_names_are_kept_compactly_and_exactly_for_few_and_many_sli
     assert not inv._pool_slices
 
 
+@pytest.mark.interpreted
 def test_nodes_of_one_profile_share_the_group_names_that_are_alike_and_keep_their_own():
     from dralloc.discovery.fleet import build_fleet, fleet_nodes
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import msgspec
+import pytest
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.inventory import CapacityMaps, _validate_pool, attribute_value, iter_bits, lookup_attribute
@@ -253,6 +254,7 @@ class _CountingMaps(CapacityMaps):
         return super().of(driver, device)
 
 
+@pytest.mark.interpreted
 def test_a_pool_of_several_slices_reads_each_slice_once_to_validate_it():
     engine = Engine()
     maps = engine.inventory.capacity_maps = _CountingMaps()

@@ -131,6 +131,7 @@ def test_a_node_left_out_as_a_certain_misfit_is_one_where_the_claim_fails():
     assert fits.status == "allocated" and fits.node == "node-2"
 
 
+@pytest.mark.interpreted
 def test_left_out_nodes_never_change_where_claims_go(monkeypatch: pytest.MonkeyPatch):
     # the same claims with and without the walk leaving certain misfits out: the same devices
     claims = [(3, "a"), (2, "b"), (2, "a"), (4, None), (1, "a"), (2, "a"), (3, "b"), (1, None), (2, None), (4, "b"), (1, "b")]

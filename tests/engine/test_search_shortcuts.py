@@ -5,6 +5,7 @@ search's own, so a step budget runs out exactly where the search would have run 
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from dralloc.allocator.engine import Engine
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
@@ -292,6 +293,7 @@ def _chips(domains: list[str], split: set[int]) -> tuple[list[dict], list[dict]]
     return devices, counters
 
 
+@pytest.mark.interpreted
 def test_candidates_with_counter_sets_of_their_own_take_what_the_search_takes(monkeypatch):
     # MIG-capable chips, some with their halves published too: the shortcuts take candidates that
     # each draw on a counter set of their own (`search.independent`) and leave the rest to the

@@ -126,6 +126,7 @@ def test_a_share_that_still_fits_keeps_its_node_and_one_too_large_leaves_it_out(
     assert three.status == "unsatisfiable"
 
 
+@pytest.mark.interpreted
 @pytest.mark.parametrize("seed", range(4))
 def test_leaving_blocked_nodes_out_never_changes_where_claims_go(monkeypatch: pytest.MonkeyPatch, seed: int):
     rng = random.Random(seed)

@@ -84,6 +84,7 @@ def test_warm_goes_in_hops_and_again_after_an_inventory_change(monkeypatch: pyte
     assert calls[0] == len(slices[0].spec.devices) > 0
 
 
+@pytest.mark.interpreted
 def test_after_warm_a_claim_reads_the_multi_node_domains_warm_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fleet's domains are rebuilt after each inventory change; warm builds them, so a
     claim's walk does not (it asks each node's clique when it does: ~18 ms at 31,250 nodes)."""
@@ -104,6 +105,7 @@ def test_after_warm_a_claim_reads_the_multi_node_domains_warm_built(monkeypatch:
     assert len(asked) == H100_NODES + 1  # the rebuild a cold walk pays: every node's clique
 
 
+@pytest.mark.interpreted
 def test_after_warm_a_claim_builds_no_node_topology_though_the_nodes_came_after_their_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Node object arriving after its node's slices (its labels are news) leaves the node's
     topology stale with no pool rebuild to build it again; warm builds it, so no claim's walk does."""
@@ -160,6 +162,7 @@ def _walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return nodes
 
 
+@pytest.mark.interpreted
 def test_after_warm_a_new_selector_of_a_class_walks_only_the_nodes_its_class_reaches(monkeypatch: pytest.MonkeyPatch) -> None:
     cold, warm = _fleet(), _fleet()
     warm.allocate([_mig_claim("m0")])  # (the class's own claim walked the fleet: a new selector's has not)

@@ -4,6 +4,7 @@ over all 100 racks, a bitset operation as wide as the fleet each, was most of a 
 
 from __future__ import annotations
 
+import pytest
 from conftest import claim, make_engine
 
 
@@ -25,6 +26,7 @@ def _count_reads(engine) -> list[str]:
     return bits.read
 
 
+@pytest.mark.interpreted
 def test_a_claim_in_the_fullest_rack_reads_only_that_rack():
     engine = make_engine([("gb200-nvl72", 54)])
     assert engine.allocate([claim("first", 1)])[0].node == "gb200-nvl72-0"
