@@ -60,7 +60,7 @@ from typing import Any
 
 import msgspec
 
-from dralloc.allocator.engine import CelError, Engine, compile_selector, device_env
+from dralloc.allocator.engine import CelError, Engine, compile_selector, compiled, device_env
 from dralloc.allocator.engine.memory import freeze_long_lived
 from dralloc.discovery.fleet import FleetSpec, build_fleet, fleet_nodes, load_fleet
 from dralloc.schemas.resource import (
@@ -414,13 +414,6 @@ WORKLOADS = {"kube-perf-500": kube_perf_500, "gpu-fleet-10k": gpu_fleet_10k, "ch
 DEFAULT_SEED = 7
 
 
-def native() -> bool:
-    """Whether the engine runs compiled (README "Native build"): its module is an extension, not source."""
-    from dralloc.allocator.engine import engine as module
-
-    return not str(module.__file__).endswith(".py")
-
-
 def _peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
@@ -501,7 +494,7 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         "shape": workload.shape,
         "seed": workload.seed,
         "scoring": scoring,
-        "native": native(),
+        "native": compiled(),
         "claims": count,
         "releases": releases,
         "allocated": statuses["allocated"],

@@ -37,7 +37,7 @@ import time
 from dralloc.allocator import leader
 from dralloc.allocator.catchup import InventoryMark
 from dralloc.allocator.config import Config
-from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine import Engine, compiled
 from dralloc.allocator.engine.memory import Collector
 from dralloc.allocator.fence import Fenced
 from dralloc.allocator.shell import Allocator
@@ -52,6 +52,7 @@ log = logging.getLogger("dralloc.allocator")
 async def serve(bus: Bus, config: Config, stop: asyncio.Event, *, engine: Engine | None = None) -> None:
     """Wait for the leader lease, lead until it is lost or a write is fenced off, and again; resign on stop."""
     lease = leader.Lease(await bus.key_value(leader.BUCKET), ttl=config.lease_ttl)
+    log.info("allocator: engine %s", "compiled (the native build)" if compiled() else "interpreted")
     collector = Collector()  # the process's collector policy, across its terms
     try:
         while await lease.acquire(stop):
