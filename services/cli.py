@@ -609,14 +609,17 @@ app.add_typer(bench_app, name="bench")
 
 def _benchmarks_module(name: str):
     """A checkout's benchmarks/: beside the package (the editable install), else in the working
-    directory (a copied install, e.g. the native build, run from the checkout)."""
+    directory when it is a dralloc checkout (a copied install, e.g. the native build, run from the
+    checkout). Any other directory's benchmarks/ is not run: it is code, and the directory may be anyone's."""
     import importlib.util
     from pathlib import Path
 
     beside = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    path = beside if beside.is_file() else Path.cwd() / "benchmarks" / f"{name}.py"
+    cwd = Path.cwd()
+    checkout = (cwd / "setup.py").is_file() and (cwd / "services" / "allocator" / "engine").is_dir()
+    path = beside if beside.is_file() or not checkout else cwd / "benchmarks" / f"{name}.py"
     if not path.is_file():
-        fail(f"{beside} and {path} not found: benchmarks run from a repository checkout")
+        fail(f"{beside} not found{'' if path == beside else f', nor {path}'}: benchmarks run from a dralloc repository checkout")
     spec = importlib.util.spec_from_file_location(f"dralloc_benchmarks_{name}", path)
     if spec is None or spec.loader is None:
         fail(f"{path}: not loadable as a Python module")

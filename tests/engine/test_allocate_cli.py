@@ -153,6 +153,32 @@ def test_bench_workloads_build_what_they_promise():
     assert perf.devices == 5000 and len(perf.claims) == 5000
 
 
+def test_benchmarks_run_from_the_working_directory_only_when_it_is_a_dralloc_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # an installed package (no benchmarks/ beside it) run in someone's directory must not run that
+    # directory's benchmarks/*.py; run from a checkout (the native build's case) it does
+    import typer
+
+    from dralloc import cli
+
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "site-packages" / "dralloc" / "cli.py"))
+    ran = tmp_path / "ran"
+    for where in ("stranger", "checkout"):
+        (tmp_path / where / "benchmarks").mkdir(parents=True)
+        (tmp_path / where / "benchmarks" / "probe.py").write_text(f"open({str(ran / where)!r}, 'w').close()\n")
+    (tmp_path / "checkout" / "setup.py").write_text("")
+    (tmp_path / "checkout" / "services" / "allocator" / "engine").mkdir(parents=True)
+    ran.mkdir()
+
+    monkeypatch.chdir(tmp_path / "stranger")
+    with pytest.raises(typer.Exit):
+        cli._benchmarks_module("probe")
+    assert not (ran / "stranger").exists()
+
+    monkeypatch.chdir(tmp_path / "checkout")
+    cli._benchmarks_module("probe")
+    assert (ran / "checkout").exists()
+
+
 def test_nodes_known_only_from_slices_are_tried_in_name_order(tmp_path: Path):
     docs = [
         {
