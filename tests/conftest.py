@@ -30,7 +30,7 @@ def _native_modules() -> tuple[str, ...]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "interpreted: replaces or instruments engine internals: deselected on the native build (DRALLOC_NATIVE=1)")
     if NATIVE:
-        interpreted = [name for name in _native_modules() if not str(importlib.import_module(f"dralloc.allocator.engine.{name}").__file__).endswith(".so")]
+        interpreted = [name for name in _native_modules() if str(importlib.import_module(f"dralloc.allocator.engine.{name}").__file__).endswith(".py")]
         if interpreted:
             raise pytest.UsageError(f"DRALLOC_NATIVE=1 but these engine modules are not compiled: {', '.join(interpreted)} (build: README, Native build)")
 
@@ -38,10 +38,13 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not NATIVE:
         return
-    dropped = [item for item in items if item.get_closest_marker("interpreted")]
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (dropped if item.get_closest_marker("interpreted") else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if not item.get_closest_marker("interpreted")]
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

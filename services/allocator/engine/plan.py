@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -263,9 +263,9 @@ def consumed_capacity(alt: Alt, rec: Any) -> dict[str, int] | None:
     if not alt.capacity:
         known = rec.default_use  # (NOT_YET until first asked: no dict, so not typed as one)
         if known is NOT_YET:
-            use = rec.default_use = _consumed(alt, rec)
-            return use
-        return cast("dict[str, int] | None", known)
+            known = rec.default_use = _consumed(alt, rec)
+        use: dict[str, int] | None = known  # (no `cast` call on this per-device path)
+        return use
     published = rec.spec.capacity
     if not published:
         return _consumed(alt, rec)  # (an empty map may be a new one each time: nothing to key by)
