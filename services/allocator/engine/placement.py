@@ -503,40 +503,18 @@ class Placement:
         counted and nothing is known whole. `need`: the devices of the kind the unit takes;
         among partly used nodes those it would leave with a useful hole come first (`_hole_order`)."""
         whole = 0
-        of, members = self.topology.domains()
-        sums: dict[str, int] | None = None
+        of, _ = self.topology.domains()
+        counted: tuple[str, str] | None = None
         if kind is not None and kind in self.kinds.ge:
             free_ge, free = self.kinds.ge[kind], self.kinds.free[kind]
             whole = self.kinds.whole.get(kind, 0)
             # the free devices per domain are kept as the ledger changes (`KindIndex.domain_free`):
             # summing every member's count per claim was a pass over every node in a domain
-            sums = self.kinds.domain_free(kind, of) if of else None
+            counted = kind
         else:
             free_ge, free = self.ledger.free_ge, self.ledger.free_local
         union = self.topology.domain_union() if of else 0
-        order: list[str] = []
-
-        def domain_parts(ranks: int) -> Iterator[int]:
-            """The domains' parts of `ranks`, fullest domain first, lazily: only once a walk gets
-            past the nodes outside any domain (the usual claim stops there), and only until
-            `ranks` is used up (each part is a bitset operation as wide as the fleet's ranks:
-            walking all 100 NVL72 racks at 250,000 GPUs for a claim whose candidates were in a
-            few of them, or in none, was most of its time); the order of the domains is kept
-            while their free counts stay (`domain_order`)."""
-            if not order:
-                rank = self.inv.node_rank
-                if kind is not None and sums is not None:
-                    order.extend(self.kinds.domain_order(kind, of, members, rank))
-                else:
-                    order.extend(sorted(members, key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]])))
-            bits = self.topology.domain_bits()
-            for d in order:
-                part = ranks & bits[d]
-                if part:
-                    yield part
-                    ranks ^= part
-                    if not ranks:
-                        return
+        order: list[str] = []  # the domains, fullest first: worked out by `_domain_parts` when first needed
 
         walks: tuple[tuple[int, bool], ...]  # (ranks, with_none) per walk
         if whole:
@@ -553,10 +531,37 @@ class Placement:
             inside = ranks & union
             yield from self._buckets(ranks ^ inside, free_ge, free, need, with_none=with_none)
             if inside:
-                for part in domain_parts(inside):
+                for part in self._domain_parts(inside, order, counted, free):
                     yield from self._buckets(part, free_ge, free, need, with_none=with_none)
         if whole:
             yield from self._known(viable & ~(free_ge[1] if len(free_ge) > 1 else 0))
+
+    def _domain_parts(self, ranks: int, order: list[str], kind: tuple[str, str] | None, free: dict[str, int]) -> Iterator[int]:
+        """`_fit_order`'s domains' parts of `ranks`, fullest domain first, lazily: only once a walk
+        gets past the nodes outside any domain (the usual claim stops there), and only until
+        `ranks` is used up (each part is a bitset operation as wide as the fleet's ranks: walking
+        all 100 NVL72 racks at 250,000 GPUs for a claim whose candidates were in a few of them, or
+        in none, was most of its time). `order` holds the domains in that order once worked out
+        (empty before: one walk's calls share it); `kind`: the claim's kind when the free devices
+        per domain are kept for it (`KindIndex.domain_free`, in `domain_order`, kept while their
+        free counts stay), else None and `free` (per node) is summed. A method, not a closure in
+        `_fit_order`: compiled, a closure and its frame point at each other, and every claim's
+        walk was left to the cyclic collector."""
+        if not order:
+            of, members = self.topology.domains()
+            rank = self.inv.node_rank
+            if kind is not None:
+                order.extend(self.kinds.domain_order(kind, of, members, rank))
+            else:
+                order.extend(sorted(members, key=lambda d: (sum(free.get(n, 0) for n in members[d]), rank[members[d][0]])))
+        bits = self.topology.domain_bits()
+        for d in order:
+            part = ranks & bits[d]
+            if part:
+                yield part
+                ranks ^= part
+                if not ranks:
+                    return
 
     def _buckets(self, viable: int, free_ge: list[int], free: dict[str, int], need: int = 1, *, with_none: bool = True) -> Iterator[int]:
         """Known node ranks of `viable` by free exclusive devices (buckets: free_ge[k] holds
@@ -872,35 +877,22 @@ class Placement:
         holds[NVLINK] = {gid for gid in holds[NVLINK] or () if gid in named}
         holding = [h if h is not None else set() for h in holds]  # a level no slot demands holds nothing
         far = ((1, 1, 1, 1, 1), 0, (), 0)
-        memo: dict[tuple[int, ...], _SortKey] = {}
-
-        def prefix(g: tuple[int, ...]) -> _SortKey:
-            vector = tuple(0 if g[pos] in holding[pos] else 1 for pos in levels)
-            tight = vector.index(0) if 0 in vector else NODE
-            fit = totals[tight][g[tight]] if tight != NODE else 0
-            # best fit outward: the fullest NVLink domain, NUMA node, root, switch, GPU
-            coarse = (
-                totals[NVLINK][g[NVLINK]],
-                totals[NUMA][g[NUMA]],
-                totals[ROOT][g[ROOT]],
-                totals[SWITCH][g[SWITCH]],
-                totals[GPU][g[GPU]],
-            )
-            return (vector, fit, coarse, g[tight] if tight != NODE else 0)
-
-        def key(rec: DeviceRec) -> _SortKey:
-            g = groups.get(rec.id)
-            if g is None:
-                return far
-            head = memo.get(g)
-            if head is None:
-                head = memo[g] = prefix(g)
-            return head
-
+        memo: dict[tuple[int, ...], _SortKey] = {}  # a device's groups -> its key (`_group_key`)
         out = []
+        # (loops, not closures: compiled, a closure and its frame point at each other, and each
+        # call's frame was left to the cyclic collector)
         for slot in demanding:
-            heads = [key(rec) for rec in slot.cands]
-            out.append(tuple(sorted(range(len(heads)), key=lambda i: (heads[i], i))))
+            heads: list[_SortKey] = []
+            for rec in slot.cands:
+                g = groups.get(rec.id)
+                if g is None:
+                    heads.append(far)
+                    continue
+                head = memo.get(g)
+                if head is None:
+                    head = memo[g] = _group_key(g, holding, totals)
+                heads.append(head)
+            out.append(tuple(sorted(range(len(heads)), key=heads.__getitem__)))  # (stable: ties by index)
         return out
 
     # --- words ---------------------------------------------------------------------------
@@ -1070,6 +1062,23 @@ def kind_of(rec: DeviceRec) -> tuple[str, str]:
     """A device's kind for best fit: its driver and NVIDIA-style `type` (gpu, mig, nic, ...)."""
     attr = rec.spec.attributes.get("type")
     return (rec.driver, attr.string if attr is not None and attr.string else "")
+
+
+def _group_key(g: tuple[int, ...], holding: list[set[int]], totals: list[dict[int, int]]) -> _SortKey:
+    """`Placement._slot_order`'s key of a device by its groups `g` (per level): the levels where it
+    is in a group that holds every slot (0) or not (1), the tightest such level's fit, then best
+    fit outward (the fullest NVLink domain, NUMA node, root, switch, GPU), then that group."""
+    vector = tuple(0 if g[pos] in holding[pos] else 1 for pos in range(len(GROUP_LEVELS)))
+    tight = vector.index(0) if 0 in vector else NODE
+    fit = totals[tight][g[tight]] if tight != NODE else 0
+    coarse = (
+        totals[NVLINK][g[NVLINK]],
+        totals[NUMA][g[NUMA]],
+        totals[ROOT][g[ROOT]],
+        totals[SWITCH][g[SWITCH]],
+        totals[GPU][g[GPU]],
+    )
+    return (vector, fit, coarse, g[tight] if tight != NODE else 0)
 
 
 class KindIndex:
