@@ -423,7 +423,7 @@ class Engine:
                         continue  # the usual case, without two fleet-sized ANDs
                     failed = verdict.failed & scope & inv.live
                     if not (alt.admin or alt.all_mode):
-                        failed &= ~used
+                        failed ^= failed & used
                     if failed:
                         first = min(iter_bits(failed), key=lambda i: inv.devices[i].order)  # type: ignore[union-attr]  # ids from a live bitset name live devices (None marks only a removed id)
                         text = verdict.errors[first]

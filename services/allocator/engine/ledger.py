@@ -256,7 +256,7 @@ class Ledger:
                 free_ge[k] |= bit
         else:
             for k in range(new + 1, old + 1):
-                free_ge[k] &= ~bit
+                free_ge[k] ^= free_ge[k] & bit
 
     def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         """A pool's devices were replaced: what is derived from the records, again for its devices.

@@ -312,14 +312,14 @@ class Placement:
         names = inv.node_names
         viable &= (1 << len(names)) - 1
         if self.keep_whole.factor > 0 and self.scoring:
-            viable &= ~self.kept_whole(plans)
+            viable ^= viable & self.kept_whole(plans)
         order: Iterator[str]
         if self.reserved_nodes & viable:
             # nodes holding devices reserved for a waiting claim last: a claim takes them only
             # when nothing else fits; one whole again only a unit as large as it, and a smaller
             # unit the one least likely to drain first (keep_whole.py: held_whole, drain_last)
-            viable &= ~self.held_whole(plans)
-            order = chain(self._order_nodes(plans, viable & ~self.reserved_nodes), self._held_order(plans, viable & self.reserved_nodes))
+            viable ^= viable & self.held_whole(plans)
+            order = chain(self._order_nodes(plans, viable ^ (viable & self.reserved_nodes)), self._held_order(plans, viable & self.reserved_nodes))
         else:
             order = self._order_nodes(plans, viable)
         alt = _single(plans) if skip_short and not inv.nonlocal_bits else None
@@ -396,7 +396,11 @@ class Placement:
             # non-NVLink nodes, and trying them all first would cost an evaluation each.)
             nvlink = self.topology.nvlink_ranks if demand and not demand[0][0].selectors else 0
             kind = self._kind(demand)
-            order = chain(self._fit_order(viable & ~nvlink, kind), self._fit_order(viable & nvlink, kind)) if viable & nvlink else self._fit_order(viable, kind)
+            order = (
+                chain(self._fit_order(viable ^ (viable & nvlink), kind), self._fit_order(viable & nvlink, kind))
+                if viable & nvlink
+                else self._fit_order(viable, kind)
+            )
             if demand and kind is None:
                 return self._full_last(plans, demand[0][0], order)
             # with the kind known, the buckets only hold nodes with a free device of that kind
@@ -534,7 +538,7 @@ class Placement:
                 for part in self._domain_parts(inside, order, counted, free):
                     yield from self._buckets(part, free_ge, free, need, with_none=with_none)
         if whole:
-            yield from self._known(viable & ~(free_ge[1] if len(free_ge) > 1 else 0))
+            yield from self._known(viable ^ (viable & free_ge[1]) if len(free_ge) > 1 else viable)
 
     def _domain_parts(self, ranks: int, order: list[str], kind: tuple[str, str] | None, free: dict[str, int]) -> Iterator[int]:
         """`_fit_order`'s domains' parts of `ranks`, fullest domain first, lazily: only once a walk
@@ -579,7 +583,7 @@ class Placement:
             return self._by_buckets(viable, left, free_ge, free, need, with_none)
         rank = left.bit_length() - 1
         first = (rank,) if left and self.inv.node_names[rank] in self.inv.node_known else ()
-        return chain(first, self._known(viable & ~(free_ge[1] if top > 1 else 0))) if with_none else iter(first)
+        return chain(first, self._known(viable ^ (viable & free_ge[1]) if top > 1 else viable)) if with_none else iter(first)
 
     def _by_buckets(self, viable: int, left: int, free_ge: list[int], free: dict[str, int], need: int, with_none: bool) -> Iterator[int]:
         """`_buckets` for two nodes or more with a free device (`left`)."""
@@ -627,7 +631,7 @@ class Placement:
                 if not bucket:
                     break
         if with_none:
-            yield from self._known(viable & ~(free_ge[1] if top > 1 else 0))
+            yield from self._known(viable ^ (viable & free_ge[1]) if top > 1 else viable)
 
     def _known(self, ranks: int) -> Iterator[int]:
         names, known = self.inv.node_names, self.inv.node_known
@@ -1203,7 +1207,8 @@ class KindIndex:
         # new list, so that a walk part-way through the old one (`_buckets`) reads it unchanged
         first = None
         if before:
-            left = by_claims[before] = by_claims[before] & ~bit
+            was = by_claims[before]
+            left = by_claims[before] = was ^ (was & bit)  # (`x ^ (x & b)`, not `x & ~b`: a negative int takes CPython's slow path)
             if not left:
                 first = self.most_claims_first.copy()
                 first.remove(before)
@@ -1343,7 +1348,7 @@ class KindIndex:
                 ge[k] |= bit
         else:
             for k in range(new + 1, old + 1):
-                ge[k] &= ~bit
+                ge[k] ^= ge[k] & bit  # (not `&= ~bit`: `~` makes a negative int, and `&` with one is CPython's slow path)
 
 
 _HOLE_ORDERS: dict[tuple[int, int], tuple[int, ...]] = {}

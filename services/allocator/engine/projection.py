@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from dralloc.schemas.quantity import parse_quantity
-from dralloc.schemas.resource import Device
+from dralloc.schemas.resource import Device, DeviceCapacity
 
 from . import cel_runtime as rt
 from .cel import _attribute_value, compile_selector
@@ -240,10 +240,32 @@ def representable(driver: str, device: Device) -> bool:
                     _attribute_value(attr)
     except (ValueError, TypeError, OverflowError):
         return False
-    return all(_quantity_ok(type(cap.value).__name__, cap.value) for cap in device.capacity.values())
+    return _capacities_ok(device.capacity)
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+CAPACITY_MAPS_KEPT = 4096
+"""Capacity maps `_capacities_ok` remembers before it starts over."""
+
+_capacity_maps: dict[int, tuple[dict[str, DeviceCapacity], bool]] = {}
+"""id of a device's capacity map -> (the map, its answer). engine/repeats.py points the devices of
+one name on every node of a profile at one map, so a fleet has a few hundred; a MIG slice has a
+dozen quantities, and testing each through `_quantity_ok`'s cache was most of `representable`'s
+time on churn-mixed. The map is held, so its id is not reused while it is remembered (no device
+is mutated once applied)."""
+
+
+def _capacities_ok(capacity: dict[str, DeviceCapacity]) -> bool:
+    """Whether every quantity of a capacity map is one CEL can hold, once per map instance."""
+    hit = _capacity_maps.get(id(capacity))
+    if hit is not None and hit[0] is capacity:
+        return hit[1]
+    ok = all(_quantity_ok(type(cap.value).__name__, cap.value) for cap in capacity.values())
+    if len(_capacity_maps) >= CAPACITY_MAPS_KEPT:
+        _capacity_maps.clear()
+    _capacity_maps[id(capacity)] = (capacity, ok)
+    return ok
 
 
 @functools.lru_cache(maxsize=4096)
