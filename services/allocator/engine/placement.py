@@ -654,7 +654,8 @@ class Placement:
         hit = topo.verdicts.get(alt.verdict_key)
         if hit is None:
             mask = self.inv.node_bits(topo.node)
-            verdict = self.verdicts.get(alt, mask)
+            # (the node's own devices alone, unless some are reachable from it: none below its `lo`)
+            verdict = self.verdicts.get(alt, mask, 0 if self.inv.nonlocal_bits else topo.lo)
             lo, span = topo.lo, topo.span
             failed = ((verdict.failed & mask) >> lo) & span if verdict.failed else 0
             hit = topo.verdicts[alt.verdict_key] = (((verdict.matched & mask) >> lo) & span, failed)

@@ -258,8 +258,11 @@ class Verdicts:
         """Abandon evaluations from now on (`Interrupted`); safe to call from another thread."""
         self.interrupted = True
 
-    def get(self, alt: Alt, mask: int) -> Verdict:
-        """The verdict for `alt`, evaluated at least on the devices in `mask`."""
+    def get(self, alt: Alt, mask: int, low: int = 0) -> Verdict:
+        """The verdict for `alt`, evaluated at least on the devices in `mask`. `low`: no device of
+        `mask` has a lower id (a node's first, when its mask holds its own devices alone): the ids to
+        evaluate are then read from `todo >> low`, a few words, not found from bit 0 of a
+        fleet-wide int (that walk was ~5 us per node evaluated at 80,000 GPUs)."""
         spec = self._spec(alt)
         full = self._entry(alt.verdict_key)
         seen = mask & full.evaluated
@@ -270,14 +273,15 @@ class Verdicts:
         todo = (mask ^ seen) & self.inv.live
         if todo:
             try:
-                self._ensure(spec, todo, fresh=True)
+                self._ensure(spec, todo, fresh=True, low=low)
                 if self._envs:
                     built = bits_of(list(self._envs))
+                    low = min(self._envs)
                     budget, timer, self.budget, self.timer = self.budget, self.timer, None, None  # along: on no unit's account
                     try:
                         for other in list(self._recent.values()):
                             if other is not spec and other.cheap:
-                                self._ensure(other, built)
+                                self._ensure(other, built, low=low)
                     finally:
                         self.budget, self.timer = budget, timer
             finally:
@@ -430,16 +434,16 @@ class Verdicts:
         """What is known of `alt`'s verdict so far, evaluating nothing (None: nothing yet)."""
         return self._cache.get(alt.verdict_key)
 
-    def _ensure(self, spec: _Spec, todo: int, *, fresh: bool = False) -> None:
+    def _ensure(self, spec: _Spec, todo: int, *, fresh: bool = False, low: int = 0) -> None:
         """Evaluate the key's selectors on the devices of `todo` not evaluated yet for it
-        (`fresh`: the caller knows none of them is)."""
+        (`fresh`: the caller knows none of them is; `low`: none has a lower id)."""
         full = self._entry(spec.key)
         if not fresh:
             todo ^= todo & full.evaluated  # (not `&= ~evaluated`: `~` makes a fleet-sized int)
         if not todo:
             return
         cls = self._entry(spec.class_key)
-        self._evaluate(cls, todo, spec.class_exprs, f"class {spec.class_name}: ")
+        self._evaluate(cls, todo, spec.class_exprs, f"class {spec.class_name}: ", low=low)
         # each `|=` on these makes a new fleet-sized int (~30 us at 2,000,000 device ids, per
         # node evaluated): none where nothing is added
         passed = todo & cls.matched
@@ -450,7 +454,7 @@ class Verdicts:
                 full.errors[i] = cls.errors[i]
         if spec.exprs:
             if passed:
-                self._evaluate(full, passed, spec.exprs, "", fresh=True)  # (passed is part of todo)
+                self._evaluate(full, passed, spec.exprs, "", fresh=True, low=low)  # (passed is part of todo)
         elif passed:
             full.matched |= passed
         full.evaluated |= todo
@@ -498,9 +502,10 @@ class Verdicts:
         known[i] = 2 if ok else 1
         return ok
 
-    def _evaluate(self, entry: Verdict, todo: int, exprs: tuple[str, ...], owner: str, *, fresh: bool = False) -> None:
+    def _evaluate(self, entry: Verdict, todo: int, exprs: tuple[str, ...], owner: str, *, fresh: bool = False, low: int = 0) -> None:
         """Evaluate `exprs` on the devices in `todo` not yet evaluated for `entry` (`fresh`: the
-        caller knows none is; each test of what is is two fleet-sized int operations)."""
+        caller knows none is; each test of what is is two fleet-sized int operations; `low`: no
+        device of `todo` has a lower id)."""
         if not fresh:
             todo ^= todo & entry.evaluated
         if not todo:
@@ -509,7 +514,7 @@ class Verdicts:
         offset = 0
         # the ids once: `bit_count` and each walk of a bitset as wide as the fleet cost per call (a
         # node's devices sit high in it: ~100 us a `bit_count` at 250,000 GPUs, per node evaluated)
-        ids = list(iter_bits(todo))
+        ids = [low + i for i in iter_bits(todo >> low)] if low else list(iter_bits(todo))
         compiled = [cel.compile_selector(e) for e in exprs]
         while compiled and (driver := compiled[0].driver) is not None:
             # `device.driver == "x"`, the usual class selector: no CEL environment needed
