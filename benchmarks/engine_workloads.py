@@ -428,6 +428,11 @@ def _busy_gpus(engine: Engine) -> int:
     return len(busy)
 
 
+def _collections() -> int:
+    """The cyclic collector's runs so far, every generation."""
+    return sum(generation["collections"] for generation in gc.get_stats())
+
+
 def measure(name: str, *, scoring: bool = True, seed: int | None = None, workload: Workload | None = None) -> dict:
     """Build the workload, load an engine, allocate every claim (releasing one running claim before
     each arrival once a churn workload is full); the numbers as a dict.
@@ -464,6 +469,7 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
     running: list[str] = []
     releases = 0
     busy_at_fill = None
+    collections_before = _collections()
     run_started, run_cpu = time.perf_counter(), time.process_time()
     claims = workload.claims
     count = len(claims)
@@ -493,6 +499,7 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         if outcome.allocation is not None:
             running.append(claim.key)
     finished, finished_cpu = time.perf_counter(), time.process_time()
+    collections = _collections() - collections_before
     ordered = sorted(latencies)
     peak = _peak_rss_mb()
     result = {
@@ -514,6 +521,7 @@ def measure(name: str, *, scoring: bool = True, seed: int | None = None, workloa
         "p50_ms": round((percentile(ordered, 50) or 0.0) * 1000, 3),
         "p99_ms": round((percentile(ordered, 99) or 0.0) * 1000, 3),
         "max_ms": round(ordered[-1] * 1000, 3) if ordered else 0.0,
+        "gc_collections": collections,  # the cyclic collector's runs during the claims (the policy freezes ahead of them)
         "cold_start_s": round(cold_start, 3),
         "cold_start_cpu_s": round(cold_start_cpu, 3),
         "build_s": round(built - started + building, 3),
