@@ -137,7 +137,6 @@ def test_unrepresentable_devices_are_found() -> None:
     assert device_env("gpu.example.com", _device({"name": "a", "capacity": {"m": {"value": "lots"}}})).error is not None
 
 
-
 def test_a_shared_capacity_map_is_answered_for_each_device_that_holds_it() -> None:
     """`representable` remembers a capacity map's answer by the map instance (repeats.py shares one
     map among the namesakes of a profile): every device holding it gets that answer, and a device
@@ -155,6 +154,7 @@ def test_a_shared_capacity_map_is_answered_for_each_device_that_holds_it() -> No
     for _ in range(projection.CAPACITY_MAPS_KEPT + 1):  # past the bound: starts over, answers stay right
         assert representable("gpu.example.com", _device({"name": "c", "capacity": {"m": {"value": "1"}}}))
     assert not representable("gpu.example.com", bad)
+
 
 # --- the property: over the upstream corpus, sharing by projection changes no outcome ----------------
 
