@@ -10,6 +10,11 @@ ingestor publishing the DeviceClasses of examples/, the allocator (two with
 `--chaos`: active + standby) and the status writer (the local store, a KV
 bucket).
 
+Before any claim: `ready_s`, seconds from starting nats-server and the services to the
+fleet on the bus, a probe claim committed and every service idle (`until_idle`, which
+looks once a second): the allocator has followed the fleet from INVENTORY and warmed its
+engine, discovery published it, the ingestor its classes.
+
 How claims enter (the measured run): as a user's program sends them through
 the client's submit path, `dralloc submit`'s `submit_paths`: each claim has
 its own JSON manifest (written before the phase's clock runs: the harness's
@@ -932,12 +937,14 @@ async def run(options: Options) -> dict[str, Any]:
     # again (its write then fenced as a stale view); either ends the term and the next one rebuilds,
     # which is then what gets measured. `leader_terms` shows whether it happened all the same.
     timing = {"DRALLOC_ALLOCATOR_LEASE_TTL": str(MEASURED_LEASE_TTL), "DRALLOC_ALLOCATOR_ACK_WAIT": str(MEASURED_ACK_WAIT)}
+    started = time.monotonic()
     async with Stack(nodes=nodes, mig_nodes=mig_nodes, allocators=max(1, options.allocators), cluster=options.cluster, env=timing) as stack:
         manifests = claims_directory(stack.root)
         bus = await Bus.connect(stack.nats.url, name="bench")
         try:
             await stack.ready(bus)
             await until_idle([s.pid for s in stack.services.values()], options.settle_timeout)
+            ready = time.monotonic() - started
             submitter = Submitter(bus, manifests)
             await submitter.offer(paced, options.rate, options.mig_every)
             await wait_for_records(bus, DEFAULT_BUCKET, len(paced) + 1, options.settle_timeout)
@@ -984,6 +991,7 @@ async def run(options: Options) -> dict[str, Any]:
         states[state] = states.get(state, 0) + 1
     ceiling_rate = None if ceiling is None else ceiling["claims_per_second"]
     return {
+        "ready_s": round(ready, 1),
         "claims_per_second": _round(rate),
         "jetstream_ceiling_claims_per_second": ceiling_rate,
         "ratio_of_ceiling": round(rate / ceiling_rate, 3) if rate and ceiling_rate else None,

@@ -31,6 +31,7 @@ again only after the inventory changes, not at a rebuild.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -60,6 +61,12 @@ from dralloc.schemas.resource import ResourceClaim
 T = TypeVar("T")
 
 log = logging.getLogger("dralloc.allocator")
+
+WARM_LULL_S = 0.05
+"""`warm_engine` starts a round once the inventory has not changed for this long..."""
+WARM_DEFER_S = 1.0
+"""...or once this long has passed since the first change after the round before (whichever
+comes first): an inventory that never rests is still warmed, a round at a time."""
 
 HOP_NS = 10_000_000
 """Engine work in one hop to its thread, at most (ns of the engine thread's CPU time; a claim is
@@ -112,6 +119,8 @@ class Allocator:
         self.inventory_changed = False
         self.warm_wanted = asyncio.Event()
         """Set by an inventory change: the engine has new idle work (`warm_engine`)."""
+        self.inventory_changed_at = 0.0
+        """When the inventory last changed (`time.monotonic`): `warm_engine` waits for a lull."""
         self.inventory_mark: InventoryMark | None = None
         """How far the term's inventory reader has read INVENTORY (catchup.py); None: no reader
         follows it (a test feeding `on_inventory` itself), claims are decided with what is known."""
@@ -149,6 +158,7 @@ class Allocator:
             self.inventory_changed = True  # (a refused slice takes its earlier version with it)
             raise Permanent(refused)  # dead-lettered with the reason
         self.inventory_changed = True
+        self.inventory_changed_at = time.monotonic()
         self.room_changed.set()
         self.warm_wanted.set()
 
@@ -161,9 +171,14 @@ class Allocator:
         `HOP_NS`, after the rebuild and after each inventory change, until `stop`. Each hop holds
         `lock` as a claim does, and the lock serves its waiters in turn: a claim that comes waits
         for one hop at most, and the first claim of a class does not pay for the whole fleet's. Once
-        the work is done, the collector's turn (`Collector.idle`: a full collection if due)."""
+        the work is done, the collector's turn (`Collector.idle`: a full collection if due).
+
+        Each round waits for a lull in the inventory first (`_inventory_lull`): a fleet arrives as
+        thousands of events, and a round after each would do the part of the work that is paid per
+        round (the multi-node domains: a pass over every node) thousands of times."""
         while not stop.is_set():
             self.warm_wanted.clear()
+            await self._inventory_lull(stop)
             more = True
             while more and not stop.is_set():
                 async with self.lock:
@@ -174,6 +189,14 @@ class Allocator:
             await asyncio.wait({wanted, stopped}, return_when=asyncio.FIRST_COMPLETED)
             wanted.cancel()
             stopped.cancel()
+
+    async def _inventory_lull(self, stop: asyncio.Event) -> None:
+        """Return once the inventory has not changed for `WARM_LULL_S`, or `WARM_DEFER_S` after the
+        call, or at `stop`."""
+        deadline = time.monotonic() + WARM_DEFER_S
+        while (wait := min(self.inventory_changed_at + WARM_LULL_S, deadline) - time.monotonic()) > 0 and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
 
     # -- claims ---------------------------------------------------------------------
 

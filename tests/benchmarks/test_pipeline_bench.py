@@ -170,6 +170,7 @@ def test_bench_pipeline_small_run_through_the_cli():
     assert report["mig_claims"] == 6 and report["mig_nodes"] >= 1
     assert report["submit_problems"] == 0
     assert report["leader_terms"] == 1 and report["not_allocated"] == []
+    assert 0 < report["ready_s"] < 120  # (the stack's start to idle: a small fleet, a few seconds)
     assert report["p50_ms"] is not None and report["p99_ms"] >= report["p50_ms"]
     assert report["latency_claims_without_record"] == 0
     assert "cpu_ms_per_claim_by_process" in report  # (a 1 s phase may hold one CPU sample: tested on its own above)

@@ -198,3 +198,98 @@ def test_a_class_reach_is_not_used_once_the_inventory_changed() -> None:
         pass
     (after,) = engine.allocate([_selected_mig_claim("s1")])
     assert (before.status, before.node, after.status, after.node) == ("allocated", "mig-0", "allocated", "mig-0")
+
+
+class _Watched(list):
+    """`Inventory.devices`, noting each device below `old` looked up by id."""
+
+    def __init__(self, devices: list, old: int) -> None:
+        super().__init__(devices)
+        self.old = old
+        self.read: list[int] = []
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, int) and i < self.old:
+            self.read.append(i)
+        return super().__getitem__(i)
+
+
+@pytest.mark.interpreted
+def test_warm_after_a_slice_arrives_reads_the_new_devices_alone() -> None:
+    """A fleet arrives slice by slice, with a warm round between slices: a round that walked
+    every device again (each class's reach) cost a pass over the fleet per slice."""
+    engine = _fleet()
+    while engine.warm(1.0):
+        pass
+    inv = engine.inventory
+    before = dict(engine.verdicts._reach)
+    watched = inv.devices = _Watched(inv.devices, len(inv.devices))
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "late"}]):
+        for slice_ in slices:
+            engine.apply(slice_)
+            while engine.warm(1.0):
+                pass
+    assert watched.read == []  # no device there before was looked at again
+    late = {inv.node_rank["late-0"], inv.node_rank["late-1"]}
+    gpu = next(reach for key, reach in engine.verdicts._reach.items() if key[0] == "gpu.nvidia.com")
+    assert gpu.version == inv.version and {r for r in range(len(inv.node_names)) if gpu.ranks >> r & 1} >= late
+    assert set(engine.verdicts._reach) == set(before)
+
+
+def _reach_nodes(engine: Engine, device_class: str) -> set[str]:
+    """The nodes `warm` found `device_class` to reach, for the inventory as it is now."""
+    (reach,) = [reach for key, reach in engine.verdicts._reach.items() if key[0] == device_class]
+    assert reach.version == engine.inventory.version  # worked out for this inventory
+    return {name for rank, name in enumerate(engine.inventory.node_names) if reach.ranks >> rank & 1}
+
+
+def test_a_class_reach_after_most_of_its_devices_are_removed_is_exact_again() -> None:
+    engine = Engine()
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        engine.apply(event.device_class)
+    fleet = build_fleet([{"profile": "h100-sxm", "count": 4, "prefix": "node"}, {"profile": "h200-sxm-mig", "count": 1, "prefix": "mig"}])
+    for _, slices in fleet:
+        for slice_ in slices:
+            engine.apply(slice_)
+    while engine.warm(1.0):
+        pass
+    everyone = {"node-0", "node-1", "node-2", "node-3", "mig-0"}
+    assert _reach_nodes(engine, "gpu.nvidia.com") == everyone
+    assert _reach_nodes(engine, "mig.nvidia.com") == {"mig-0"}
+    names = {node: [s.metadata.name for s in slices] for node, slices in ((s[0].spec.node_name, s) for _, s in fleet)}
+    for name in names["node-0"]:
+        engine.remove("ResourceSlice", name)
+    while engine.warm(1.0):
+        pass
+    # a node's GPUs gone: its rank may stay (a walk may try it for nothing), no other goes
+    assert _reach_nodes(engine, "gpu.nvidia.com") >= everyone - {"node-0"}
+    for name in names["mig-0"] + names["node-1"] + names["node-2"]:
+        engine.remove("ResourceSlice", name)
+    while engine.warm(1.0):
+        pass
+    assert _reach_nodes(engine, "gpu.nvidia.com") == {"node-3"}  # most of those walked are gone: walked again
+    assert _reach_nodes(engine, "mig.nvidia.com") == set()
+    claim = _claim("g0", "gpu.nvidia.com", 8)
+    (outcome,) = engine.allocate([claim])
+    assert (outcome.status, outcome.node) == ("allocated", "node-3")
+
+
+@pytest.mark.interpreted
+def test_warm_after_a_node_object_arrives_looks_at_that_node_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _fleet()
+    while engine.warm(1.0):
+        pass
+    looked: list[str | None] = []
+    real = Topology.node
+
+    def counting(self: Topology, node: str | None) -> object:
+        looked.append(node)
+        return real(self, node)
+
+    monkeypatch.setattr(Topology, "node", counting)
+    (node,) = [n for n in fleet_nodes(FLEET) if n.metadata.name == "node-3"]
+    engine.apply(node)  # its labels are news: its topology is stale
+    while engine.warm(1.0):
+        pass
+    assert looked == ["node-3"]  # (a pass over every node per change was most of a hop while a fleet arrived)
+    assert engine.placement.topology.node("node-3").stamp == (engine.inventory._local_version["node-3"],)  # built

@@ -4,10 +4,12 @@ does not pay for the fleet's devices on its way (a real nats-server, the project
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
 
+from dralloc.allocator import shell
 from dralloc.allocator.engine import projection
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
@@ -64,3 +66,74 @@ async def test_the_engine_is_warmed_after_the_rebuild_and_after_each_inventory_c
     assert calls[0] == len(slices[0].spec.devices)  # the new devices, warmed after the change
     stop.set()
     await asyncio.wait_for(task, 10)  # and it ends with the term
+
+
+async def test_warm_waits_for_a_lull_in_the_inventory(bus: Bus, monkeypatch: pytest.MonkeyPatch):
+    """A fleet arrives as thousands of inventory events: a warm round after each would pay the
+    round's pass over every node (the multi-node domains) thousands of times, and each claim
+    meanwhile would wait for a hop."""
+    monkeypatch.setattr(shell, "WARM_LULL_S", 0.5)
+    monkeypatch.setattr(shell, "WARM_DEFER_S", 60.0)
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    loop = asyncio.get_running_loop()
+    hops: list[float] = []
+    done = asyncio.Event()
+    warm = allocator.engine.warm
+
+    def noting(seconds: float) -> bool:
+        hops.append(time.monotonic())
+        more = warm(seconds)
+        if not more:
+            loop.call_soon_threadsafe(done.set)
+        return more
+
+    monkeypatch.setattr(allocator.engine, "warm", noting)
+    stop = asyncio.Event()
+    task = asyncio.create_task(allocator.warm_engine(stop))
+    await asyncio.wait_for(done.wait(), 60)
+    done.clear()
+    before = len(hops)
+    arrived = []
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 10, "prefix": "late"}]):
+        await allocator.on_inventory(ev.ResourceSlicePublished(slice=slices[0]))
+        arrived.append(time.monotonic())
+        await asyncio.sleep(0.05)  # a slice every 50 ms: no lull of 0.5 s
+    assert len(hops) == before  # no round while they came
+    await asyncio.wait_for(done.wait(), 60)
+    assert hops[before] >= arrived[-1] + 0.45  # one round, after the lull (0.5 s after the last change)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_warm_under_an_inventory_that_never_rests_runs_once_a_defer(bus: Bus, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(shell, "WARM_LULL_S", 0.5)
+    monkeypatch.setattr(shell, "WARM_DEFER_S", 0.3)
+    allocator = Allocator(bus)
+    await allocator.rebuild()
+    rounds = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    warm = allocator.engine.warm
+
+    def noting(seconds: float) -> bool:
+        more = warm(seconds)
+        if not more:
+            loop.call_soon_threadsafe(rounds.put_nowait, time.monotonic())
+        return more
+
+    monkeypatch.setattr(allocator.engine, "warm", noting)
+    stop = asyncio.Event()
+    task = asyncio.create_task(allocator.warm_engine(stop))
+    await asyncio.wait_for(rounds.get(), 60)
+    began = time.monotonic()
+    for _, slices in build_fleet([{"profile": "h100-sxm", "count": 40, "prefix": "late"}]):
+        await allocator.on_inventory(ev.ResourceSlicePublished(slice=slices[0]))
+        await asyncio.sleep(0.05)
+    ended = time.monotonic()
+    finished = []
+    while not rounds.empty():
+        finished.append(rounds.get_nowait())
+    assert finished  # warmed while the changes went on (never a lull of 0.5 s)
+    assert len(finished) <= (ended - began) / 0.3 + 2  # at most a round a defer, not one a change (40)
+    stop.set()
+    await asyncio.wait_for(task, 10)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -470,6 +470,7 @@ class Inventory:
         self.unusable: dict[tuple[str, str], Pool] = {}  # pools seen but not used (incomplete or invalid)
         self.taint_rules: dict[str, DeviceTaintRule] = {}
         self.on_pool_rebuilt: list[Any] = []  # callbacks(pool, old_devices)
+        self.on_node_changed: list[Callable[[str], None]] = []  # callbacks(node): its Node object came, changed or went
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -503,6 +504,8 @@ class Inventory:
     def _touch_node(self, name: str) -> None:
         self.version += 1
         self._local_version[name] = self._local_version.get(name, 0) + 1
+        for callback in self.on_node_changed:
+            callback(name)
 
     def nodes(self) -> list[str]:
         """Known nodes in rank order (cached until a node is added or removed)."""

@@ -300,10 +300,14 @@ class Topology:
         """Eager mode: nodes changed by the latest pool rebuilds, built once the rebuilds move on
         to other nodes (or on first use): a node publishing several slices (GPUs, NICs) in a
         row is built once, not once per slice."""
-        self._warming: tuple[int, list[str], int] = (-1, [], 0)
-        """`warm`'s pass: (the inventory version it began at, the nodes with devices then, the
-        index of the next one)."""
+        self._stale: set[str] = set()
+        """Eager mode: nodes whose Node object came, changed or went since (`warm` builds them)."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
+        inventory.on_node_changed.append(self._node_changed)
+
+    def _node_changed(self, node: str) -> None:
+        if self.eager:
+            self._stale.add(node)
 
     def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         inv = self.inv
@@ -325,21 +329,22 @@ class Topology:
         since it was built (a node's Node object arriving after its slices makes its topology stale
         and no pool rebuild follows), until `end` (`time.perf_counter`, looked at every 8 nodes);
         True while some is left. A claim's walk would otherwise build them on its way, ~0.3 ms a
-        node of 8 GPUs and 8 NICs. Nothing a decision reads depends on when a topology is built."""
-        version, nodes, at = self._warming
-        if not self.eager or (version == self.inv.version and at == len(nodes)):
+        node of 8 GPUs and 8 NICs. Nothing a decision reads depends on when a topology is built.
+        Only the nodes changed since are looked at: a pass over every node after each change
+        was most of each hop while a fleet's Node objects and slices arrived one by one."""
+        if not self.eager:
             return False
-        if version != self.inv.version:
-            version, nodes, at = self.inv.version, self.inv.local.nodes(), 0
-        try:
-            while at < len(nodes):
-                self.node(nodes[at])
-                at += 1
-                if at % 8 == 0 and time.perf_counter() >= end and at < len(nodes):
-                    return True
-            return False
-        finally:
-            self._warming = (version, nodes, at)
+        stale = self._stale | self._pending if self._pending else self._stale
+        self._stale = stale
+        built = 0
+        while stale:
+            node = stale.pop()
+            if self.inv.local.span(node)[1]:  # (a node with devices of its own)
+                self.node(node)
+            built += 1
+            if built % 8 == 0 and time.perf_counter() >= end and stale:
+                return True
+        return False
 
     def node(self, node: str | None) -> NodeTopology | None:
         """The node's topology (its node-local devices), built on first use after a change."""

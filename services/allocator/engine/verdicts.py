@@ -59,6 +59,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from dralloc.allocator.engine import cel, projection
@@ -120,9 +121,16 @@ class _Reach:
     entry: Verdict = field(default_factory=Verdict)
     version: int = -1
     ranks: int = 0
+    walked: int = 0
+    """The device ids whose node is in `found` (kept across inventory changes: ids are never
+    reused, so after a change only the devices added need walking)."""
+    found: int = 0
+    """The ranks of the nodes of the `walked` devices (-1: one is not a node's own); it may still
+    name a node whose devices of the class are gone since, a rank a walk tries for nothing, until
+    `_reach_ranks` starts over."""
     walking: tuple[int, Iterator[int], int] | None = None
-    """The node ranks being worked out across `warm`'s hops: (for which version, the device ids
-    left, the ranks so far); dropped when the inventory changes meanwhile."""
+    """The walk in progress across `warm`'s hops: (for which inventory version, the device ids
+    left, all of them as a bitset)."""
 
 
 WARM_STEP = 256
@@ -211,13 +219,13 @@ class Verdicts:
             todo = inv.live ^ (inv.live & reach.entry.evaluated)
             if todo:
                 exprs = tuple(s.cel.expression if s.cel else "" for s in cls.spec.selectors)
-                ids = list(iter_bits(todo))
+                ids = iter_bits(todo)  # (lazily: a list of the ids left, in every hop, was most of a hop at 250,000 GPUs)
                 budget, timer, self.budget, self.timer = self.budget, self.timer, None, None  # on no unit's account
                 try:
-                    for at in range(0, len(ids), WARM_STEP):
-                        self._evaluate(reach.entry, bits_of(ids[at : at + WARM_STEP]), exprs, f"class {key[0]}: ", fresh=True)
-                        if time.perf_counter() >= end and at + WARM_STEP < len(ids):
-                            return True
+                    while step := list(islice(ids, WARM_STEP)):
+                        self._evaluate(reach.entry, bits_of(step), exprs, f"class {key[0]}: ", fresh=True)
+                        if time.perf_counter() >= end and len(step) == WARM_STEP:
+                            return True  # (perhaps none left: the next call says so at once)
                 finally:
                     self.budget, self.timer = budget, timer
                     self._envs.clear()  # (built for these alone: no claim's key is evaluated along)
@@ -228,23 +236,43 @@ class Verdicts:
     def _reach_ranks(self, reach: _Reach, end: float) -> bool:
         """Work out the ranks of the nodes of the live devices `reach` matches or fails on (-1, every
         node, if one of them is not a node's own: a network-attached device) until `end`
-        (`time.perf_counter`, looked at every `WARM_STEP` devices; a fleet's worth is ~10 ms at
-        25,000 GPUs: not one hop); True once they are `reach.ranks` for the inventory as it is."""
+        (`time.perf_counter`, looked at every `WARM_STEP` devices); True once they are
+        `reach.ranks` for the inventory as it is.
+
+        Only the devices not walked before are walked: while slices arrive one by one, each hop
+        after each of them walked the whole fleet again (an allocator following a fleet of 3,000
+        nodes onto the bus spent a minute so, and its claims waited a hop each). Ranks of
+        devices removed since stay in `found` (a walk then tries a node for nothing, never
+        leaves one out); once they are half of those walked it starts over."""
         inv = self.inv
         if reach.walking is None or reach.walking[0] != inv.version:
-            reach.walking = (inv.version, iter_bits((reach.entry.matched | reach.entry.failed) & inv.live), 0)
-        version, ids, ranks = reach.walking
+            walked = reach.walked
+            gone = walked ^ (walked & inv.live)
+            if (gone and gone.bit_count() * 2 > walked.bit_count()) or (reach.found == -1 and not inv.nonlocal_bits):
+                reach.walked = reach.found = 0
+            seen = (reach.entry.matched | reach.entry.failed) & inv.live
+            todo = seen ^ (seen & reach.walked)
+            reach.walking = (inv.version, iter_bits(todo), todo)
+        version, ids, todo = reach.walking
         devices, rank_of = inv.devices, inv.node_rank
-        for n, i in enumerate(ids, start=1):
-            rec = devices[i]
-            rank = rank_of.get(rec.local_node) if rec is not None and rec.local_node is not None else None
-            if rank is None:
-                ranks = -1
-                break
-            ranks |= 1 << rank
-            if not n % WARM_STEP and time.perf_counter() >= end:
-                reach.walking = (version, ids, ranks)
-                return False
+        ranks = reach.found
+        done = True
+        if ranks != -1:
+            for n, i in enumerate(ids, start=1):
+                rec = devices[i]
+                rank = rank_of.get(rec.local_node) if rec is not None and rec.local_node is not None else None
+                if rank is None:
+                    ranks = -1
+                    break
+                ranks |= 1 << rank
+                if not n % WARM_STEP and time.perf_counter() >= end:
+                    reach.walked |= todo & ((2 << i) - 1)  # (ids come lowest first)
+                    done = False
+                    break
+        reach.found = ranks
+        if not done:
+            return False
+        reach.walked |= todo
         reach.walking, reach.ranks, reach.version = None, ranks, version
         return True
 
