@@ -153,3 +153,36 @@ def test_a_projector_projects_as_project_does_whoever_holds_the_values(expressio
     for device in devices:
         for driver in ("gpu.example.com", "other.example.com"):
             assert projector(driver, device) == project(shape, driver, device)
+
+
+def test_a_verdict_after_a_node_republishes_its_gpus_reads_their_new_ids() -> None:
+    """A republished pool gets new device ids, above the node's other pools' (its NICs'): a node's
+    verdict starts at its lowest id (`Verdicts.get`'s `low`), so the new GPUs must still be evaluated,
+    and what was known of the old ones must not stand for them."""
+    engine = Engine()
+    for event in events_from_manifests(load_paths([str(CLASSES)]), print):
+        engine.apply(event.device_class)
+    fleet = build_fleet([{"profile": "h100-sxm", "count": 2, "prefix": "node"}])
+    for _, slices in fleet:
+        for slice_ in slices:
+            engine.apply(slice_)
+    h100 = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'
+    nvl = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 NVL"'
+    assert [o.status for o in engine.allocate([_claim("n0", "gpu.nvidia.com", (nvl,))])] == ["unsatisfiable"]  # evaluated: no match anywhere
+    first = engine.allocate([_claim("h0", "gpu.nvidia.com", (h100,), count=8)])[0]
+    assert (first.status, first.node) == ("allocated", "node-0")
+    engine.release("ml/h0")
+    (_, (gpus, _nics)), _ = fleet
+    lowest = min(rec.id for rec in engine.inventory.devices if rec is not None and rec.local_node == "node-0")
+    renamed = [
+        msgspec.structs.replace(d, attributes={**d.attributes, "productName": msgspec.structs.replace(d.attributes["productName"], string="NVIDIA H100 NVL")})
+        for d in gpus.spec.devices
+    ]
+    pool = msgspec.structs.replace(gpus.spec.pool, generation=2)
+    engine.apply(msgspec.structs.replace(gpus, spec=msgspec.structs.replace(gpus.spec, pool=pool, devices=renamed)))
+    ids = sorted(rec.id for rec in engine.inventory.devices if rec is not None and rec.local_node == "node-0" and rec.driver == "gpu.nvidia.com")
+    assert ids[0] > lowest  # the NICs hold the node's lowest ids now
+    nvl_claim = engine.allocate([_claim("n1", "gpu.nvidia.com", (nvl,), count=8)])[0]
+    assert (nvl_claim.status, nvl_claim.node) == ("allocated", "node-0")
+    h100_claims = [engine.allocate([_claim(f"h{i}", "gpu.nvidia.com", (h100,), count=8)])[0] for i in (1, 2)]
+    assert [(o.status, o.node) for o in h100_claims] == [("allocated", "node-1"), ("unsatisfiable", None)]
