@@ -219,7 +219,9 @@ class Verdicts:
             todo = inv.live ^ (inv.live & reach.entry.evaluated)
             if todo:
                 exprs = tuple(s.cel.expression if s.cel else "" for s in cls.spec.selectors)
-                ids = iter_bits(todo)  # (lazily: a list of the ids left, in every hop, was most of a hop at 250,000 GPUs)
+                # lazily: a list of the ids left, made in every hop, was more than a hop at 250,000
+                # GPUs (warm to done on the frontier fleet: 53 s of CPU in 2,530 hops; 7.5 s in 356)
+                ids = iter_bits(todo)
                 budget, timer, self.budget, self.timer = self.budget, self.timer, None, None  # on no unit's account
                 try:
                     while step := list(islice(ids, WARM_STEP)):
