@@ -72,7 +72,7 @@ async def test_warm_waits_for_a_lull_in_the_inventory(bus: Bus, monkeypatch: pyt
     """A fleet arrives as thousands of inventory events: a warm round after each would pay the
     round's pass over every node (the multi-node domains) thousands of times, and each claim
     meanwhile would wait for a hop."""
-    monkeypatch.setattr(shell, "WARM_LULL_S", 0.5)
+    monkeypatch.setattr(shell, "WARM_LULL_S", 2.0)
     monkeypatch.setattr(shell, "WARM_DEFER_S", 60.0)
     allocator = Allocator(bus)
     await allocator.rebuild()
@@ -98,10 +98,10 @@ async def test_warm_waits_for_a_lull_in_the_inventory(bus: Bus, monkeypatch: pyt
     for _, slices in build_fleet([{"profile": "h100-sxm", "count": 10, "prefix": "late"}]):
         await allocator.on_inventory(ev.ResourceSlicePublished(slice=slices[0]))
         arrived.append(time.monotonic())
-        await asyncio.sleep(0.05)  # a slice every 50 ms: no lull of 0.5 s
+        await asyncio.sleep(0.05)  # a slice every 50 ms: no lull of 2 s (a stall that long would fail this)
     assert len(hops) == before  # no round while they came
     await asyncio.wait_for(done.wait(), 60)
-    assert hops[before] >= arrived[-1] + 0.45  # one round, after the lull (0.5 s after the last change)
+    assert hops[before] >= arrived[-1] + 1.95  # one round, after the lull (2 s after the last change)
     stop.set()
     await asyncio.wait_for(task, 10)
 
