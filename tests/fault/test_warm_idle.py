@@ -29,23 +29,35 @@ def _mig_claim(name: str) -> ev.ClaimSubmitted:
     return ev.ClaimSubmitted(claim=msgspec.convert(claim, ResourceClaim))
 
 
-async def test_the_engine_is_warmed_after_the_rebuild_and_after_each_inventory_change(bus: Bus, monkeypatch: pytest.MonkeyPatch):
+async def _warming(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch, hops: list[float] | None = None
+) -> tuple[Allocator, asyncio.Queue[float], asyncio.Event, asyncio.Task[None]]:
+    """An allocator rebuilt from `bus`, its warm task started and its first round ended: (the
+    allocator, a queue that gets the time each later round ends, the task's stop, the task). Each
+    hop's start is noted in `hops`."""
     allocator = Allocator(bus)
     await allocator.rebuild()
     loop = asyncio.get_running_loop()
-    done = asyncio.Event()  # set when a hop found nothing more to do
+    ended: asyncio.Queue[float] = asyncio.Queue()
     warm = allocator.engine.warm
 
     def noting(seconds: float) -> bool:
+        if hops is not None:
+            hops.append(time.monotonic())
         more = warm(seconds)
-        if not more:
-            loop.call_soon_threadsafe(done.set)
+        if not more:  # (a hop that found nothing more to do ends the round)
+            loop.call_soon_threadsafe(ended.put_nowait, time.monotonic())
         return more
 
     monkeypatch.setattr(allocator.engine, "warm", noting)
     stop = asyncio.Event()
     task = asyncio.create_task(allocator.warm_engine(stop))
-    await asyncio.wait_for(done.wait(), 60)
+    await asyncio.wait_for(ended.get(), 60)
+    return allocator, ended, stop, task
+
+
+async def test_the_engine_is_warmed_after_the_rebuild_and_after_each_inventory_change(bus: Bus, monkeypatch: pytest.MonkeyPatch):
+    allocator, ended, stop, task = await _warming(bus, monkeypatch)
     calls = [0]
     real = projection.representable
 
@@ -59,10 +71,9 @@ async def test_the_engine_is_warmed_after_the_rebuild_and_after_each_inventory_c
     await pending
     assert allocator.committed["ml/m0"].allocation is not None
     assert calls[0] == 0  # warmed: no device of the walk was checked on the claim's time
-    done.clear()
     (_, slices), *_ = build_fleet([{"profile": "h100-sxm", "count": 1, "prefix": "late"}])
     await allocator.on_inventory(ev.ResourceSlicePublished(slice=slices[0]))
-    await asyncio.wait_for(done.wait(), 60)
+    await asyncio.wait_for(ended.get(), 60)
     assert calls[0] == len(slices[0].spec.devices)  # the new devices, warmed after the change
     stop.set()
     await asyncio.wait_for(task, 10)  # and it ends with the term
@@ -74,25 +85,8 @@ async def test_warm_waits_for_a_lull_in_the_inventory(bus: Bus, monkeypatch: pyt
     meanwhile would wait for a hop."""
     monkeypatch.setattr(shell, "WARM_LULL_S", 2.0)
     monkeypatch.setattr(shell, "WARM_DEFER_S", 60.0)
-    allocator = Allocator(bus)
-    await allocator.rebuild()
-    loop = asyncio.get_running_loop()
     hops: list[float] = []
-    done = asyncio.Event()
-    warm = allocator.engine.warm
-
-    def noting(seconds: float) -> bool:
-        hops.append(time.monotonic())
-        more = warm(seconds)
-        if not more:
-            loop.call_soon_threadsafe(done.set)
-        return more
-
-    monkeypatch.setattr(allocator.engine, "warm", noting)
-    stop = asyncio.Event()
-    task = asyncio.create_task(allocator.warm_engine(stop))
-    await asyncio.wait_for(done.wait(), 60)
-    done.clear()
+    allocator, ended, stop, task = await _warming(bus, monkeypatch, hops)
     before = len(hops)
     arrived = []
     for _, slices in build_fleet([{"profile": "h100-sxm", "count": 10, "prefix": "late"}]):
@@ -100,7 +94,7 @@ async def test_warm_waits_for_a_lull_in_the_inventory(bus: Bus, monkeypatch: pyt
         arrived.append(time.monotonic())
         await asyncio.sleep(0.05)  # a slice every 50 ms: no lull of 2 s (a stall that long would fail this)
     assert len(hops) == before  # no round while they came
-    await asyncio.wait_for(done.wait(), 60)
+    await asyncio.wait_for(ended.get(), 60)
     assert hops[before] >= arrived[-1] + 1.95  # one round, after the lull (2 s after the last change)
     stop.set()
     await asyncio.wait_for(task, 10)
@@ -109,22 +103,7 @@ async def test_warm_waits_for_a_lull_in_the_inventory(bus: Bus, monkeypatch: pyt
 async def test_warm_under_an_inventory_that_never_rests_runs_once_a_defer(bus: Bus, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(shell, "WARM_LULL_S", 0.5)
     monkeypatch.setattr(shell, "WARM_DEFER_S", 0.3)
-    allocator = Allocator(bus)
-    await allocator.rebuild()
-    rounds = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    warm = allocator.engine.warm
-
-    def noting(seconds: float) -> bool:
-        more = warm(seconds)
-        if not more:
-            loop.call_soon_threadsafe(rounds.put_nowait, time.monotonic())
-        return more
-
-    monkeypatch.setattr(allocator.engine, "warm", noting)
-    stop = asyncio.Event()
-    task = asyncio.create_task(allocator.warm_engine(stop))
-    await asyncio.wait_for(rounds.get(), 60)
+    allocator, rounds, stop, task = await _warming(bus, monkeypatch)
     began = time.monotonic()
     for _, slices in build_fleet([{"profile": "h100-sxm", "count": 40, "prefix": "late"}]):
         await allocator.on_inventory(ev.ResourceSlicePublished(slice=slices[0]))
