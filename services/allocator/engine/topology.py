@@ -331,7 +331,7 @@ class Topology:
         True while some is left. A claim's walk would otherwise build them on its way, ~0.3 ms a
         node of 8 GPUs and 8 NICs. Nothing a decision reads depends on when a topology is built.
         Only the nodes changed since are looked at: a pass over every node after each change
-        was most of each hop while a fleet's Node objects and slices arrived one by one."""
+        was half of a round's work while a fleet's Node objects and slices arrived one by one."""
         if not self.eager:
             return False
         stale = self._stale | self._pending if self._pending else self._stale
