@@ -291,5 +291,5 @@ def test_warm_after_a_node_object_arrives_looks_at_that_node_alone(monkeypatch: 
     engine.apply(node)  # its labels are news: its topology is stale
     while engine.warm(1.0):
         pass
-    assert looked == ["node-3"]  # (a pass over every node per change was most of a hop while a fleet arrived)
+    assert looked == ["node-3"]  # (a pass over every node per change was half of a round's work while a fleet arrived)
     assert engine.placement.topology.node("node-3").stamp == (engine.inventory._local_version["node-3"],)  # built
