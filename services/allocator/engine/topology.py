@@ -297,17 +297,18 @@ class Topology:
         """Build a node's topology when its pools change (placement sets it with scoring on), so a
         claim never pays for it; off, it is built on first use (`dralloc explain`)."""
         self._pending: set[str] = set()
-        """Eager mode: nodes changed by the latest pool rebuilds, built once the rebuilds move on
-        to other nodes (or on first use): a node publishing several slices (GPUs, NICs) in a
-        row is built once, not once per slice."""
-        self._stale: set[str] = set()
-        """Eager mode: nodes whose Node object came, changed or went since (`warm` builds them)."""
+        """Eager mode: nodes whose topology may be out of date, built once the rebuilds move on to
+        other nodes, by `warm`, or on first use: those changed by the latest pool rebuilds (a node
+        publishing several slices, GPUs and NICs, in a row is built once, not once per slice), and
+        those whose Node object came, changed or went since (`_node_changed`)."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
         inventory.on_node_changed.append(self._node_changed)
 
     def _node_changed(self, node: str) -> None:
-        if self.eager:
-            self._stale.add(node)
+        """Eager mode: a node with devices whose Node object came, changed or went (its labels are
+        news) is pending too: no pool rebuild follows to build it again."""
+        if self.eager and self.inv.local.span(node)[1]:
+            self._pending.add(node)
 
     def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         inv = self.inv
@@ -334,15 +335,14 @@ class Topology:
         was half of a round's work while a fleet's Node objects and slices arrived one by one."""
         if not self.eager:
             return False
-        stale = self._stale | self._pending if self._pending else self._stale
-        self._stale = stale
+        pending = self._pending
         built = 0
-        while stale:
-            node = stale.pop()
-            if self.inv.local.span(node)[1]:  # (a node with devices of its own)
+        while pending:
+            node = pending.pop()
+            if self.inv.local.span(node)[1]:  # (its devices may have gone since)
                 self.node(node)
             built += 1
-            if built % 8 == 0 and time.perf_counter() >= end and stale:
+            if built % 8 == 0 and time.perf_counter() >= end and pending:
                 return True
         return False
 

@@ -121,13 +121,13 @@ class _Reach:
     entry: Verdict = field(default_factory=Verdict)
     version: int = -1
     ranks: int = 0
-    walked: int = 0
-    """The device ids whose node is in `found` (kept across inventory changes: ids are never
-    reused, so after a change only the devices added need walking)."""
-    found: int = 0
-    """The ranks of the nodes of the `walked` devices (-1: one is not a node's own); it may still
-    name a node whose devices of the class are gone since, a rank a walk tries for nothing, until
+    """The ranks of the nodes of the `walked` devices (-1: one is not a node's own): the answer
+    once `version` is the inventory's, a walk's progress while it is not. It may still name a node
+    whose devices of the class are gone since, a rank a walk tries for nothing, until
     `_reach_ranks` starts over."""
+    walked: int = 0
+    """The device ids whose node is in `ranks` (kept across inventory changes: ids are never
+    reused, so after a change only the devices added need walking)."""
     walking: tuple[int, Iterator[int], int] | None = None
     """The walk in progress across `warm`'s hops: (for which inventory version, the device ids
     left, all of them as a bitset)."""
@@ -243,21 +243,21 @@ class Verdicts:
 
         Only the devices not walked before are walked: while slices arrive one by one, each hop
         after each of them walked the whole fleet again (an allocator following `bench pipeline`'s
-        fleet of 3,145 nodes onto the bus spent ~27 s of CPU so, and a claim then waited a hop). Ranks of
-        devices removed since stay in `found` (a walk then tries a node for nothing, never
-        leaves one out); once they are half of those walked it starts over."""
+        fleet of 3,145 nodes onto the bus spent ~27 s of CPU so, and a claim then waited a hop).
+        Ranks of devices removed since stay in `ranks` (a walk then tries a node for nothing,
+        never leaves one out); once they are half of those walked it starts over."""
         inv = self.inv
         if reach.walking is None or reach.walking[0] != inv.version:
             walked = reach.walked
             gone = walked ^ (walked & inv.live)
-            if (gone and gone.bit_count() * 2 > walked.bit_count()) or (reach.found == -1 and not inv.nonlocal_bits):
-                reach.walked = reach.found = 0
+            if (gone and gone.bit_count() * 2 > walked.bit_count()) or (reach.ranks == -1 and not inv.nonlocal_bits):
+                reach.walked = reach.ranks = 0
             seen = (reach.entry.matched | reach.entry.failed) & inv.live
             todo = seen ^ (seen & reach.walked)
             reach.walking = (inv.version, iter_bits(todo), todo)
         version, ids, todo = reach.walking
         devices, rank_of = inv.devices, inv.node_rank
-        ranks = reach.found
+        ranks = reach.ranks
         done = True
         if ranks != -1:
             for n, i in enumerate(ids, start=1):
@@ -271,11 +271,11 @@ class Verdicts:
                     reach.walked |= todo & ((2 << i) - 1)  # (ids come lowest first)
                     done = False
                     break
-        reach.found = ranks
+        reach.ranks = ranks
         if not done:
             return False
         reach.walked |= todo
-        reach.walking, reach.ranks, reach.version = None, ranks, version
+        reach.walking, reach.version = None, version
         return True
 
     def begin(self, budget: int | None, timer: tuple[Callable[[], float], float] | None = None) -> None:
