@@ -39,6 +39,7 @@ COMMANDS: list[str] = [
     "dralloc bench placement --seeds 1-5 --loads 0.9,1.1 --max-wait 0 --json",
     "dralloc bench pipeline --json",
     "PYTHONPATH=build/native dralloc bench pipeline --json",
+    "PYTHONPATH=build/native dralloc bench pipeline --sustain-rate 100 --sustain 1 --ceiling 0 --json",
     "python benchmarks/allocator.py --claims 10000 --rounds 3",
     "python benchmarks/statuswriter.py --records 10000 --rounds 2",
     "dralloc bench pipeline --chaos --rate 500 --duration 5 --burst 2000 --json",
