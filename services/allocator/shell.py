@@ -175,7 +175,8 @@ class Allocator:
 
         Each round waits for a lull in the inventory first (`_inventory_lull`): a fleet arrives as
         thousands of events, and a round after each would do the part of the work that is paid per
-        round (the multi-node domains: a pass over every node) thousands of times."""
+        round (the multi-node domains, after each Node object: a pass over every node) thousands
+        of times."""
         while not stop.is_set():
             self.warm_wanted.clear()
             await self._inventory_lull(stop)

@@ -289,6 +289,16 @@ class Topology:
         self._shapes: dict[ShapeKey, Shape] = {}
         self._last_names: dict[int, list[dict[int, str]]] = {}  # (build_node's `last_names`)
         self._domains: dict[str | None, tuple[int, dict[str, str], dict[str, list[str]]]] = {}
+        """Label -> (`_domain_stamp` it was worked out for, `domains`' answer)."""
+        self._domain_stamp = 0
+        """Bumped when what the domains are made of may have changed: a Node object (its labels,
+        whether it is known), or a node's clique (`_cliques`). Not by every inventory change: a
+        slice republished, a class published, leave the domains as they were, and working them
+        out again is a pass over every node (~21 ms at 31,250 nodes, native)."""
+        self._cliques: dict[str, str] = {}
+        """Node -> the NVLink clique its devices report (`_clique`), for the nodes that report one."""
+        self._clique_stale: set[str] = set()
+        """Nodes whose devices changed since their clique was last read: read again by `domains`."""
         self._bits: dict[str | None, tuple[dict[str, list[str]], dict[str, int]]] = {}
         self._unions: dict[str | None, tuple[dict[str, int], int]] = {}
         self.nvlink_ranks = 0
@@ -305,14 +315,16 @@ class Topology:
         inventory.on_node_changed.append(self._node_changed)
 
     def _node_changed(self, node: str) -> None:
-        """Eager mode: a node with devices whose Node object came, changed or went (its labels are
-        news) is pending too: no pool rebuild follows to build it again."""
+        """A node's Node object came, changed or went: its labels are news to the domains. In eager
+        mode a node with devices is pending too: no pool rebuild follows to build it again."""
+        self._domain_stamp += 1
         if self.eager and self.inv.local.span(node)[1]:
             self._pending.add(node)
 
     def _pool_rebuilt(self, pool: Pool, old_devices: list[DeviceRec]) -> None:
         inv = self.inv
         touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}
+        self._clique_stale |= touched
         for node in touched:
             bit = 1 << inv._see_node(node)
             devices = (inv.devices[i] for i in inv.local.ids(node))
@@ -369,10 +381,12 @@ class Topology:
         same value are two domains: the later one by its first node is
         `<kind>:<value>`, e.g. `rack:x`, prefixed again while that name is
         taken), in the order of its first node.
-        Rebuilt when the inventory changes."""
+        Worked out again only when a Node object or a node's clique changed since (`_domain_stamp`)."""
         inv = self.inv
+        if self._clique_stale:
+            self._read_cliques()
         hit = self._domains.get(label)
-        if hit is not None and hit[0] == inv.version:
+        if hit is not None and hit[0] == self._domain_stamp:
             return hit[1], hit[2]
         # A node links to one hub at most (its clique, else its rack; or the label's value), so a
         # domain is a hub's nodes: grouped in one pass, in the order of each hub's first node.
@@ -380,7 +394,7 @@ class Topology:
         for name in inv.nodes():
             labels = inv.node_labels.get(name, {})
             if label is None:
-                clique = self._clique(name) or labels.get(CLIQUE_LABEL)
+                clique = self._cliques.get(name) or labels.get(CLIQUE_LABEL)
                 hub = ("clique", clique) if clique else ("rack", labels[RACK_LABEL]) if labels.get(RACK_LABEL) else None
             else:
                 hub = ("label", labels[label]) if labels.get(label) else None
@@ -398,21 +412,33 @@ class Topology:
             members[domain] = nodes = sorted(nodes, key=rank.__getitem__)
             for n in nodes:
                 of[n] = domain
-        self._domains[label] = (inv.version, of, members)
+        self._domains[label] = (self._domain_stamp, of, members)
         return of, members
 
+    def _read_cliques(self) -> None:
+        """Read the clique of each node whose devices changed since (`_clique_stale`) into `_cliques`;
+        one that differs from before changes the domains (`_domain_stamp`)."""
+        for node in self._clique_stale:
+            clique = self._clique(node)
+            if clique != self._cliques.get(node):
+                if clique is None:
+                    del self._cliques[node]
+                else:
+                    self._cliques[node] = clique
+                self._domain_stamp += 1
+        self._clique_stale.clear()
+
     def _clique(self, node: str) -> str | None:
-        """The NVLink clique a device of the node reports (without building the node's topology)."""
+        """The NVLink clique the node's devices report (without building the node's topology): its
+        topology's (`NodeTopology.clique`: the first in order, should they report several)."""
         topo = self._nodes.get(node)
         if topo is not None and topo.stamp == (self.inv._local_version.get(node, 0),):
             return topo.clique
-        for i in self.inv.local.ids(node):
-            rec = self.inv.devices[i]
-            value = attribute_value(rec, NVLINK_CLIQUE) if rec is not None else None
-            if value is not None:
-                clique: str = value  # (the clique attribute is a string)
-                return clique
-        return None
+        devices = self.inv.devices
+        cliques: list[str] = [
+            value for i in self.inv.local.ids(node) if (rec := devices[i]) is not None and (value := attribute_value(rec, NVLINK_CLIQUE)) is not None
+        ]
+        return min(cliques, default=None)
 
     def domain_bits(self, label: str | None = None) -> dict[str, int]:
         """Domain -> bitset of its nodes' ranks (see `domains`)."""
