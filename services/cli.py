@@ -529,9 +529,13 @@ def migrate(
 ) -> None:
     """Rewrite nvidia.com/gpu, MIG and time-slicing requests as ResourceClaimTemplates (see MIGRATE-CONTRACT.md).
     Exit 0: all migrated; 1: something left (stderr says what and why); 2: bad input."""
+    from dralloc.manifests import read_text
     from dralloc.migrate.command import InputError, run
 
-    stdin_text = sys.stdin.read() if "-" in paths else None
+    try:
+        stdin_text = read_text(sys.stdin.buffer) if "-" in paths else None
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"<stdin>: cannot read: {exc}")
     try:
         result = run(paths, output=output, in_place=in_place, usage_path=usage, keep_node_selectors=keep_node_selectors, stdin_text=stdin_text)
     except InputError as exc:

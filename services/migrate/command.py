@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from dralloc.manifests import SUFFIXES
+from dralloc.manifests import SUFFIXES, read_text
 from dralloc.migrate import usage as usage_mod
-from dralloc.migrate.documents import MAX_FILE_BYTES, InputError, SourceFile, dump, kind_of, plain, read
+from dralloc.migrate.documents import InputError, SourceFile, dump, kind_of, plain, read
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
 
 OUTPUTS = ("yaml", "diff", "json")
@@ -112,9 +112,7 @@ def load_usage(path: str) -> usage_mod.Usage:
     """The --usage CSV read and parsed; InputError (exit 2) names the file and line."""
     where = f"--usage {path}"
     try:
-        if Path(path).stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{where}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:

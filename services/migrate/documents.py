@@ -20,8 +20,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-MAX_FILE_BYTES = 16 * 1024 * 1024
-"""A file larger than this is refused rather than parsed (the limit `dralloc lint` and `allocate` use)."""
+from dralloc.manifests import read_text
+
 MAX_NODES = 1_000_000
 """Values in one document counted with YAML aliases expanded (an alias bomb is refused, not walked)."""
 MAX_DEPTH = 200
@@ -61,9 +61,7 @@ def read(path: str, stdin_text: str | None = None, *, fast: bool = False) -> Sou
         return parse(stdin_text or "", "<stdin>", fast=fast)
     file = Path(path)
     try:
-        if file.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{path}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
-        text = file.read_text(encoding="utf-8")
+        text = read_text(file)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

@@ -166,6 +166,27 @@ def test_exit_2_for_missing_files_bad_flags_and_bad_usage(tmp_path):
     assert result.exit_code == 2 and result.stdout == "" and "line 2" in result.stderr and "lots" in result.stderr
 
 
+def test_exit_2_for_input_with_no_end_from_a_file_or_stdin():
+    """/dev/zero (stat says 0 bytes; it never ends) and stdin past the limit: refused at 16 MiB,
+    not read until memory runs out."""
+    result = cli("-f", "/dev/zero")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "/dev/zero: cannot read: larger than 16 MiB" in result.stderr and "Traceback" not in result.stderr
+    result = cli("-f", "-", stdin=GPU_POD + "#" * (16 * 1024 * 1024))
+    assert result.exit_code == 2 and "<stdin>: cannot read: larger than 16 MiB" in result.stderr
+    assert cli("-f", "-", stdin=GPU_POD).exit_code == 0
+
+
+def test_a_file_with_windows_line_ends_migrates_as_with_unix_ones(tmp_path):
+    unix, windows = tmp_path / "unix.yaml", tmp_path / "windows.yaml"
+    unix.write_bytes(GPU_POD.encode())
+    windows.write_bytes(GPU_POD.replace("\n", "\r\n").encode())
+    for output in ("yaml", "diff"):  # (the diff compares the file's text with the rewrite: line by line)
+        expected = cli("-f", str(unix), "-o", output)
+        assert expected.exit_code == 0 and "ResourceClaimTemplate" in expected.stdout
+        assert cli("-f", str(windows), "-o", output).stdout == expected.stdout.replace(str(unix), str(windows))
+
+
 def test_diff_shows_a_unified_diff_per_changed_file(tmp_path):
     gpu = write(tmp_path, "gpu.yaml", GPU_POD)
     plain = write(tmp_path, "web.yaml", NO_GPU)

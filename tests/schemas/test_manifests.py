@@ -1,9 +1,13 @@
 """Reading manifests: every bad document gets one message naming file, document and field."""
 
+from pathlib import Path
+
 import msgspec
 
 from dralloc.manifests import load_paths, load_text
 from dralloc.schemas.resource import KINDS, Pod, ResourceClaim
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_corpus_round_trips_losslessly(shared_dir):
@@ -64,6 +68,24 @@ def test_unreadable_and_directory_inputs(tmp_path):
     manifests = load_paths([tmp_path, tmp_path / "missing.yaml"])
     assert [item.obj.metadata.name for item in manifests.objects] == ["a", "b"]
     assert "cannot read file" in str(manifests.errors[0])
+
+
+def test_a_file_with_no_size_to_trust_is_read_only_up_to_the_limit():
+    """/dev/zero says it holds 0 bytes and never ends: refused at the limit with a message, not
+    read until memory runs out (a file still growing, or a pipe, is the same)."""
+    manifests = load_paths(["/dev/zero", EXAMPLES / "deviceclasses.yaml"])
+    assert [str(e) for e in manifests.errors] == ["/dev/zero: cannot read file: larger than 16 MiB"]
+    assert manifests.objects  # reading goes on
+
+
+def test_windows_line_ends_read_as_unix_ones(tmp_path):
+    text = "apiVersion: v1\nkind: Node\nmetadata:\n  name: a\n  labels: {zone: x}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: b}\n"
+    (tmp_path / "unix.yaml").write_bytes(text.encode())
+    (tmp_path / "windows.yaml").write_bytes(text.replace("\n", "\r\n").encode())
+    unix, windows = load_paths([tmp_path / "unix.yaml"]), load_paths([tmp_path / "windows.yaml"])
+    assert not windows.errors
+    assert [msgspec.to_builtins(item.obj) for item in windows.objects] == [msgspec.to_builtins(item.obj) for item in unix.objects]
+    assert len(unix.objects) == 2
 
 
 CLAIM_JSON = (
