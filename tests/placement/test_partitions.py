@@ -54,3 +54,26 @@ def test_the_weights_count_only_devices_that_exist():
     for s in slices:
         engine.apply(s)
     assert {k: v for k, v in partitions.in_use.items() if v} == held
+
+
+def test_a_partitions_overlaps_are_the_devices_that_cannot_be_held_with_it():
+    """`Partitions.overlaps` (worked out from an index of the pool's counters) against its
+    definition, device by device: the others of its pool consuming one of its counters past what that counter has left
+    once it is held. Over the MIG profiles' real counters (memory slices, multiprocessors, engines,
+    memory: amounts of many sizes), and the whole GPU that consumes all of them."""
+    for profile in ("h200-sxm-mig", "h100-sxm-mig"):
+        engine = make_engine([(profile, 1)])
+        partitions = engine.placement.partitions
+        pools = [pool for pool in engine.inventory.pools.values() if any(rec.consumes for rec in pool.devices)]
+        assert pools
+        for pool in pools:
+            for rec in pool.devices:
+                mine = dict(rec.consume_totals)
+                expected = {
+                    other.id
+                    for other in pool.devices
+                    if other is not rec and any(key in mine and used > pool.counters.get(key, 0) - mine[key] for key, used in other.consume_totals)
+                }
+                found = partitions.overlaps(rec)
+                assert {other.id for other, _ in found} == expected, rec.name
+                assert len(found) == len(expected)
