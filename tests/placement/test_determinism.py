@@ -126,6 +126,23 @@ def test_bitset_locality_agrees_with_counting_device_by_device():
     assert checked > 50
 
 
+def test_the_best_level_a_node_could_give_is_remembered_apart_for_demands_that_differ_in_a_constraint():
+    """`_static_level` (the best level a node's hardware could give a demand, remembered per node
+    and demand) for two 2-GPU demands of one class, one of them matching on the NVLink domain,
+    which the L40S GPUs do not have: each is its own answer, whichever is asked first. (Keyed by
+    the verdict key and count alone, the second was given the first's.)"""
+    from dralloc.allocator.engine.placement import NODE, demand_of
+
+    plain, matched = claim("plain", 2), claim("matched", 2, match="dralloc.dev/nvlinkDomain")
+    answers = []
+    for order in ((plain, matched), (matched, plain)):
+        engine = make_engine(FLEET)
+        levels = {c.metadata.name: engine.placement._static_level("l40s-pcie-0", demand_of([engine._plan(c)])) for c in order}
+        answers.append(levels)
+    assert answers[0] == answers[1]
+    assert answers[0]["matched"] == NODE and answers[0]["plain"] < NODE
+
+
 def test_bench_counts_large_rejections_that_had_enough_free_gpus_in_total():
     """Sixteen 7-GPU jobs leave one free GPU on each HGX H100 node: an 8-GPU job is then
     rejected with 16 free H100 GPUs (fragmentation); once nine 1-GPU jobs have taken nine of

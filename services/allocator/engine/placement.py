@@ -89,8 +89,8 @@ PARTITION_WORDS = (
 """`dralloc explain`'s line for a MIG slice's placement (partitions.py)."""
 
 Demand = list[tuple["Alt", int]]
-DemandKey = tuple[tuple["VerdictKey", int], ...]
-"""A demand as a cache key: (verdict key, count) per alternative (`_demand_key`)."""
+DemandKey = tuple[tuple["VerdictKey", tuple[str, ...], int], ...]
+"""A demand as a cache key: (verdict key, constraint attributes, count) per alternative (`_demand_key`)."""
 _SortKey = tuple[tuple[int, ...], int, tuple[int, ...], int]
 """A candidate's place in `_slot_order`: (free-group vector, fit, coarse totals, tightest group)."""
 _PER_DEVICE = object()
@@ -1408,7 +1408,9 @@ def _single(plans: list[ClaimPlan]) -> Alt | None:
 
 
 def _demand_key(demand: Demand) -> DemandKey:
-    return tuple((alt.verdict_key, count) for alt, count in demand)
+    """What a node's level for the demand depends on besides the node: each alternative's verdict
+    key, the attributes its constraints need every device to have (`_having`), and its count."""
+    return tuple((alt.verdict_key, alt.constraint_attributes, count) for alt, count in demand)
 
 
 def demand_of(plans: list[ClaimPlan]) -> Demand:
