@@ -28,7 +28,7 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 """A manifest file larger than this is refused rather than parsed."""
 
 
-def read_text(path: str | Path | BinaryIO) -> str:
+def read_text(source: str | Path | BinaryIO) -> str:
     """A user's file (or an open binary stream: stdin) as text, refused past `MAX_FILE_BYTES`.
 
     Read up to one byte past the limit, not sized first: a device (``/dev/zero``), a pipe or a
@@ -36,11 +36,11 @@ def read_text(path: str | Path | BinaryIO) -> str:
     all of it never ends. Raises OSError (a file past the limit: its message says so) or
     UnicodeDecodeError (not UTF-8). Line ends are read as `open` in text mode reads them (``\r\n``
     and ``\r`` as ``\n``: what `dralloc migrate` compares and writes back)."""
-    if isinstance(path, str | Path):
-        with open(path, "rb", buffering=0) as stream:
+    if isinstance(source, str | Path):
+        with open(source, "rb", buffering=0) as stream:
             data = _read_up_to_limit(stream)
     else:
-        data = _read_up_to_limit(path)
+        data = _read_up_to_limit(source)
     if len(data) > MAX_FILE_BYTES:
         raise OSError(f"larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     text = data.decode("utf-8")
