@@ -45,6 +45,7 @@ from dralloc.discovery.inventory import NodeInventory, node_object
 from dralloc.discovery.profiles import PROFILES, simulate
 from dralloc.discovery.sharing import SHARING_MODES, share_memory
 from dralloc.discovery.slices import LAYOUTS, build_slices
+from dralloc.manifests import read_text
 from dralloc.schemas.resource import Node, ResourceSlice
 
 MAX_FLEET_NODES = 100_000
@@ -77,9 +78,9 @@ def load_fleet(spec: Any) -> FleetSpec:
     if isinstance(spec, (str, Path)):
         where = str(spec)
         try:
-            spec = yaml.safe_load(Path(spec).read_text())
-        except OSError as exc:
-            raise FleetError(f"{where}: cannot read: {exc.strerror or exc}") from None
+            spec = yaml.safe_load(read_text(spec))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FleetError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
         except yaml.YAMLError as exc:
             raise FleetError(f"{where}: not valid YAML: {exc}") from None
     layout = "1.35"

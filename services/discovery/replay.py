@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dralloc.discovery.nvml import GpuLost, QueryError
+from dralloc.manifests import read_text
 from dralloc.schemas.limits import json_problem
 
 
@@ -46,12 +47,12 @@ class ReplaySource:
     @classmethod
     def from_file(cls, path: str | Path) -> ReplaySource:
         try:
-            text = Path(path).read_text()
+            text = read_text(path)
             if (problem := json_problem(text)) is not None:  # before json recurses through it
                 raise ReplayError(problem)
             return cls(json.loads(text))
-        except OSError as exc:
-            raise ReplayError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReplayError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
         except json.JSONDecodeError as exc:
             raise ReplayError(f"{path}: not JSON: {exc}") from None
         except ReplayError as exc:

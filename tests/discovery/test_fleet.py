@@ -60,3 +60,5 @@ def test_bad_fleet_file(tmp_path) -> None:
     (tmp_path / "f.yaml").write_text("- {profile: [unclosed\n")
     with pytest.raises(FleetError, match="f.yaml: not valid YAML"):
         load_fleet(tmp_path / "f.yaml")
+    with pytest.raises(FleetError, match="/dev/zero: cannot read: larger than 16 MiB"):  # (stat says 0 bytes; it never ends)
+        load_fleet("/dev/zero")

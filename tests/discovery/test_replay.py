@@ -143,6 +143,11 @@ def test_bad_capture_files_are_clear_errors(tmp_path) -> None:
         ReplaySource.from_file(tmp_path / "y.json")
     with pytest.raises(ReplayError, match="cannot read"):
         ReplaySource.from_file(tmp_path / "missing.json")
+    with pytest.raises(ReplayError, match="/dev/zero: cannot read: larger than 16 MiB"):  # (stat says 0 bytes; it never ends)
+        ReplaySource.from_file("/dev/zero")
+    (tmp_path / "latin.json").write_bytes(b'{"devices": [], "name": "\xe9"}')
+    with pytest.raises(ReplayError, match="latin.json: cannot read: 'utf-8' codec"):
+        ReplaySource.from_file(tmp_path / "latin.json")
     (tmp_path / "deep.json").write_text('{"devices": [' + "[" * 5000 + "]" * 5000 + "]}")  # json would recurse
     with pytest.raises(ReplayError, match="deep.json: nested more than 100 levels deep"):
         ReplaySource.from_file(tmp_path / "deep.json")
