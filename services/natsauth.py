@@ -144,6 +144,8 @@ def _main(argv: list[str]) -> int:
     per-node discovery users."""
     import sys
 
+    from dralloc.manifests import read_text  # (the one bounded reader of a file someone names)
+
     args = list(argv)
     path = Path(__file__).resolve().parents[1] / "infra" / "nats" / "auth.conf"
     if "--auth" in args:
@@ -157,7 +159,7 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m dralloc.natsauth nodes NODE... [--auth AUTH_CONF]", file=sys.stderr)
         return 2
     try:
-        print(with_node_users(path.read_text(), args[1:]), end="")
+        print(with_node_users(read_text(path), args[1:]), end="")
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -179,6 +179,17 @@ def test_per_node_users_are_generated_and_colliding_names_refused():
         natsauth.with_node_users(hostile.AUTH.read_text(), ["a-b", "a.b"])
 
 
+def test_the_auth_conf_named_is_read_only_up_to_the_limit():
+    """`python -m dralloc.natsauth nodes ... --auth FILE` prints the conf with the nodes' users; a
+    FILE with no end (/dev/zero: stat says 0 bytes) is an error at 16 MiB, not read until memory runs out."""
+    run = [sys.executable, "-m", "dralloc.natsauth", "nodes", "node-0", "--auth"]
+    good = subprocess.run([*run, str(hostile.AUTH)], capture_output=True, text=True, timeout=60, check=False)
+    assert good.returncode == 0 and '"discovery-node-0"' in good.stdout
+    endless = subprocess.run([*run, "/dev/zero"], capture_output=True, text=True, timeout=60, check=False)
+    assert endless.returncode == 1 and endless.stdout == ""
+    assert endless.stderr.strip() == "error: larger than 16 MiB"
+
+
 def test_events_belong_only_in_their_stream_under_their_own_subject():
     submitted = claim_event("x")
     assert streamcheck.misplaced("CLAIMS", submitted.subject, submitted) is None
