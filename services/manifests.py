@@ -62,7 +62,13 @@ def _read_up_to_limit(stream: BinaryIO) -> bytes:
             break
         chunks.append(chunk)
         size += len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return b"".join(chunks)  # (one chunk: that very bytes object)
+
+
+def why_unreadable(exc: OSError | UnicodeDecodeError) -> str:
+    """`read_text`'s failure in words: the system's reason ("No such file or directory"), else the
+    exception's message ("larger than 16 MiB", the UTF-8 decode error)."""
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,8 +240,7 @@ def load_paths(paths: Iterable[str | Path]) -> Manifests:
         try:
             text = read_text(file)
         except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            result.errors.append(ManifestError(Source(str(file), 0), f"cannot read file: {reason}"))
+            result.errors.append(ManifestError(Source(str(file), 0), f"cannot read file: {why_unreadable(exc)}"))
             continue
         part = load_text(text, str(file))
         result.objects += part.objects

@@ -45,7 +45,7 @@ from dralloc.discovery.inventory import NodeInventory, node_object
 from dralloc.discovery.profiles import PROFILES, simulate
 from dralloc.discovery.sharing import SHARING_MODES, share_memory
 from dralloc.discovery.slices import LAYOUTS, build_slices
-from dralloc.manifests import read_text
+from dralloc.manifests import read_text, why_unreadable
 from dralloc.schemas.resource import Node, ResourceSlice
 
 MAX_FLEET_NODES = 100_000
@@ -80,7 +80,7 @@ def load_fleet(spec: Any) -> FleetSpec:
         try:
             spec = yaml.safe_load(read_text(spec))
         except (OSError, UnicodeDecodeError) as exc:
-            raise FleetError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+            raise FleetError(f"{where}: cannot read: {why_unreadable(exc)}") from None
         except yaml.YAMLError as exc:
             raise FleetError(f"{where}: not valid YAML: {exc}") from None
     layout = "1.35"

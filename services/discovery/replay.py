@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dralloc.discovery.nvml import GpuLost, QueryError
-from dralloc.manifests import read_text
+from dralloc.manifests import read_text, why_unreadable
 from dralloc.schemas.limits import json_problem
 
 
@@ -52,7 +52,7 @@ class ReplaySource:
                 raise ReplayError(problem)
             return cls(json.loads(text))
         except (OSError, UnicodeDecodeError) as exc:
-            raise ReplayError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+            raise ReplayError(f"{path}: cannot read: {why_unreadable(exc)}") from None
         except json.JSONDecodeError as exc:
             raise ReplayError(f"{path}: not JSON: {exc}") from None
         except ReplayError as exc:

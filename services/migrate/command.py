@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from dralloc.manifests import SUFFIXES, read_text
+from dralloc.manifests import SUFFIXES, read_text, why_unreadable
 from dralloc.migrate import usage as usage_mod
 from dralloc.migrate.documents import InputError, SourceFile, dump, kind_of, plain, read
 from dralloc.migrate.rewrite import DecodeError, Names, Report, describe, migrate_object
@@ -114,7 +114,7 @@ def load_usage(path: str) -> usage_mod.Usage:
     try:
         text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        raise InputError(f"{where}: cannot read: {why_unreadable(exc)}") from None
     try:
         return usage_mod.parse(text, where)
     except usage_mod.UsageFileError as exc:

@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from dralloc.manifests import read_text
+from dralloc.manifests import read_text, why_unreadable
 
 MAX_NODES = 1_000_000
 """Values in one document counted with YAML aliases expanded (an alias bomb is refused, not walked)."""
@@ -63,7 +63,7 @@ def read(path: str, stdin_text: str | None = None, *, fast: bool = False) -> Sou
     try:
         text = read_text(file)
     except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise InputError(f"{path}: cannot read: {why_unreadable(exc)}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     return parse(text, path, is_json=file.suffix == ".json", fast=fast)
