@@ -20,8 +20,8 @@ from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
     from dralloc.allocator.engine.engine import Engine
-    from dralloc.allocator.engine.inventory import CounterKey
-    from dralloc.allocator.engine.ledger import DevKey, Ledger
+    from dralloc.allocator.engine.inventory import CounterKey, DevKey
+    from dralloc.allocator.engine.ledger import Ledger
 
 
 def adopt(engine: Engine, claim: ResourceClaim) -> list[str]:

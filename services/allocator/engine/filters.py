@@ -123,9 +123,20 @@ class Candidates:
     recs: list[DeviceRec]
     consumed: dict[int, dict[str, int]]
     problem: str
-    left: list[tuple[str, int]] = field(default_factory=list)
-    emptied_by: str | None = None  # the first stage that left fewer than wanted (not for All)
-    note: str = ""
+    left: list[tuple[str, int]]
+    emptied_by: str | None  # the first stage that left fewer than wanted (not for All)
+    note: str
+
+    def __init__(
+        self, recs: list[DeviceRec], consumed: dict[int, dict[str, int]], problem: str, left: list[tuple[str, int]] | None = None, note: str = ""
+    ) -> None:
+        # written out (one per node tried): mypyc compiles it, not the interpreted one `@dataclass` generates
+        self.recs = recs
+        self.consumed = consumed
+        self.problem = problem
+        self.left = [] if left is None else left
+        self.emptied_by = None
+        self.note = note
 
 
 def node_devices(inv: Inventory, node: str | None) -> tuple[int, list[int]]:

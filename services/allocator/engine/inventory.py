@@ -42,10 +42,20 @@ or a list attribute (KEP-5491) as ("strings", ("a", "b")), ("ints", (1, 2)), ("b
 
 _KINDS = ("string", "int", "bool", "version", "strings", "ints", "bools", "versions")
 
-CounterKey = tuple[str, str, str, str]
+# The engine's composite keys are typed as tuples of any length, not `tuple[str, str, str]`: the
+# native build (mypyc) keeps a fixed-length tuple unboxed, its items in separate fields, and boxes
+# a new tuple each time one is used as a dict key (allocated, hashed, compared item by item with
+# the key it finds); a tuple of any length stays the one object it was made as. On churn-mixed that
+# re-boxing was ~10% of a claim's instructions (the counters and device keys of every MIG slice
+# and shared GPU a claim passes).
+DevKey = tuple[str, ...]
+"""(driver, pool, device name): the identity of a device the ledger records."""
+CounterKey = tuple[str, ...]
 """(driver, pool, counter set, counter): counters belong to one driver's pool."""
-CounterSetKey = tuple[str, str, str]
+CounterSetKey = tuple[str, ...]
 """(driver, pool, counter set): a CounterKey less its counter's name."""
+DeviceKind = tuple[str, ...]
+"""(driver, NVIDIA-style `type`): what best fit counts free devices of (placement.py `kind_of`)."""
 
 _MISSING = object()
 
@@ -89,7 +99,7 @@ class DeviceRec:
     binds_to_node: bool
     memo: AttributeMemo | None = None
     """The inventory's memo of attribute lookups (None: look up every time)."""
-    key: tuple[str, str, str] = ("", "", "")
+    key: DevKey = ("", "", "")
     """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
     consume_totals: tuple[tuple[CounterKey, int], ...] = ()
     default_use: Any = NOT_YET
@@ -441,7 +451,7 @@ class Inventory:
         """Pool -> its slices' names: a tuple while a few (a node's pool has one or two slices: a set
         is 216 bytes, a tuple 48-56; ~18 MB at 250,000 GPUs), a set past POOL_NAMES_IN_TUPLE."""
         self.devices: list[DeviceRec | None] = []
-        self.by_key: dict[tuple[str, str, str], DeviceRec] = {}
+        self.by_key: dict[DevKey, DeviceRec] = {}
         self.live = 0  # ids of devices in usable pools
         self.multi_bits = 0
         # nodes: rank order is the order nodes are first seen (the CLI registers them sorted)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 
-from dralloc.allocator.engine.inventory import iter_bits
+from dralloc.allocator.engine.inventory import DeviceKind, iter_bits
 
 HORIZON = 256
 """Claims placed (anywhere) over which a large placement's weight falls to 1/e."""
 CAP = 3
 """At most this many whole nodes kept per group."""
 
-Group = tuple[tuple[str, str], int]
+Group = tuple[DeviceKind, int]
 """(device kind, node shape serial): nodes of one hardware profile, for one kind of device."""
 
 
@@ -59,7 +59,7 @@ class KeepWhole:
             return 0
         return min(self.cap, int(self.factor * self.demand(group) + 0.5))
 
-    def groups(self, kind: tuple[str, str]) -> list[tuple[Group, int]]:
+    def groups(self, kind: DeviceKind) -> list[tuple[Group, int]]:
         """(group, nodes to keep) for the groups of `kind` that keep at least one now."""
         if self.factor <= 0:
             return []

@@ -18,12 +18,10 @@ the counters describe the hardware partition, which exists once).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dralloc.allocator.engine.inventory import CounterKey, CounterSetKey, DeviceRec, Inventory, Pool, bits_of
+from dralloc.allocator.engine.inventory import CounterKey, CounterSetKey, DeviceRec, DevKey, Inventory, Pool, bits_of
 from dralloc.schemas.resource import AllocationResult
-
-DevKey = tuple[str, str, str]
 
 TOUCHED_KEPT = 65_536
 """Entries of `Ledger.touched` kept before the log starts over (a reader further behind starts over too)."""
@@ -33,8 +31,15 @@ TOUCHED_KEPT = 65_536
 class Entry:
     device: DevKey
     kind: str  # "exclusive" | "share" | "admin"
-    share: str = ""  # share id for kind == "share"
-    consumed: dict[str, int] = field(default_factory=dict)  # fully-qualified capacity -> nano
+    share: str  # share id for kind == "share"
+    consumed: dict[str, int]  # fully-qualified capacity -> nano
+
+    def __init__(self, device: DevKey, kind: str, share: str = "", consumed: dict[str, int] | None = None) -> None:
+        # written out (one per device allocated): mypyc compiles it, not the interpreted one `@dataclass` generates
+        self.device = device
+        self.kind = kind
+        self.share = share
+        self.consumed = {} if consumed is None else consumed
 
 
 @dataclass(slots=True)
@@ -43,6 +48,13 @@ class Record:
     allocation: AllocationResult
     node: str | None
     entries: list[Entry]
+
+    def __init__(self, claim: str, allocation: AllocationResult, node: str | None, entries: list[Entry]) -> None:
+        # written out (one per claim): mypyc compiles it, not the interpreted one `@dataclass` generates
+        self.claim = claim
+        self.allocation = allocation
+        self.node = node
+        self.entries = entries
 
 
 class Ledger:
@@ -69,9 +81,10 @@ class Ledger:
         device local to the node taken, shared or freed (misfits.py keys what failed on a node by it)."""
         self.remote_changes = 0
         """The same for devices local to no node (network-attached): they can be reached from many nodes."""
-        self.touched: list[str] = []
-        """The nodes of `node_changes`, in the order of their changes since `touched_base` (misfits.py
-        reads what changed since it last looked; trimmed at TOUCHED_KEPT)."""
+        self.touched: list[int] = []
+        """The ranks of the nodes of `node_changes`, in the order of their changes since `touched_base`
+        (misfits.py reads what changed since it last looked, once per claim shape: ranks, not names,
+        so no reader looks a name up; trimmed at TOUCHED_KEPT)."""
         self.touched_base = 0
         """Changes before `touched[0]` (the log's absolute position of its first entry)."""
         inventory.on_pool_rebuilt.append(self._pool_rebuilt)
@@ -197,7 +210,7 @@ class Ledger:
                 self.remote_changes += 1
             else:
                 changes[node] = changes.get(node, 0) + 1
-                touched.append(node)
+                touched.append(self.inv._see_node(node))
 
     def _charge(self, recs: list[DeviceRec], sign: int) -> None:
         """Take (+1) or free (-1) the exclusive devices of one record, together: `used_bits` (as

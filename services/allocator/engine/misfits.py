@@ -97,9 +97,7 @@ class Misfits:
         if version != self.inv.version or remote != ledger.remote_changes or position < base:
             bits = 0
         elif bits:
-            rank = self.inv.node_rank
-            for node in log[position - base :]:
-                r = rank[node]
+            for r in log[position - base :]:
                 if (bits >> r) & 1:
                     bits ^= 1 << r
         entry[:] = [bits, base + len(log), self.inv.version, ledger.remote_changes]

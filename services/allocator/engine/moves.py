@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.gang import allocate_gang, claim_demand
-from dralloc.allocator.engine.inventory import iter_bits
+from dralloc.allocator.engine.inventory import DevKey, iter_bits
 from dralloc.allocator.engine.ledger import Record
 from dralloc.schemas.resource import ResourceClaim
 
@@ -121,7 +121,7 @@ def apply(engine: Engine, moves: MovePlan) -> list[Outcome]:
         raise StalePlan("a claim of the plan is not held as it was when the moves were planned")
     for m in moves.moves:
         ledger.remove(m.claim)
-    taken: set[tuple[str, str, str]] = set()
+    taken: set[DevKey] = set()
     clash = ""
     for record in (*(m.after for m in moves.moves), *moves.placed):
         for entry in record.entries:

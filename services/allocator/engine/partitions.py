@@ -24,8 +24,9 @@ from __future__ import annotations
 from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool
 from dralloc.allocator.engine.ledger import Ledger
 
-Kind = tuple[str, str]
-"""(driver, MIG profile, else the device's `type`): the partitions one claim's selector asks for."""
+Kind = tuple[str, ...]
+"""(driver, MIG profile, else the device's `type`): the partitions one claim's selector asks for
+(of any length for mypyc: inventory.py's note on composite keys)."""
 
 
 def partition_kind(rec: DeviceRec) -> Kind:

@@ -49,7 +49,7 @@ from operator import neg
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.filters import room_for
-from dralloc.allocator.engine.inventory import DeviceRec, Inventory, Pool, iter_bits
+from dralloc.allocator.engine.inventory import DeviceKind, DeviceRec, DevKey, Inventory, Pool, iter_bits
 from dralloc.allocator.engine.keep_whole import Group, KeepWhole, drain_last, held_whole
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.partitions import Partitions
@@ -484,7 +484,7 @@ class Placement:
         hits = self.verdicts.outcomes(alt, [(topo.lo, topo.span) for _, topo in todo])
         return {rank: (topo, hit) for (rank, topo), hit in zip(todo, hits) if hit is not None}
 
-    def _kind(self, demand: Demand) -> tuple[str, str] | None:
+    def _kind(self, demand: Demand) -> DeviceKind | None:
         """The kind of device the unit's first request takes (from a device it is known to match)."""
         if not demand:
             return None
@@ -493,7 +493,7 @@ class Placement:
         rec = self.inv.devices[matched.bit_length() - 1] if matched else None
         return kind_of(rec) if rec is not None else None
 
-    def _fit_order(self, viable: int, kind: tuple[str, str] | None = None, need: int = 1) -> Iterator[int]:
+    def _fit_order(self, viable: int, kind: DeviceKind | None = None, need: int = 1) -> Iterator[int]:
         """Known node ranks in best-fit order.
 
         Nodes already partly used (of the claim's `kind`: GPUs for a GPU claim,
@@ -508,7 +508,7 @@ class Placement:
         among partly used nodes those it would leave with a useful hole come first (`_hole_order`)."""
         whole = 0
         of, _ = self.topology.domains()
-        counted: tuple[str, str] | None = None
+        counted: DeviceKind | None = None
         if kind is not None and kind in self.kinds.ge:
             free_ge, free = self.kinds.ge[kind], self.kinds.free[kind]
             whole = self.kinds.whole.get(kind, 0)
@@ -540,7 +540,7 @@ class Placement:
         if whole:
             yield from self._known(viable ^ (viable & free_ge[1]) if len(free_ge) > 1 else viable)
 
-    def _domain_parts(self, ranks: int, order: list[str], kind: tuple[str, str] | None, free: dict[str, int]) -> Iterator[int]:
+    def _domain_parts(self, ranks: int, order: list[str], kind: DeviceKind | None, free: dict[str, int]) -> Iterator[int]:
         """`_fit_order`'s domains' parts of `ranks`, fullest domain first, lazily: only once a walk
         gets past the nodes outside any domain (the usual claim stops there), and only until
         `ranks` is used up (each part is a bitset operation as wide as the fleet's ranks: walking
@@ -1063,7 +1063,7 @@ def nodes_in_words(names: list[str]) -> str:
     return f"node{'s' if len(names) > 1 else ''} {shown}"
 
 
-def kind_of(rec: DeviceRec) -> tuple[str, str]:
+def kind_of(rec: DeviceRec) -> DeviceKind:
     """A device's kind for best fit: its driver and NVIDIA-style `type` (gpu, mig, nic, ...)."""
     attr = rec.spec.attributes.get("type")
     return (rec.driver, attr.string if attr is not None and attr.string else "")
@@ -1101,11 +1101,11 @@ class KindIndex:
         """Told of every claim placed and of every large placement (a claim taking every device of
         its kind on a node), while it is on; `shape` names a node's hardware shape for it."""
         self.shape = shape
-        self.free: dict[tuple[str, str], dict[str, int]] = {}
-        self.total: dict[tuple[str, str], dict[str, int]] = {}
-        self.ge: dict[tuple[str, str], list[int]] = {}
-        self.whole: dict[tuple[str, str], int] = {}
-        self.held: dict[tuple[str, str, str], tuple[str, str]] = {}
+        self.free: dict[DeviceKind, dict[str, int]] = {}
+        self.total: dict[DeviceKind, dict[str, int]] = {}
+        self.ge: dict[DeviceKind, list[int]] = {}
+        self.whole: dict[DeviceKind, int] = {}
+        self.held: dict[DevKey, tuple[str, str]] = {}
         """Device key -> (its node, the claim holding it), for the exclusive node-local devices in use."""
         self.claims: dict[str, dict[str, int]] = {}
         """Node -> claim -> its exclusive devices there."""
@@ -1117,10 +1117,10 @@ class KindIndex:
         """Node -> (lo, its node-local devices in exclusive use as a bitset shifted by lo): the
         ledger's `used_bits` cut down to the node, kept per charge (`used_on`)."""
         self._domain_of: dict[str, str] | None = None
-        self._domain_free: dict[tuple[str, str], dict[str, int]] = {}
+        self._domain_free: dict[DeviceKind, dict[str, int]] = {}
         """Per kind: multi-node domain -> free devices of the kind on its nodes, for the domains of
         `_domain_of` (`domain_free`); kept in step by `_set`."""
-        self._domain_order: dict[tuple[str, str], list[str]] = {}
+        self._domain_order: dict[DeviceKind, list[str]] = {}
         """Per kind: the domains of `_domain_of` in `domain_order`; dropped when a count changes."""
         ledger.on_charge.append(self._charge)
         inventory.on_pool_rebuilt.append(self._rebuilt)  # after the ledger's own (registered first)
@@ -1142,7 +1142,7 @@ class KindIndex:
             for rec in recs:  # keep_whole's clock reads each device's charge in turn (`_seen`)
                 self._charge([rec], sign)
             return
-        counts: dict[tuple[str, tuple[str, str]], int] = {}  # (node, kind) -> devices
+        counts: dict[tuple[str, DeviceKind], int] = {}  # (node, kind) -> devices
         holds: dict[tuple[str, str], int] = {}  # (node, claim) -> devices
         exclusive, held, span = self.ledger.exclusive, self.held, self.inv.local.span
         for rec in recs:
@@ -1174,7 +1174,7 @@ class KindIndex:
             if keep:  # (one device: `_seen` reads the counts with it charged)
                 self._seen(next(iter(counts))[1], node, claim)
 
-    def _seen(self, kind: tuple[str, str], node: str, claim: str) -> None:
+    def _seen(self, kind: DeviceKind, node: str, claim: str) -> None:
         """A device of `claim` charged on `node`: its first there is a claim placed (a tick of
         keep_whole's clock); the one that leaves no device of the kind free with the claim alone
         on the node, holding all of them, is a large placement of the node's group."""
@@ -1248,8 +1248,8 @@ class KindIndex:
     def _recount(self, node: str) -> None:
         """The node's free and total counts per kind and its devices in use, counted device by device."""
         inv, used = self.inv, self.ledger.used_ids
-        counts: dict[tuple[str, str], int] = {}
-        totals: dict[tuple[str, str], int] = {}
+        counts: dict[DeviceKind, int] = {}
+        totals: dict[DeviceKind, int] = {}
         lo = inv.local.span(node)[0]
         held = 0  # the node's devices the ledger holds, again (`used_local`)
         for i in inv.local.ids(node):
@@ -1272,8 +1272,8 @@ class KindIndex:
         lo = self.inv.local.span(node)[0]
         at, held = self.used_local.get(node) or (lo, 0)
         held = held << (at - lo) if at >= lo else held >> (lo - at)  # (based at the node's lowest id, as a recount is)
-        counts: dict[tuple[str, str], int] = {}
-        totals: dict[tuple[str, str], int] = {}
+        counts: dict[DeviceKind, int] = {}
+        totals: dict[DeviceKind, int] = {}
         for rec in recs:
             i = rec.id
             if i in used:
@@ -1288,7 +1288,7 @@ class KindIndex:
             total[node] = total.get(node, 0) + n
             self._set(kind, node, self.free.get(kind, {}).get(node, 0) + counts[kind], force=True)
 
-    def domain_free(self, kind: tuple[str, str], of: dict[str, str]) -> dict[str, int]:
+    def domain_free(self, kind: DeviceKind, of: dict[str, str]) -> dict[str, int]:
         """Domain -> free devices of `kind` on its nodes, for the domains `of` (node -> domain,
         `Topology.domains`). Summed once per kind and domain map (a new map when the inventory
         changes), then kept by `_set` as devices are taken and freed: O(1) per claim."""
@@ -1303,7 +1303,7 @@ class KindIndex:
                     sums[domain] = sums.get(domain, 0) + n
         return sums
 
-    def domain_order(self, kind: tuple[str, str], of: dict[str, str], members: dict[str, list[str]], rank: dict[str, int]) -> list[str]:
+    def domain_order(self, kind: DeviceKind, of: dict[str, str], members: dict[str, list[str]], rank: dict[str, int]) -> list[str]:
         """The domains of `members` (`Topology.domains`, with `of`), the fewest free devices of
         `kind` first (`domain_free`), then by their first node's rank. Kept until a domain's free
         count changes (`_set`) or the domain map does: sorting the racks was per claim."""
@@ -1313,7 +1313,7 @@ class KindIndex:
             order = self._domain_order[kind] = sorted(members, key=lambda d: (sums.get(d, 0), rank[members[d][0]]))
         return order
 
-    def _set(self, kind: tuple[str, str], node: str, new: int, *, force: bool = False) -> None:
+    def _set(self, kind: DeviceKind, node: str, new: int, *, force: bool = False) -> None:
         # (get, then set if missing: `setdefault(kind, {})` made a dict per call, on every charge)
         free = self.free.get(kind)
         if free is None:

@@ -27,8 +27,9 @@ from dralloc.schemas.resource import (
 )
 from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, is_dns_label, is_dns_subdomain, validate
 
-VerdictKey = tuple[str, int, tuple[str, ...]]
-"""(device class, its version, selector expressions): what a set of selector verdicts is cached under."""
+VerdictKey = tuple[object, ...]
+"""(device class, its version, selector expressions): what a set of selector verdicts is cached under
+(a tuple of any length: inventory.py's note on composite keys)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -82,10 +83,27 @@ class Constraint:
 class ClaimPlan:
     claim: ResourceClaim
     key: str
-    requests: list[Request] = field(default_factory=list)
-    constraints: list[Constraint] = field(default_factory=list)
-    error: str | None = None
-    shape: tuple[Any, ...] | None = None  # misfits.shape_of's cache
+    requests: list[Request]
+    constraints: list[Constraint]
+    error: str | None
+    shape: tuple[Any, ...] | None  # misfits.shape_of's cache
+
+    def __init__(
+        self,
+        claim: ResourceClaim,
+        key: str,
+        requests: list[Request] | None = None,
+        constraints: list[Constraint] | None = None,
+        error: str | None = None,
+        shape: tuple[Any, ...] | None = None,
+    ) -> None:
+        # written out (one per claim): mypyc compiles it, not the interpreted one `@dataclass` generates
+        self.claim = claim
+        self.key = key
+        self.requests = [] if requests is None else requests
+        self.constraints = [] if constraints is None else constraints
+        self.error = error
+        self.shape = shape
 
 
 def plan_claim(

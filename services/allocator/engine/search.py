@@ -29,7 +29,7 @@ sorts candidates (or nodes) changes the preference without touching this code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dralloc.allocator.engine.inventory import AttrValue, CounterKey, CounterSetKey, DeviceRec
 from dralloc.allocator.engine.ledger import Ledger
@@ -46,8 +46,17 @@ class Slot:
     alt: Alt
     cands: list[DeviceRec]
     consumed: dict[int, dict[str, int]]  # device id -> capacity consumed (shared devices)
-    distinct: list[tuple[int, Constraint]] = field(default_factory=list)  # (constraint id, constraint)
-    chosen: list[DeviceRec] = field(default_factory=list)
+    distinct: list[tuple[int, Constraint]]  # (constraint id, constraint)
+    chosen: list[DeviceRec]
+
+    def __init__(self, claim: int, alt: Alt, cands: list[DeviceRec], consumed: dict[int, dict[str, int]]) -> None:
+        # written out (one per request of each claim): mypyc compiles it, not the interpreted one `@dataclass` generates
+        self.claim = claim
+        self.alt = alt
+        self.cands = cands
+        self.consumed = consumed
+        self.distinct = []
+        self.chosen = []
 
 
 class Search:
