@@ -24,7 +24,21 @@ packages = ["dralloc", "dralloc.schemas"]
 packages += [f"dralloc.{p}" for p in find_packages("services")]
 packages += [f"dralloc.schemas.{p}" for p in find_packages("schemas")]
 
-NATIVE_MODULES = ("engine", "placement", "search", "filters", "verdicts", "inventory", "ledger", "topology", "partitions", "misfits", "repeats", "plan")
+NATIVE_MODULES = (
+    "engine",
+    "placement",
+    "search",
+    "filters",
+    "verdicts",
+    "inventory",
+    "ledger",
+    "topology",
+    "partitions",
+    "misfits",
+    "repeats",
+    "plan",
+    "projector",
+)
 """The engine's modules the native build compiles (services/allocator/engine/<name>.py); tests/conftest.py
 checks that a native run imports each compiled."""
 

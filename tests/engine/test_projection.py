@@ -12,7 +12,8 @@ from upstream_corpus import selectors_and_devices
 from dralloc.allocator.engine import Engine, cel, projection
 from dralloc.allocator.engine.cel import CelCompileError, CelRuntimeError, compile_selector, device_env
 from dralloc.allocator.engine.cel_syntax import parse
-from dralloc.allocator.engine.projection import fields, fields_of, project, representable
+from dralloc.allocator.engine.projection import fields, fields_of, representable
+from dralloc.allocator.engine.projector import project
 from dralloc.schemas.resource import Device
 
 D = 'device.attributes["gpu.example.com"]'

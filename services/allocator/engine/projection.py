@@ -7,8 +7,8 @@ index, pciBusID). A selector that reads only fields it names literally
 `has(...)` and `"name" in device.attributes["d"]` on those) gives the same
 outcome (match, no match, or a runtime error with the same reason) on every
 device whose values of those fields are equal: the selector's `fields` (found
-on its AST) and a device's `project`ion of them are what the verdict cache
-keys such outcomes by.
+on its AST) and a device's projection of them (projector.py, compiled in the
+native build) are what the verdict cache keys such outcomes by.
 
 A selector that reads the device in any way that cannot be listed statically
 (a computed index, a whole `device.attributes[...]` map or `device` itself
@@ -23,9 +23,6 @@ reads, so such devices never share).
 from __future__ import annotations
 
 import functools
-from typing import Any
-
-import msgspec
 
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import Device, DeviceCapacity
@@ -33,10 +30,8 @@ from dralloc.schemas.resource import Device, DeviceCapacity
 from . import cel_runtime as rt
 from .cel import _attribute_value, compile_selector
 from .cel_syntax import Binary, Bind, Comp, Has, Ident, Index, Lit, Node, Select, children
+from .projector import Field
 from .semver import parse_semver
-
-Field = tuple[str, ...]
-"""("driver",), ("allowMultipleAllocations",), ("attributes", domain, name) or ("capacity", domain, name)."""
 
 _SCALARS = ("driver", "allowMultipleAllocations")
 _MAPS = ("attributes", "capacity")
@@ -139,88 +134,6 @@ def _walk(node: Node, bound: frozenset[str], found: set[Field], aliases: Aliases
         return
     for child in children(node):
         _walk(child, bound, found, aliases)
-
-
-_ABSENT = b""
-"""A field the device lacks (no JSON encoding is empty): absence changes results and errors."""
-
-
-def project(fields: tuple[Field, ...], driver: str, device: Device) -> tuple[object, ...]:
-    """The device's values of `fields` (with the driver always: unqualified names belong to its
-    domain), equal for two devices exactly when the selector sees the same values on both.
-    Values are compared by their JSON encoding, so `true` never equals `1`."""
-    key: list[object] = [driver]
-    for f in fields:
-        if f[0] == "driver":
-            continue
-        if f[0] == "allowMultipleAllocations":
-            key.append(bool(device.allow_multiple_allocations))
-        else:
-            key.append(_lookup(device.attributes if f[0] == "attributes" else device.capacity, driver, f[1], f[2]))
-    return tuple(key)
-
-
-class Projector:
-    """`project` of one list of fields, with the reads worked out once: the fields' keys (qualified,
-    bare), not `project`'s per device. Each value is encoded as it is met: msgspec encodes a
-    DeviceAttribute in about the time a dict lookup by its identity took, and remembering values by
-    identity paid off only where equal values were one instance (engine/repeats.py shares a value
-    with the previous device of the same name only: gpu-fleet-10k's nodes alternate four models, so
-    nearly every lookup missed and was kept, ~1 us a device, most of a node's evaluation)."""
-
-    __slots__ = ("fields", "_reads")
-
-    def __init__(self, fields: tuple[Field, ...]) -> None:
-        self.fields = fields
-        reads: list[tuple[bool, str | None, str, str | None] | None] = []
-        for f in fields:
-            if f[0] == "driver":
-                continue
-            if f[0] == "allowMultipleAllocations":
-                reads.append(None)
-            else:
-                # (attributes?, the qualified key, the domain, the bare key when the domain may be the driver's): as `_lookup` reads them
-                reads.append((f[0] == "attributes", None if "/" in f[1] else f"{f[1]}/{f[2]}", f[1], None if "/" in f[2] else f[2]))
-        self._reads = tuple(reads)
-
-    def __call__(self, driver: str, device: Device) -> tuple[object, ...]:
-        """`project(self.fields, driver, device)`."""
-        key: list[object] = [driver]
-        for read in self._reads:
-            if read is None:
-                key.append(bool(device.allow_multiple_allocations))
-                continue
-            attributes, qualified, domain, bare = read
-            entries: dict[str, Any] = device.attributes if attributes else device.capacity
-            value = entries.get(qualified) if qualified is not None else None
-            if bare is not None and domain == driver and (other := entries.get(bare)) is not None:
-                if value is not None:
-                    return project(self.fields, driver, device)  # both: their order in the map decides (rare)
-                value = other
-            key.append(_ABSENT if value is None else _encode(value))
-        return tuple(key)
-
-
-_encode = msgspec.json.encode
-
-
-def _lookup(entries: dict[str, Any], driver: str, domain: str, name: str) -> object:
-    """What `cel.device_env` puts under (domain, name): "domain/name", or the bare name when the
-    domain is the driver's (its name splits at the first "/"; the later entry wins)."""
-    qualified = bare = None
-    if "/" not in domain:
-        qualified = entries.get(f"{domain}/{name}")
-    if domain == driver and "/" not in name:
-        bare = entries.get(name)
-    if qualified is None and bare is None:
-        return _ABSENT
-    if bare is None:
-        return msgspec.json.encode(qualified)
-    if qualified is None:
-        return msgspec.json.encode(bare)
-    order = list(entries)
-    winner = qualified if order.index(f"{domain}/{name}") > order.index(name) else bare
-    return msgspec.json.encode(winner)
 
 
 def representable(driver: str, device: Device) -> bool:

@@ -32,7 +32,7 @@ are evaluated along (on environments built anyway) only when they are cheap
 
 Shared verdicts: a selector whose device reads are listed statically
 (`projection.fields_of`) gives the same outcome on every device with the same
-values of those fields (`projection.project`). Each key remembers, per
+values of those fields (`projector.project`). Each key remembers, per
 selector, projection -> outcome (match, no match, or the runtime error's reason,
 re-rendered to name each device); a device whose projection is known takes that
 outcome without a CEL environment, and it costs nothing: a reused outcome is a
@@ -66,6 +66,7 @@ from dralloc.allocator.engine import cel, projection
 from dralloc.allocator.engine.cel_eval import OutOfTime
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, bits_of, iter_bits
 from dralloc.allocator.engine.plan import Alt, VerdictKey
+from dralloc.allocator.engine.projector import Field, Projector
 
 MAX_KEYS = 4096
 
@@ -152,7 +153,7 @@ class _Spec:
     cheap: bool  # every selector's estimated cost together is at most ALONG_MAX_COST
 
 
-_MemoPlan = list[tuple[str | None, projection.Projector | None, dict[tuple[object, ...], Outcome] | None]]
+_MemoPlan = list[tuple[str | None, Projector | None, dict[tuple[object, ...], Outcome] | None]]
 """Per selector: the driver of a leading `device.driver == "x"` test, or its projector and shared
 outcomes (`Verdicts._memo_plan`)."""
 
@@ -174,7 +175,7 @@ class Verdicts:
         self._warmed = 0  # device ids below it have been through `warm`
         self._reach: dict[VerdictKey, _Reach] = {}
         """Per class key (of the classes known now): what `warm` worked out of it (`class_reach`)."""
-        self._projectors: dict[tuple[projection.Field, ...], projection.Projector] = {}
+        self._projectors: dict[tuple[Field, ...], Projector] = {}
         self.shared_outcomes = 0
         """Shared outcomes remembered so far (it grows with each: `outcomes` may know more since)."""
 
@@ -511,14 +512,14 @@ class Verdicts:
             self._cache.move_to_end(key)
         return entry
 
-    def _projector(self, shape: tuple[projection.Field, ...]) -> projection.Projector:
-        """The `projection.Projector` of a selector's fields (one per field list, kept while the
+    def _projector(self, shape: tuple[Field, ...]) -> Projector:
+        """The `projector.Projector` of a selector's fields (one per field list, kept while the
         engine lives: a fleet's selectors read a few dozen lists)."""
         projector = self._projectors.get(shape)
         if projector is None:
             if len(self._projectors) >= MAX_KEYS:  # (hostile claims may name many)
                 self._projectors.clear()
-            projector = self._projectors[shape] = projection.Projector(shape)
+            projector = self._projectors[shape] = Projector(shape)
         return projector
 
     def _is_representable(self, rec: DeviceRec) -> bool:
@@ -669,7 +670,7 @@ def _reason(message: str, rec: DeviceRec) -> Outcome | None:
     """A runtime error's reason as devices that look the same share it: with the ` (device
     driver/name)` the evaluator ends it with (before its hint) cut out, or as is when it names no
     device; None (not shared) when it names the device anywhere else. (The driver may show: every
-    device sharing the reason has the same one, `projection.project` keys by it.)"""
+    device sharing the reason has the same one, `projector.project` keys by it.)"""
     named = f" (device {rec.driver}/{rec.spec.name})"
     at = message.rfind(named)
     if at >= 0 and message[at + len(named) :] in ("", cel._MISSING_KEY_HINT):  # what Selector.evaluate appends

@@ -1,0 +1,96 @@
+"""A device's projection onto a selector's fields (projection.py: what of a device a selector can
+see), compiled in the native build: the first evaluation of a shared selector on a device reads
+it, on every device a walk meets for the first time (a MIG node's 200 partitions). It walks no
+user input of any depth (projection.py's `fields`, which does, stays interpreted: setup.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from dralloc.schemas.resource import Device
+
+Field = tuple[str, ...]
+"""("driver",), ("allowMultipleAllocations",), ("attributes", domain, name) or ("capacity", domain, name)."""
+
+_ABSENT = b""
+"""A field the device lacks (no JSON encoding is empty): absence changes results and errors."""
+
+
+def project(fields: tuple[Field, ...], driver: str, device: Device) -> tuple[object, ...]:
+    """The device's values of `fields` (with the driver always: unqualified names belong to its
+    domain), equal for two devices exactly when the selector sees the same values on both.
+    Values are compared by their JSON encoding, so `true` never equals `1`."""
+    key: list[object] = [driver]
+    for f in fields:
+        if f[0] == "driver":
+            continue
+        if f[0] == "allowMultipleAllocations":
+            key.append(bool(device.allow_multiple_allocations))
+        else:
+            key.append(_lookup(device.attributes if f[0] == "attributes" else device.capacity, driver, f[1], f[2]))
+    return tuple(key)
+
+
+class Projector:
+    """`project` of one list of fields, with the reads worked out once: the fields' keys (qualified,
+    bare), not `project`'s per device. Each value is encoded as it is met: msgspec encodes a
+    DeviceAttribute in about the time a dict lookup by its identity took, and remembering values by
+    identity paid off only where equal values were one instance (engine/repeats.py shares a value
+    with the previous device of the same name only: gpu-fleet-10k's nodes alternate four models, so
+    nearly every lookup missed and was kept, ~1 us a device, most of a node's evaluation)."""
+
+    __slots__ = ("fields", "_reads")
+
+    def __init__(self, fields: tuple[Field, ...]) -> None:
+        self.fields = fields
+        reads: list[tuple[bool, str | None, str, str | None] | None] = []
+        for f in fields:
+            if f[0] == "driver":
+                continue
+            if f[0] == "allowMultipleAllocations":
+                reads.append(None)
+            else:
+                # (attributes?, the qualified key, the domain, the bare key when the domain may be the driver's): as `_lookup` reads them
+                reads.append((f[0] == "attributes", None if "/" in f[1] else f"{f[1]}/{f[2]}", f[1], None if "/" in f[2] else f[2]))
+        self._reads = tuple(reads)
+
+    def __call__(self, driver: str, device: Device) -> tuple[object, ...]:
+        """`project(self.fields, driver, device)`."""
+        key: list[object] = [driver]
+        for read in self._reads:
+            if read is None:
+                key.append(bool(device.allow_multiple_allocations))
+                continue
+            attributes, qualified, domain, bare = read
+            entries: dict[str, Any] = device.attributes if attributes else device.capacity
+            value = entries.get(qualified) if qualified is not None else None
+            if bare is not None and domain == driver and (other := entries.get(bare)) is not None:
+                if value is not None:
+                    return project(self.fields, driver, device)  # both: their order in the map decides (rare)
+                value = other
+            key.append(_ABSENT if value is None else _encode(value))
+        return tuple(key)
+
+
+_encode = msgspec.json.encode
+
+
+def _lookup(entries: dict[str, Any], driver: str, domain: str, name: str) -> object:
+    """What `cel.device_env` puts under (domain, name): "domain/name", or the bare name when the
+    domain is the driver's (its name splits at the first "/"; the later entry wins)."""
+    qualified = bare = None
+    if "/" not in domain:
+        qualified = entries.get(f"{domain}/{name}")
+    if domain == driver and "/" not in name:
+        bare = entries.get(name)
+    if qualified is None and bare is None:
+        return _ABSENT
+    if bare is None:
+        return msgspec.json.encode(qualified)
+    if qualified is None:
+        return msgspec.json.encode(bare)
+    order = list(entries)
+    winner = qualified if order.index(f"{domain}/{name}") > order.index(name) else bare
+    return msgspec.json.encode(winner)
