@@ -484,7 +484,9 @@ class Inventory:
 
     # --- nodes ---------------------------------------------------------------------
 
-    def _see_node(self, name: str) -> int:
+    def rank_of(self, name: str) -> int:
+        """The node's rank (its bit in the engine's node bitsets), given now if it has none yet: a
+        node is ranked when first named, by a Node object, a slice or a record of the ledger."""
         rank = self.node_rank.get(name)
         if rank is None:
             rank = self.node_rank[name] = len(self.node_names)
@@ -495,11 +497,11 @@ class Inventory:
         """Fix the order of nodes about to be loaded (the engine tries nodes in the order
         first seen): a caller loading a whole inventory passes every name, sorted."""
         for name in names:
-            self._see_node(name)
+            self.rank_of(name)
 
     def apply_node(self, node: Node) -> None:
         name = node.metadata.name
-        self._see_node(name)
+        self.rank_of(name)
         self.node_known.add(name)
         if self.node_labels.get(name) != node.metadata.labels:
             self.node_labels[name] = dict(node.metadata.labels)
@@ -632,11 +634,11 @@ class Inventory:
             self._pool_discard((old.spec.driver, old.spec.pool.name), name)
         self._pool_add((slice_.spec.driver, slice_.spec.pool.name), name)
         if slice_.spec.node_name:
-            self._see_node(slice_.spec.node_name)
+            self.rank_of(slice_.spec.node_name)
             self.node_known.add(slice_.spec.node_name)
         for device in slice_.spec.devices:
             if device.node_name:
-                self._see_node(device.node_name)
+                self.rank_of(device.node_name)
                 self.node_known.add(device.node_name)
         problems: list[str] = []
         for key in sorted(keys):

@@ -210,7 +210,7 @@ class Ledger:
                 self.remote_changes += 1
             else:
                 changes[node] = changes.get(node, 0) + 1
-                touched.append(self.inv._see_node(node))
+                touched.append(self.inv.rank_of(node))
 
     def _charge(self, recs: list[DeviceRec], sign: int) -> None:
         """Take (+1) or free (-1) the exclusive devices of one record, together: `used_bits` (as
@@ -260,7 +260,7 @@ class Ledger:
         if new == old:
             return
         self.free_local[node] = new
-        bit = 1 << self.inv._see_node(node)
+        bit = 1 << self.inv.rank_of(node)
         free_ge = self.free_ge
         while len(free_ge) <= max(new, old):
             free_ge.append(0)

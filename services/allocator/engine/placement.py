@@ -1200,7 +1200,7 @@ class KindIndex:
         after = len(on)
         if after == before:
             return
-        bit = 1 << self.inv._see_node(node)
+        bit = 1 << self.inv.rank_of(node)
         by_claims = self.by_claims
         # a count that gains its first node or loses its last is put in or taken out of the list
         # where it goes (filling nodes one by one does so at nearly every claim: sorting the
@@ -1330,7 +1330,7 @@ class KindIndex:
             return
         # bitsets over thousands of node ranks: flip a bit only where it changes (each
         # operation makes a new int the size of the fleet)
-        bit = 1 << self.inv._see_node(node)
+        bit = 1 << self.inv.rank_of(node)
         totals = self.total.get(kind)
         total = totals.get(node, 0) if totals is not None else 0
         whole = self.whole.get(kind, 0)

@@ -326,7 +326,7 @@ class Topology:
         touched = {rec.local_node for rec in (*pool.devices, *old_devices) if rec.local_node is not None}
         self._clique_stale |= touched
         for node in touched:
-            bit = 1 << inv._see_node(node)
+            bit = 1 << inv.rank_of(node)
             devices = (inv.devices[i] for i in inv.local.ids(node))
             if any(rec is not None and attribute_value(rec, NVLINK_DOMAIN) is not None for rec in devices):
                 self.nvlink_ranks |= bit

@@ -257,13 +257,13 @@ class Verdicts:
             todo = seen ^ (seen & reach.walked)
             reach.walking = (inv.version, iter_bits(todo), todo)
         version, ids, todo = reach.walking
-        devices, rank_of = inv.devices, inv.node_rank
+        devices, node_rank = inv.devices, inv.node_rank
         ranks = reach.ranks
         done = True
         if ranks != -1:
             for n, i in enumerate(ids, start=1):
                 rec = devices[i]
-                rank = rank_of.get(rec.local_node) if rec is not None and rec.local_node is not None else None
+                rank = node_rank.get(rec.local_node) if rec is not None and rec.local_node is not None else None
                 if rank is None:
                     ranks = -1
                     break
