@@ -17,6 +17,9 @@ Field = tuple[str, ...]
 _ABSENT = b""
 """A field the device lacks (no JSON encoding is empty): absence changes results and errors."""
 
+_encode = msgspec.json.encode
+"""A value's part of a projection: its JSON encoding (so `true` never equals `1`)."""
+
 
 def project(fields: tuple[Field, ...], driver: str, device: Device) -> tuple[object, ...]:
     """The device's values of `fields` (with the driver always: unqualified names belong to its
@@ -74,9 +77,6 @@ class Projector:
         return tuple(key)
 
 
-_encode = msgspec.json.encode
-
-
 def _lookup(entries: dict[str, Any], driver: str, domain: str, name: str) -> object:
     """What `cel.device_env` puts under (domain, name): "domain/name", or the bare name when the
     domain is the driver's (its name splits at the first "/"; the later entry wins)."""
@@ -88,9 +88,9 @@ def _lookup(entries: dict[str, Any], driver: str, domain: str, name: str) -> obj
     if qualified is None and bare is None:
         return _ABSENT
     if bare is None:
-        return msgspec.json.encode(qualified)
+        return _encode(qualified)
     if qualified is None:
-        return msgspec.json.encode(bare)
+        return _encode(bare)
     order = list(entries)
     winner = qualified if order.index(f"{domain}/{name}") > order.index(name) else bare
-    return msgspec.json.encode(winner)
+    return _encode(winner)
