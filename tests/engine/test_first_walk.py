@@ -97,11 +97,11 @@ def test_the_settled_walk_decides_and_leaves_verdicts_as_a_get_per_node(monkeypa
     assert settled_envs == envs[0] > 0  # the same evaluations (and charges)
 
 
-@pytest.mark.interpreted  # counts calls by replacing Projector.__call__ and Verdicts.get, which compiled callers do not look up
+@pytest.mark.interpreted  # counts calls by replacing Projector.project and Verdicts.get, which compiled callers do not look up
 def test_a_first_claim_of_a_class_projects_and_gets_per_device_shape_not_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _fleet()
     projected, gets = [0], [0]
-    real_project, real_get = Projector.__call__, Verdicts.get
+    real_project, real_get = Projector.project, Verdicts.get
 
     def counting_project(self: Projector, *args: object) -> tuple[object, ...]:
         projected[0] += 1
@@ -111,7 +111,7 @@ def test_a_first_claim_of_a_class_projects_and_gets_per_device_shape_not_per_nod
         gets[0] += 1
         return real_get(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Projector, "__call__", counting_project)
+    monkeypatch.setattr(Projector, "project", counting_project)
     monkeypatch.setattr(Verdicts, "get", counting_get)
     (outcome,) = engine.allocate([CLAIMS[0]])
     assert outcome.status == "allocated" and outcome.node == "mig-0"
@@ -155,7 +155,7 @@ def test_a_projector_projects_as_project_does_whoever_holds_the_values(expressio
     devices[-1].attributes["model"] = shared  # one instance held by two devices (engine/repeats.py)
     for device in devices:
         for driver in ("gpu.example.com", "other.example.com"):
-            assert projector(driver, device) == project(shape, driver, device)
+            assert projector.project(driver, device) == project(shape, driver, device)
 
 
 def test_a_verdict_after_a_node_republishes_its_gpus_reads_their_new_ids() -> None:

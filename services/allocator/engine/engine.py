@@ -303,10 +303,9 @@ class Engine:
         return self._observer.take(fleet=fleet)
 
     def warm(self, seconds: float) -> bool:
-        """Idle work for about `seconds`: what a first claim of a class would otherwise pay on its
-        way through the fleet, and each class's reach (the nodes a walk for it may skip), on which
-        no device taken depends (`Verdicts.warm`); True while some is left (after an inventory
-        change there is more). Then the node topologies not built since their node changed
+        """Idle work for about `seconds`: each class's reach (the nodes a walk for it may skip), on
+        which no device taken depends (`Verdicts.warm`); True while some is left (after an
+        inventory change there is more). Then the node topologies not built since their node changed
         (`Topology.warm`) and last the multi-node domains (`Topology.domains`, worked out again after
         a Node object or a node's clique changed: ~21 ms at 31,250 nodes), which a scored walk
         reads on every claim."""

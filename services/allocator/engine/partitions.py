@@ -21,6 +21,8 @@ back, or a new leader's rebuild, leaves them as the allocations are.
 
 from __future__ import annotations
 
+import operator
+
 from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, Inventory, Pool
 from dralloc.allocator.engine.ledger import Ledger
 
@@ -36,6 +38,9 @@ def partition_kind(rec: DeviceRec) -> Kind:
     return (rec.driver, attr.string if attr is not None and attr.string else "")
 
 
+_AMOUNT = operator.itemgetter(1)
+
+
 class Partitions:
     """Devices in use per partition kind, and each partition's overlaps (worked out on first use)."""
 
@@ -46,8 +51,8 @@ class Partitions:
         """Kind -> devices of that kind (consuming counters) held exclusively now."""
         self._overlaps: dict[int, tuple[tuple[DeviceRec, Kind], ...]] = {}
         """Device id -> the devices of its pool it cannot be held with (a counter both use, past its capacity)."""
-        self._consumers: dict[tuple[str, str], tuple[Pool, dict[CounterKey, list[tuple[DeviceRec, int]]]]] = {}
-        """Pool -> (the pool, counter -> the devices consuming it and how much): `overlaps`' index."""
+        self._consumers: dict[tuple[str, str], tuple[Pool, dict[CounterKey, list[tuple[DeviceRec, int, Kind]]]]] = {}
+        """Pool -> (the pool, counter -> the devices consuming it, how much, their kinds): `overlaps`' index."""
         self._whole: dict[int, bool] = {}
         """Device id -> whether it consumes every counter of its sets (a whole GPU: not a partition)."""
         ledger.on_charge.append(self._charge)
@@ -71,11 +76,11 @@ class Partitions:
 
     def cost(self, rec: DeviceRec) -> int:
         """The free devices taking `rec` would make unavailable, each weighted by its kind's use."""
-        in_use, free = self.in_use, self.ledger.free
+        in_use, ledger = self.in_use, self.ledger
         total = 0
         for other, kind in self.overlaps(rec):
             weight = in_use.get(kind, 0)
-            if weight and free(other):
+            if weight and ledger.free(other):  # (a method call, not a bound method held: native to native)
                 total += weight
         return total
 
@@ -86,23 +91,32 @@ class Partitions:
         if hit is None:
             pool = self.inv.pools[(rec.driver, rec.pool)]
             consumers = self._consumers_of(pool)
-            found: dict[int, DeviceRec] = {}
+            found: dict[int, tuple[DeviceRec, Kind]] = {}
             for key, amount in rec.consume_totals:
                 room = pool.counters.get(key, 0) - amount
-                for other, used in consumers[key]:
-                    if used > room and other is not rec:
-                        found[other.id] = other
-            hit = self._overlaps[rec.id] = tuple((other, partition_kind(other)) for other in found.values())
+                for other, used, kind in consumers[key]:
+                    if used <= room:
+                        break  # (most first: none after it overlaps on this counter)
+                    if other is not rec:
+                        found[other.id] = (other, kind)
+            hit = self._overlaps[rec.id] = tuple(found.values())
         return hit
 
-    def _consumers_of(self, pool: Pool) -> dict[CounterKey, list[tuple[DeviceRec, int]]]:
-        """Counter -> (device, amount) of the pool's devices consuming it (kept while the pool is)."""
+    def _consumers_of(self, pool: Pool) -> dict[CounterKey, list[tuple[DeviceRec, int, Kind]]]:
+        """Counter -> (device, amount, its kind) of the pool's devices consuming it, the most first
+        (kept while the pool is): a partition's overlaps on an engine counter (multiprocessors, copy
+        engines) are the few profiles that take most of it, and `overlaps` stops at the first that
+        fits beside it."""
         hit = self._consumers.get((pool.driver, pool.name))
         if hit is None or hit[0] is not pool:
-            index: dict[CounterKey, list[tuple[DeviceRec, int]]] = {}
+            index: dict[CounterKey, list[tuple[DeviceRec, int, Kind]]] = {}
             for rec in pool.devices:
-                for key, amount in rec.consume_totals:
-                    index.setdefault(key, []).append((rec, amount))
+                if rec.consume_totals:
+                    kind = partition_kind(rec)
+                    for key, amount in rec.consume_totals:
+                        index.setdefault(key, []).append((rec, amount, kind))
+            for users in index.values():
+                users.sort(key=_AMOUNT, reverse=True)
             hit = self._consumers[(pool.driver, pool.name)] = (pool, index)
         return hit[1]
 

@@ -169,10 +169,6 @@ class Verdicts:
         self.timer: tuple[Callable[[], float], float] | None = None
         """(clock, seconds) the current unit may still spend evaluating (None: no limit)."""
         self.interrupted = False
-        # device id -> 0 not known, 1 not representable, 2 representable (ids are never reused;
-        # a dict of ids was ~40 MB at 250k GPUs)
-        self._representable = bytearray()
-        self._warmed = 0  # device ids below it have been through `warm`
         self._reach: dict[VerdictKey, _Reach] = {}
         """Per class key (of the classes known now): what `warm` worked out of it (`class_reach`)."""
         self._projectors: dict[tuple[Field, ...], Projector] = {}
@@ -180,24 +176,10 @@ class Verdicts:
         """Shared outcomes remembered so far (it grows with each: `outcomes` may know more since)."""
 
     def warm(self, seconds: float) -> bool:
-        """Idle work for about `seconds` (wall clock); True while some is left. First whether devices
-        not seen here yet are ones Kubernetes can represent (`projection.representable`, kept per
-        device id), in id order: a first evaluation of a shared selector needs it on every device it
-        reads. Then each class's reach (`class_reach`). Only when work is paid changes, and which
-        nodes a walk leaves out that could not host it anyway: no verdict or budget charge a claim
-        reads is made here, so it may run whenever the engine is idle."""
-        devices = self.inv.devices
-        end = time.perf_counter() + seconds
-        i = self._warmed
-        while i < len(devices):
-            for rec in devices[i : i + WARM_STEP]:
-                if rec is not None:
-                    self._is_representable(rec)
-            i = min(len(devices), i + WARM_STEP)
-            if time.perf_counter() >= end:
-                break
-        self._warmed = i
-        return i < len(devices) or self._warm_reach(end)
+        """Idle work for about `seconds` (wall clock): each class's reach (`class_reach`); True while
+        some is left. Only which nodes a walk leaves out that could not host it anyway changes: no
+        verdict or budget charge a claim reads is made here, so it may run whenever the engine is idle."""
+        return self._warm_reach(time.perf_counter() + seconds)
 
     def class_reach(self, alt: Alt) -> int:
         """The node ranks where `alt`'s class matches or fails on a device, as `warm` worked them out
@@ -434,24 +416,20 @@ class Verdicts:
         known; None when one is not known (or is a runtime error)."""
         if not plan or not todo:
             return todo
-        known = self._representable
         matched = 0
         for j in iter_bits(todo):
             i = lo + j
             rec = devices[i]
             if rec is None:
                 return None  # (a node's ids name live devices: `get` if one did not)
-            checked = False
             for driver, projector, memo in plan:
                 if driver is not None:
                     if rec.driver != driver:
                         break
                     continue
-                if not checked:
-                    if not (known[i] == 2 if i < len(known) and known[i] else self._is_representable(rec)):
-                        return None
-                    checked = True
-                outcome = memo.get(projector(rec.driver, rec.spec))  # type: ignore[union-attr,misc]  # set together with projector
+                if not rec.representable:
+                    return None
+                outcome = memo.get(projector.project(rec.driver, rec.spec))  # type: ignore[union-attr]  # set together with projector
                 if outcome is True:
                     continue
                 if outcome is False:
@@ -522,17 +500,6 @@ class Verdicts:
             projector = self._projectors[shape] = Projector(shape)
         return projector
 
-    def _is_representable(self, rec: DeviceRec) -> bool:
-        """`projection.representable`, once per device id."""
-        known, i = self._representable, rec.id
-        if i < len(known) and known[i]:
-            return known[i] == 2
-        if i >= len(known):
-            known.extend(bytes(i + 1 - len(known) + (len(known) >> 3)))
-        ok = projection.representable(rec.driver, rec.spec)
-        known[i] = 2 if ok else 1
-        return ok
-
     def _evaluate(self, entry: Verdict, todo: int, exprs: tuple[str, ...], owner: str, *, fresh: bool = False, low: int = 0) -> None:
         """Evaluate `exprs` on the devices in `todo` not yet evaluated for `entry` (`fresh`: the
         caller knows none is; each test of what is is two fleet-sized int operations; `low`: no
@@ -561,7 +528,6 @@ class Verdicts:
             todo, ids = kept, keep
         projectors = [None if (shape := projection.fields_of(e)) is None else self._projector(shape) for e in exprs]
         memos = [None if projector is None else entry.shared.setdefault(e, {}) for e, projector in zip(exprs, projectors)]
-        known = self._representable
         envs = self._envs
         matched: list[int] = []
         failed: list[int] = []
@@ -582,8 +548,8 @@ class Verdicts:
                 ok = True
                 for n, selector in enumerate(compiled):
                     memo, projector, seen = memos[n], projectors[n], None
-                    if memo is not None and projector is not None and (known[i] == 2 if i < len(known) and known[i] else self._is_representable(rec)):
-                        seen = projector(rec.driver, rec.spec)
+                    if memo is not None and projector is not None and rec.representable:
+                        seen = projector.project(rec.driver, rec.spec)
                         outcome = memo.get(seen)
                         if outcome is not None:  # a device that looked the same had it: a verdict already known
                             if outcome is True:
