@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine import Engine, misfits
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
 
@@ -128,3 +128,39 @@ def test_a_claim_that_fits_nowhere_skips_unchanged_nodes_and_tries_a_node_again_
     assert third.status == "allocated" and third.node == "node-2"
     # a claim of another shape knows nothing of these failures
     assert engine.misfits.known([engine._plan(_grouped_claim("other", 3))]) == 0
+
+
+def test_a_record_logs_each_node_it_changes_once_however_many_devices_it_holds_there():
+    # Misfits reads the ledger's log of changed nodes per claim shape: a four-device claim is one
+    # change of its node (taken and released), and a pool across two nodes is a change of both
+    counters = [{"name": "board", "counters": {"power": {"value": "1"}}}]
+    uses = [{"counterSet": "board", "counters": {"power": {"value": "1"}}}]
+    engine = _engine(
+        _slice("node-1-gpus", "node-1", [{"name": f"gpu-{i}"} for i in range(4)], pool="node-1"),
+        _slice("s-1", "node-2", [{"name": "dev-a", "consumesCounters": uses}], pool="shared", count=2, counters=counters),
+        _slice("s-2", "node-1", [{"name": "dev-b", "consumesCounters": uses}], pool="shared", count=2),
+    )
+    ledger, rank = engine.ledger, engine.inventory.node_rank
+    (four,) = engine.allocate([_claim("four", 4)], node="node-1")
+    assert four.status == "allocated" and len(four.allocation.devices.results) == 4
+    assert ledger.touched == [rank["node-1"]]
+    assert engine.release("ns/four")
+    assert ledger.touched == [rank["node-1"]] * 2
+    (one,) = engine.allocate([_claim("one")], node="node-2")
+    assert one.status == "allocated" and [r.device for r in one.allocation.devices.results] == ["dev-a"]
+    assert sorted(ledger.touched[2:]) == sorted([rank["node-1"], rank["node-2"]])
+    assert ledger.node_changes == {"node-1": 3, "node-2": 1}
+
+
+def test_a_shape_is_numbered_once_and_a_number_never_names_another_shape_after_a_restart(monkeypatch):
+    # keys hold a shape's number: claims of one template share it; once the memo starts over,
+    # a new shape must not be given a number a plan still holds for another
+    engine = _engine(*(_slice(f"{n}-gpus", n, [{"name": "gpu-0"}, {"name": "gpu-1"}], pool=n) for n in ("node-1", "node-2")))
+    memo = engine.misfits
+    one, two, one_again = engine._plan(_claim("one")), engine._plan(_claim("two", 2)), engine._plan(_claim("one-again"))
+    assert memo.shape(one) == memo.shape(one_again) != memo.shape(two)
+    monkeypatch.setattr(misfits, "MAX_ENTRIES", 0)  # the next remembered failure starts the memo over
+    memo.put(memo.key([one], "node-1"), one, "claim ns/one, does not fit", None, 1)
+    grouped = engine._plan(_grouped_claim("grouped", 2))
+    assert memo.shape(grouped) not in (memo.shape(one), memo.shape(two))
+    assert memo.shape(engine._plan(_claim("one-later"))) != memo.shape(grouped)

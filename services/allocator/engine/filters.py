@@ -58,9 +58,9 @@ def _counters(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
     if rq.alt.admin:
         return recs
     ledger = rq.ledger
-    used, shares, room = ledger.used_ids, ledger.shares, ledger.counter_room
+    used, shares = ledger.used_ids, ledger.shares
     # ledger.counters_fit inlined (it runs per MIG slice): no counters, already active, or room
-    return [rec for rec in recs if not rec.consumes or rec.id in used or shares.get(rec.key) or room(rec)]
+    return [rec for rec in recs if not rec.consumes or rec.id in used or shares.get(rec.key) or ledger.counter_room(rec)]
 
 
 def _capacity(rq: Request, recs: list[DeviceRec]) -> list[DeviceRec]:
@@ -212,7 +212,7 @@ def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[De
     consume, and how many devices each stage dropped (per stage of STAGES): the stages' tests
     fused (same order, same results), for a request not for All."""
     admin = alt.admin
-    used, shares, room, cap_used = ledger.used_ids, ledger.shares, ledger.counter_room, ledger.cap_used
+    used, shares, cap_used = ledger.used_ids, ledger.shares, ledger.cap_used
     defaults = not alt.capacity
     tolerations = alt.tolerations
     names = [c.attribute for c in covering] if covering else []
@@ -225,7 +225,8 @@ def _passing(ledger: Ledger, alt: Alt, covering: list[Constraint], recs: list[De
             if rec.id in used:
                 in_use += 1
                 continue
-            if rec.consumes and not shares.get(rec.key) and not room(rec):
+            # (a method call, not a bound method held: native to native, per MIG slice)
+            if rec.consumes and not shares.get(rec.key) and not ledger.counter_room(rec):
                 dropped[1] += 1  # counters
                 continue
         use = rec.default_use

@@ -1003,7 +1003,7 @@ def iter_bits(x: int) -> Iterator[int]:
     base = 0
     width = 256
     while x:
-        chunk = x & ((1 << width) - 1)
+        chunk = x if x.bit_length() <= width else x & ((1 << width) - 1)  # (a fleet of a few hundred nodes: no mask made)
         if not chunk:
             skip = (x & -x).bit_length() - 1  # jump over the zeros
             x >>= skip

@@ -136,10 +136,11 @@ class Ledger:
     def add(self, record: Record) -> None:
         self.claims[record.claim] = record
         taken: list[DeviceRec] = []  # charged together once every holder is named (`_charge`)
+        known: list[DeviceRec] = []  # the record's devices in the inventory (`_touch`)
         for entry in record.entries:
             rec = self.inv.by_key.get(entry.device)
             if rec is not None:
-                self._touch(rec)
+                known.append(rec)
             if entry.kind == "exclusive":
                 self.exclusive[entry.device] = record.claim
                 if rec is not None:
@@ -154,6 +155,8 @@ class Ledger:
                         used[name] = used.get(name, 0) + amount
                     if first:
                         self._counters(rec, +1)
+        if known:
+            self._touch(known)
         if taken:
             self._charge(taken, +1)
 
@@ -162,10 +165,11 @@ class Ledger:
         if record is None:
             return None
         freed: list[DeviceRec] = []  # freed together (`_charge`)
+        known: list[DeviceRec] = []  # the record's devices in the inventory (`_touch`)
         for entry in record.entries:
             rec = self.inv.by_key.get(entry.device)
             if rec is not None:
-                self._touch(rec)
+                known.append(rec)
             if entry.kind == "exclusive":
                 if self.exclusive.get(entry.device) == claim:
                     del self.exclusive[entry.device]
@@ -189,17 +193,32 @@ class Ledger:
                         self._counters(rec, -1)
                 if not shares:
                     self.shares.pop(entry.device, None)
+        if known:
+            self._touch(known)
         if freed:
             self._charge(freed, -1)
         return record
 
     # --- derived state -------------------------------------------------------------------
 
-    def _touch(self, rec: DeviceRec) -> None:
-        """Count a change for every node the device's pool reaches (its counters are shared by
-        the whole pool, which may span nodes)."""
-        pool = self.inv.pools.get((rec.driver, rec.pool))
-        nodes = pool.nodes() if pool is not None else {rec.local_node}
+    def _touch(self, recs: list[DeviceRec]) -> None:
+        """Count a change for every node the devices' pools reach (a pool's counters are shared by
+        the whole pool, which may span nodes): once a record, however many of its devices a node
+        has, so that `touched` logs each change of a node once (Misfits reads it per claim shape)."""
+        pools = self.inv.pools
+        nodes: dict[str | None, None] = {}  # (ordered, each once)
+        seen: set[tuple[str, str]] = set()
+        for rec in recs:
+            key = (rec.driver, rec.pool)
+            if key in seen:
+                continue
+            pool = pools.get(key)
+            if pool is None:
+                nodes[rec.local_node] = None
+                continue
+            seen.add(key)
+            for node in pool.nodes():
+                nodes[node] = None
         changes = self.node_changes
         touched = self.touched
         if len(touched) >= TOUCHED_KEPT:

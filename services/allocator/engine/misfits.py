@@ -10,7 +10,9 @@ earlier one exactly: this memo answers those from a dict.
 
 The shape is everything `Engine._place` reads of a one-claim unit, except the
 claim's name, which only appears in the message (`Misfit.message` puts it
-back). Units of several claims are not remembered. A remembered failure also
+back). Keys hold the shape's number (`Misfits.shape`), not the shape: a tuple
+nested four deep, hashed again at every lookup (CPython keeps no tuple's hash),
+cost more than the rest of a lookup together. Units of several claims are not remembered. A remembered failure also
 keeps the search steps it spent, so that the unit's step budget runs out
 exactly where it would have (`Engine._place` charges them again).
 
@@ -57,15 +59,19 @@ class Misfits:
         self.ledger = ledger
         self._memo: dict[tuple[Any, ...], Misfit] = {}
         self._nodes: set[str] = set()  # nodes with a remembered failure: elsewhere no key is built
-        self._ranks: dict[tuple[Any, ...], list[int]] = {}
-        """Claim shape -> [node ranks whose failure holds, ledger log position they are up to,
+        self._shapes: dict[tuple[Any, ...], int] = {}
+        """Claim shape -> its number (`shape`): numbers are never given twice, so a plan holding
+        one from before the memo started over still names its own shape."""
+        self._next_shape = 0
+        self._ranks: dict[int, list[int]] = {}
+        """Claim shape's number -> [node ranks whose failure holds, ledger log position they are up to,
         inventory version, remote changes] (`known`)."""
 
     def key(self, plans: list[ClaimPlan], node: str | None) -> tuple[Any, ...] | None:
         """The memo key of placing `plans` on `node` now; None: not remembered (several claims)."""
         if len(plans) != 1 or node is None:
             return None
-        shape = shape_of(plans[0])
+        shape = self.shape(plans[0])
         ledger = self.ledger
         return (shape, node, self.inv.version, ledger.node_changes.get(node, 0), ledger.remote_changes)
 
@@ -82,13 +88,25 @@ class Misfits:
         several claims): the same nodes `recall` would answer for, found without visiting them."""
         if len(plans) != 1:
             return 0
-        shape = shape_of(plans[0])
-        entry = self._ranks.get(shape)
+        entry = self._ranks.get(self.shape(plans[0]))
         if entry is None:
             return 0
-        return self._current(shape, entry)
+        return self._current(entry)
 
-    def _current(self, shape: tuple[Any, ...], entry: list[int]) -> int:
+    def shape(self, plan: ClaimPlan) -> int:
+        """The number of the plan's shape (`shape_of`), kept on the plan (and so on the plans
+        made from the same template): one hash of the shape per template, not one per lookup."""
+        number = plan.shape
+        if number is None:
+            shape = shape_of(plan)
+            number = self._shapes.get(shape)
+            if number is None:
+                number = self._shapes[shape] = self._next_shape
+                self._next_shape += 1
+            plan.shape = number
+        return number
+
+    def _current(self, entry: list[int]) -> int:
         """`entry`'s ranks less the nodes changed since it last looked (all of them when the
         inventory, the network-attached devices or more than the ledger's log have changed)."""
         ledger = self.ledger
@@ -97,7 +115,9 @@ class Misfits:
         if version != self.inv.version or remote != ledger.remote_changes or position < base:
             bits = 0
         elif bits:
-            for r in log[position - base :]:
+            # each distinct node once: a claim's devices log their node once each (churn-mixed:
+            # 29 entries between two looks of a shape, 9 nodes), and each test is a new int
+            for r in set(log[position - base :]):
                 if (bits >> r) & 1:
                     bits ^= 1 << r
         entry[:] = [bits, base + len(log), self.inv.version, ledger.remote_changes]
@@ -112,9 +132,8 @@ class Misfits:
         for real."""
         if len(plans) != 1:
             return
-        shape = shape_of(plans[0])
-        entry = self._ranks.setdefault(shape, [0, 0, -1, -1])
-        self._current(shape, entry)
+        entry = self._ranks.setdefault(self.shape(plans[0]), [0, 0, -1, -1])
+        self._current(entry)
         entry[0] |= ranks
 
     def put(self, key: tuple[Any, ...] | None, plan: ClaimPlan, message: str, why: Any, steps: int) -> None:
@@ -128,10 +147,10 @@ class Misfits:
             self._memo.clear()
             self._nodes.clear()
             self._ranks.clear()
+            self._shapes.clear()
         self._nodes.add(key[1])
-        shape = key[0]
-        entry = self._ranks.setdefault(shape, [0, 0, -1, -1])
-        self._current(shape, entry)  # (the key was taken now: its failure holds now)
+        entry = self._ranks.setdefault(key[0], [0, 0, -1, -1])
+        self._current(entry)  # (the key was taken now: its failure holds now)
         entry[0] |= 1 << self.inv.node_rank[key[1]]
         self._memo[key] = Misfit(claimed=claimed, text=message[len(prefix) :] if claimed else message, why=why, steps=steps)
 
@@ -139,31 +158,28 @@ class Misfits:
 def shape_of(plan: ClaimPlan) -> tuple[Any, ...]:
     """Everything placing the claim reads except its name: per request, per alternative, the
     selector key, counts and modes, capacity, tolerations and names written into messages;
-    the constraints. Cached on the plan (a plan is built per allocation and not changed)."""
-    shape = plan.shape
-    if shape is None:
-        requests = tuple(
-            (
-                request.name,
-                tuple(
-                    (
-                        alt.result_name,
-                        alt.base,
-                        alt.sub,
-                        alt.verdict_key,
-                        alt.class_key,
-                        alt.all_mode,
-                        alt.count,
-                        alt.admin,
-                        tuple(sorted(alt.capacity.items())) if alt.capacity else None,
-                        tuple((t.key, t.operator, t.value, t.effect) for t in alt.tolerations),
-                        alt.constraint_attributes,
-                    )
-                    for alt in request.alts
-                ),
-            )
-            for request in plan.requests
+    the constraints (`Misfits.shape` numbers it, once per plan)."""
+    requests = tuple(
+        (
+            request.name,
+            tuple(
+                (
+                    alt.result_name,
+                    alt.base,
+                    alt.sub,
+                    alt.verdict_key,
+                    alt.class_key,
+                    alt.all_mode,
+                    alt.count,
+                    alt.admin,
+                    tuple(sorted(alt.capacity.items())) if alt.capacity else None,
+                    tuple((t.key, t.operator, t.value, t.effect) for t in alt.tolerations),
+                    alt.constraint_attributes,
+                )
+                for alt in request.alts
+            ),
         )
-        constraints = tuple((c.attribute, c.match, tuple(sorted(c.requests))) for c in plan.constraints)
-        shape = plan.shape = (requests, constraints)
-    return shape
+        for request in plan.requests
+    )
+    constraints = tuple((c.attribute, c.match, tuple(sorted(c.requests))) for c in plan.constraints)
+    return (requests, constraints)

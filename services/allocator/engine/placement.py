@@ -433,7 +433,7 @@ class Placement:
         `local_verdict`'s `get` as before. The same verdicts, evaluations and charges as a
         `get` per node, without its few bitset operations as wide as the fleet and a projection
         of each device: the first claim of a class walks the fleet so (its kind not known yet)."""
-        key, used_on = alt.verdict_key, self.kinds.used_on
+        key, kinds = alt.verdict_key, self.kinds
         passed: list[tuple[int, int, int, int]] = []
         queue: list[int] = []
         known: dict[int, tuple[NodeTopology, tuple[int, int, int]]] = {}
@@ -451,7 +451,7 @@ class Placement:
                     topo, (todo, class_matched, matched) = hit
                     topo.verdicts[key] = (matched, 0)
                     passed.append((topo.lo, todo, class_matched, matched & todo))
-                    if not matched & ~used_on(topo.node, topo.lo):
+                    if not matched & ~kinds.used_on(topo.node, topo.lo):
                         yield rank  # (full for it: the walk passes it)
                         continue
                 self.verdicts.record(alt, passed)  # the nodes passed, in walk order, before a node's own `get` or the engine's try
@@ -465,10 +465,10 @@ class Placement:
 
     def _batch(self, ranks: Iterator[int]) -> list[int]:
         """The next ranks of `ranks`, up to WALK_BATCH nodes or WALK_DEVICES devices, last first."""
-        names, node, batch, devices = self.inv.node_names, self.topology.node, [], 0
+        names, topology, batch, devices = self.inv.node_names, self.topology, [], 0
         for rank in ranks:
             batch.append(rank)
-            topo = node(names[rank])
+            topo = topology.node(names[rank])
             devices += topo.span.bit_count() if topo is not None else 1
             if len(batch) >= WALK_BATCH or devices >= WALK_DEVICES:
                 break
@@ -663,14 +663,14 @@ class Placement:
 
     def _locality_order(self, plans: list[ClaimPlan], demand: Demand, viable: int) -> Iterator[str]:
         names = self.inv.node_names
-        node_topology = self.topology.node
+        topology = self.topology
         key = _demand_key(demand)
         scanned: list[tuple[int, int, str]] = []
         unfit: list[str] = []
         order = self._fit_order(viable, self._kind(demand), demand[0][1])
         for rank in order:
             name = names[rank]
-            topo = node_topology(name)
+            topo = topology.node(name)
             level = self._level(topo, name, demand, True)
             if level is not None and level <= self._static_level(name, demand, topo, key):
                 yield name  # the best its hardware can do, on the fullest such node (the engine learns it)
@@ -746,7 +746,7 @@ class Placement:
         """Of the node's `special` devices (shifted by `lo`), those `_counts` leaves out: removed,
         or (with `free_only`) short of counter room (`Ledger.counters_fit`); the rest count one
         bit each. None when one of them is shared: it counts as a whole demand item alone."""
-        devices, lo, fits = self.inv.devices, topo.lo, self.ledger.counters_fit
+        devices, lo, ledger = self.inv.devices, topo.lo, self.ledger
         unfit = 0
         for off in iter_bits(special):
             rec = devices[off + lo]
@@ -754,7 +754,7 @@ class Placement:
                 unfit |= 1 << off
             elif rec.multi:
                 return None
-            elif free_only and not fits(rec):
+            elif free_only and not ledger.counters_fit(rec):  # (a method call: native to native)
                 unfit |= 1 << off
         return unfit
 
@@ -1144,12 +1144,12 @@ class KindIndex:
             return
         counts: dict[tuple[str, DeviceKind], int] = {}  # (node, kind) -> devices
         holds: dict[tuple[str, str], int] = {}  # (node, claim) -> devices
-        exclusive, held, span = self.ledger.exclusive, self.held, self.inv.local.span
+        exclusive, held, local = self.ledger.exclusive, self.held, self.inv.local
         for rec in recs:
             node = rec.local_node
             if node is None:
                 continue
-            at, bits = self.used_local.get(node) or (span(node)[0], 0)
+            at, bits = self.used_local.get(node) or (local.span(node)[0], 0)
             if rec.id < at:  # (a node's ids only grow, but keep it right if one did not)
                 bits, at = bits << (at - rec.id), rec.id
             bit = 1 << (rec.id - at)

@@ -86,7 +86,7 @@ class ClaimPlan:
     requests: list[Request]
     constraints: list[Constraint]
     error: str | None
-    shape: tuple[Any, ...] | None  # misfits.shape_of's cache
+    shape: int | None  # the number of its shape (`Misfits.shape`), once asked
 
     def __init__(
         self,
@@ -95,7 +95,7 @@ class ClaimPlan:
         requests: list[Request] | None = None,
         constraints: list[Constraint] | None = None,
         error: str | None = None,
-        shape: tuple[Any, ...] | None = None,
+        shape: int | None = None,
     ) -> None:
         # written out (one per claim): mypyc compiles it, not the interpreted one `@dataclass` generates
         self.claim = claim

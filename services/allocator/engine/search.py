@@ -115,11 +115,11 @@ class Search:
                 else:
                     union[rec.id] = rec
         costs: dict[CounterKey, list[int]] = {}  # counter -> explicit costs
-        active = self.ledger.active
+        ledger = self.ledger
         for rec in union.values():
             if not rec.consume_totals:
                 continue
-            if active(rec):
+            if ledger.active(rec):  # (a method call, not a bound method held: native to native)
                 for key, _ in rec.consume_totals:
                     costs.setdefault(key, [])
             else:
