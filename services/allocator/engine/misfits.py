@@ -12,9 +12,10 @@ The shape is everything `Engine._place` reads of a one-claim unit, except the
 claim's name, which only appears in the message (`Misfit.message` puts it
 back). Keys hold the shape's number (`Misfits.shape`), not the shape: a tuple
 nested four deep, hashed again at every lookup (CPython keeps no tuple's hash),
-cost more than the rest of a lookup together. Units of several claims are not remembered. A remembered failure also
-keeps the search steps it spent, so that the unit's step budget runs out
-exactly where it would have (`Engine._place` charges them again).
+cost more than the rest of a lookup together. Units of several claims are not
+remembered. A remembered failure also keeps the search steps it spent, so that
+the unit's step budget runs out exactly where it would have (`Engine._place`
+charges them again).
 
 Per claim shape it also keeps the node ranks whose remembered failure still
 holds (`known`, a bitset brought up to date from the ledger's log of changed
@@ -115,8 +116,8 @@ class Misfits:
         if version != self.inv.version or remote != ledger.remote_changes or position < base:
             bits = 0
         elif bits:
-            # each distinct node once: a claim's devices log their node once each (churn-mixed:
-            # 29 entries between two looks of a shape, 9 nodes), and each test is a new int
+            # each distinct node once: a node changes again and again between two looks of a
+            # shape (churn-mixed: 18 entries, 9 nodes), and each test makes a new int
             for r in set(log[position - base :]):
                 if (bits >> r) & 1:
                     bits ^= 1 << r
