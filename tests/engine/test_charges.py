@@ -45,7 +45,7 @@ def _state(engine: Engine) -> tuple:
         {n: dict(c) for n, c in kinds.claims.items() if c},
         {n: b for n, b in kinds.by_claims.items() if b},
         list(kinds.most_claims_first),
-        dict(kinds.held),
+        {inv.devices[i].label: holder for i, holder in kinds.held.items()},  # type: ignore[union-attr]  # (held devices are live)
     )
 
 

@@ -1,7 +1,7 @@
-"""The ledger keeps `counter_room`'s answers per counter set while the set's use is unchanged
-(ledger.py `_room`): after any allocations, releases and pool rebuilds, every answer it gives is
-the one worked out afresh from the counters (`_counter_room`), for devices drawing on one set and
-on two, and it keeps none for a device gone."""
+"""The ledger keeps `counter_room`'s answer on each device drawing on one counter set while the
+set's clock has not moved (`DeviceRec.room_ok`, `CounterClock`): after any allocations, releases
+and pool rebuilds, every answer it gives is the one worked out afresh from the counters
+(`_counter_room`), for devices drawing on one set and on two (whose changes move both sets' clocks)."""
 
 from __future__ import annotations
 
@@ -54,11 +54,8 @@ def _claim(name: str, device: str) -> ResourceClaim:
 
 def _check(engine: Engine) -> int:
     """Ask every counter-consuming device's room twice (the second answer may be the kept one) and
-    compare both with the answer worked out afresh; the number of devices without room. No answer
-    is kept for a device gone (a rebuilt pool's old devices: ids are not given again)."""
+    compare both with the answer worked out afresh; the number of devices without room."""
     ledger, full = engine.ledger, 0
-    devices = engine.inventory.devices
-    assert all(devices[i] is not None for known in ledger._room.values() for i in known)
     for rec in engine.inventory.devices:
         if rec is None or not rec.consumes:
             continue

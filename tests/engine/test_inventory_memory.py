@@ -4,6 +4,9 @@ the nodes used most recently, and a node's topology is built once per run of its
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import msgspec
 import pytest
 
@@ -261,3 +264,16 @@ def test_nodes_of_one_profile_share_the_group_names_that_are_alike_and_keep_thei
     assert topology.NUMA in alike and topology.GPU not in alike  # NUMA nodes named alike; GPUs by uuid
     assert all(a.names[level] is b.names[level] for level in alike)
     assert all(a.names[level] is not b.names[level] for level in range(len(topology.GROUP_LEVELS)) if level not in alike)
+
+
+def test_iter_bits_yields_every_set_bit_lowest_first_at_any_width_and_density() -> None:
+    """Bitsets of a word, of a node's span (a window read through its bytes), of a fleet (windows
+    that grow, runs of zeros jumped), sparse and dense, and a caller that stops early."""
+    rng = random.Random(3)
+    for width in (1, 8, 61, 62, 63, 64, 200, 256, 257, 700, 5_000, 70_000, 300_000):
+        for density in (0.001, 0.05, 0.5, 1.0):
+            x = sum(1 << i for i in range(width) if rng.random() < density) | (1 << (width - 1))
+            expected = [i for i, c in enumerate(reversed(bin(x)[2:])) if c == "1"]
+            assert list(iter_bits(x)) == expected, (width, density)
+            assert list(itertools.islice(iter_bits(x), 3)) == expected[:3]
+    assert list(iter_bits(0)) == []

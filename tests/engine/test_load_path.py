@@ -83,7 +83,7 @@ def _state(engine: Engine) -> dict:
         "kind_free": {k: {n: v for n, v in d.items() if v} for k, d in kinds.free.items()},
         "kind_ge": {k: at_least(ge) for k, ge in kinds.ge.items()},
         "whole": {k: sorted(n for n in nodes if (b >> rank[n]) & 1) for k, b in kinds.whole.items()},
-        "held": dict(kinds.held),
+        "held": {inv.devices[i].label: holder for i, holder in kinds.held.items()},  # type: ignore[union-attr]
         "topology": {n: _groups(engine, t) for n in nodes if (t := topo.node(n)) is not None},
     }
 

@@ -9,11 +9,11 @@ import pytest
 from one_node import claim, engine_with
 from upstream_corpus import selectors_and_devices
 
-from dralloc.allocator.engine import Engine, cel, projection
+from dralloc.allocator.engine import Engine, cel, projection, projector
 from dralloc.allocator.engine.cel import CelCompileError, CelRuntimeError, compile_selector, device_env
 from dralloc.allocator.engine.cel_syntax import parse
-from dralloc.allocator.engine.projection import fields, fields_of, representable
-from dralloc.allocator.engine.projector import project
+from dralloc.allocator.engine.projection import fields, fields_of
+from dralloc.allocator.engine.projector import project, representable
 from dralloc.schemas.resource import Device
 
 D = 'device.attributes["gpu.example.com"]'
@@ -152,7 +152,7 @@ def test_a_shared_capacity_map_is_answered_for_each_device_that_holds_it() -> No
     shared_bad.capacity = bad.capacity
     assert representable("gpu.example.com", shared_good)
     assert not representable("gpu.example.com", shared_bad)
-    for _ in range(projection.CAPACITY_MAPS_KEPT + 1):  # past the bound: starts over, answers stay right
+    for _ in range(projector.ANSWERS_KEPT + 1):  # past the bound: starts over, answers stay right
         assert representable("gpu.example.com", _device({"name": "c", "capacity": {"m": {"value": "1"}}}))
     assert not representable("gpu.example.com", bad)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from dralloc.allocator.engine import Engine, projection, topology, verdicts
+from dralloc.allocator.engine import Engine, projector, topology, verdicts
 from dralloc.allocator.engine.topology import Topology
 from dralloc.allocator.engine.verdicts import Verdicts
 from dralloc.discovery.fleet import build_fleet, fleet_nodes
@@ -44,15 +44,15 @@ def _mig_claim(name: str) -> ResourceClaim:
 
 
 def _counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many devices `projection.representable` is asked of from now on."""
+    """How many devices `projector.representable` is asked of from now on."""
     calls = [0]
-    real = projection.representable
+    real = projector.representable
 
     def counting(driver: str, device: object) -> bool:
         calls[0] += 1
         return real(driver, device)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(projection, "representable", counting)
+    monkeypatch.setattr(projector, "representable", counting)
     return calls
 
 
@@ -60,6 +60,7 @@ def _devices(engine: Engine) -> int:
     return sum(rec is not None for rec in engine.inventory.devices)
 
 
+@pytest.mark.interpreted  # (counts calls by replacing projector.representable, which the compiled inventory does not look up)
 def test_each_device_is_checked_once_as_its_slice_arrives_and_no_claim_checks_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whether Kubernetes can represent a device (what a shared verdict needs of every device it
     reads) is worked out as the device arrives: the first claims of a fleet, walking it, checked
@@ -75,6 +76,7 @@ def test_each_device_is_checked_once_as_its_slice_arrives_and_no_claim_checks_on
     assert calls[0] == _devices(engine)
 
 
+@pytest.mark.interpreted  # (counts calls by replacing projector.representable, which the compiled inventory does not look up)
 def test_a_pool_rebuilt_checks_only_the_devices_it_did_not_have(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pool of several slices is rebuilt whole when one of them changes: the devices of the others
     (the same objects) keep their answer; the changed slice's devices are new objects, checked."""

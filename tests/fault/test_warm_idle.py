@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from dralloc.allocator import shell
-from dralloc.allocator.engine import projection
+from dralloc.allocator.engine import projector
 from dralloc.allocator.service import Allocator
 from dralloc.bus import Bus
 from dralloc.discovery.fleet import build_fleet
@@ -59,13 +59,13 @@ async def _warming(
 async def test_the_engine_is_warmed_after_the_rebuild_and_after_each_inventory_change(bus: Bus, monkeypatch: pytest.MonkeyPatch):
     allocator, ended, stop, task = await _warming(bus, monkeypatch)
     calls = [0]
-    real = projection.representable
+    real = projector.representable
 
     def counting(driver: str, device: object) -> bool:
         calls[0] += 1
         return real(driver, device)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(projection, "representable", counting)
+    monkeypatch.setattr(projector, "representable", counting)
     pending = await allocator.take_claim(_mig_claim("m0"))  # the MIG class's first: past 20 H100 nodes
     assert pending is not None
     await pending

@@ -280,7 +280,16 @@ def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list
             # a few of many (a node's whole GPUs among its MIG partitions): sorted by the key
             # `order` is sorted by (a stable sort from ascending ids, as `order` was made)
             return sorted([devices[low + j] for j in iter_bits(local)], key=_order_key)  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
-        return [devices[i] for i in order if (local >> (i - low)) & 1]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
+        # each device's bit read from the bytes of `local` (compiled: machine integers), not by
+        # shifting `local` per device (an int as wide as the node's span made and freed each time)
+        data = local.to_bytes((local.bit_length() + 7) >> 3, "little")
+        size = len(data)
+        found: list[DeviceRec] = []
+        for i in order:
+            j = i - low
+            if j >> 3 < size and (data[j >> 3] >> (j & 7)) & 1:
+                found.append(devices[i])  # type: ignore[arg-type]  # ids from a live bitset name live devices (None marks only a removed id)
+        return found
     wanted = set(iter_bits(matched))
     return [devices[i] for i in order if i in wanted]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
 

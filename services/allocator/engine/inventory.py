@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from dralloc.allocator.engine import projection
+from dralloc.allocator.engine import projector
 from dralloc.allocator.engine.repeats import Repeats
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
@@ -78,46 +78,119 @@ class Capacity:
     has_policy: bool = False
 
 
-@dataclass(slots=True, eq=False)
+class CounterClock:
+    """A counter set's count of changes to what the ledger uses of it (`Ledger._counters` advances
+    it), one per set of a pool as built (a rebuilt pool has new ones): the devices drawing on that
+    set alone keep `Ledger.counter_room`'s answer with the count it was worked out at."""
+
+    def __init__(self) -> None:
+        self.changes = 0
+
+
 class DeviceRec:
-    """A device of a usable pool, with everything allocation needs precomputed."""
+    """A device of a usable pool, with everything allocation needs precomputed.
 
-    id: int
-    driver: str
-    pool: str
-    slice: str
-    name: str
-    spec: Device
-    binding: bool  # a device of a pool with binding conditions (its candidates come last: `order`)
-    local_node: str | None  # set for node-local devices (slice or per-device nodeName)
-    node_selector: NodeSelector | None
-    all_nodes: bool
-    taints: tuple[DeviceTaint, ...]  # only the effects that need a toleration: the slice's, then DeviceTaintRules' (by rule name)
-    consumes: tuple[tuple[CounterKey, int], ...]
-    counter_set: CounterSetKey | None  # the one counter set `consumes` draws on (None: none, or several)
-    capacity: dict[str, Capacity]  # fully-qualified name -> capacity
-    multi: bool  # allowMultipleAllocations
-    binds_to_node: bool
-    representable: bool
-    """Whether Kubernetes can represent it (`projection.representable`: a CEL environment of it
-    builds), which a shared verdict needs of every device it reads (verdicts.py)."""
-    memo: AttributeMemo | None = None
-    """The inventory's memo of attribute lookups (None: look up every time)."""
-    key: DevKey = ("", "", "")
-    """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
-    consume_totals: tuple[tuple[CounterKey, int], ...] = ()
-    """`consumes` summed per counter (a counter named twice counts twice): what the counter bound reads."""
-    default_use: Any = NOT_YET
-    """What a request without capacity requests consumes of it (plan.consumed_capacity; computed
-    once, on first use; read-only: shared by every such request)."""
+    A plain class with its own `__init__`, not a dataclass: compiled, a dataclass's generated
+    `__init__` runs interpreted, ~10,000 instructions a device of a fleet's load."""
 
-    def __post_init__(self) -> None:
-        self.key = (self.driver, self.pool, self.name)
+    __slots__ = (
+        "id",
+        "driver",
+        "pool",
+        "slice",
+        "name",
+        "spec",
+        "binding",
+        "local_node",
+        "node_selector",
+        "all_nodes",
+        "taints",
+        "consumes",
+        "counter_set",
+        "clock",
+        "capacity",
+        "multi",
+        "binds_to_node",
+        "representable",
+        "memo",
+        "key",
+        "consume_totals",
+        "room_at",
+        "room_ok",
+        "default_use",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: int,
+        driver: str,
+        pool: str,
+        slice: str,
+        name: str,
+        spec: Device,
+        binding: bool,
+        local_node: str | None,
+        node_selector: NodeSelector | None,
+        all_nodes: bool,
+        taints: tuple[DeviceTaint, ...],
+        consumes: tuple[tuple[CounterKey, int], ...],
+        counter_set: CounterSetKey | None,
+        clock: CounterClock | None,
+        capacity: dict[str, Capacity],
+        multi: bool,
+        binds_to_node: bool,
+        representable: bool,
+        memo: AttributeMemo | None = None,
+    ) -> None:
+        self.id = id
+        self.driver = driver
+        self.pool = pool
+        self.slice = slice
+        self.name = name
+        self.spec = spec
+        self.binding = binding
+        """A device of a pool with binding conditions (its candidates come last: `order`)."""
+        self.local_node = local_node
+        """Set for node-local devices (slice or per-device nodeName)."""
+        self.node_selector = node_selector
+        self.all_nodes = all_nodes
+        self.taints = taints
+        """Only the effects that need a toleration: the slice's, then DeviceTaintRules' (by rule name)."""
+        self.consumes = consumes
+        self.counter_set = counter_set
+        """The one counter set `consumes` draws on (None: none, or several)."""
+        self.clock = clock
+        """That set's clock (`Ledger.counter_room` keeps its answer against it)."""
+        self.capacity = capacity
+        """Fully-qualified name -> capacity."""
+        self.multi = multi
+        """allowMultipleAllocations."""
+        self.binds_to_node = binds_to_node
+        self.representable = representable
+        """Whether Kubernetes can represent it (`projector.representable`: a CEL environment of it
+        builds), which a shared verdict needs of every device it reads (verdicts.py)."""
+        self.memo = memo
+        """The inventory's memo of attribute lookups (None: look up every time)."""
+        self.key: DevKey = (driver, pool, name)
+        """(driver, pool, name): the identity the ledger records (set once, read per candidate)."""
         totals: dict[CounterKey, int] = {}
-        for counter, amount in self.consumes:
+        for counter, amount in consumes:
             totals[counter] = totals.get(counter, 0) + amount
         # each counter named once (the usual case): the totals are `consumes` itself, not a copy
-        self.consume_totals = self.consumes if len(totals) == len(self.consumes) else tuple(totals.items())
+        self.consume_totals: tuple[tuple[CounterKey, int], ...] = consumes if len(totals) == len(consumes) else tuple(totals.items())
+        """`consumes` summed per counter (a counter named twice counts twice): what the counter bound reads."""
+        self.room_at = -1
+        """The `clock`'s count when `room_ok` was worked out (-1: never): `Ledger.counter_room`'s
+        answer, kept on the device (a dict of answers per set cost a tuple hash a lookup, per MIG
+        slice a claim's filters pass). One ledger reads and writes it (the engine's)."""
+        self.room_ok = False
+        self.default_use: Any = NOT_YET
+        """What a request without capacity requests consumes of it (plan.consumed_capacity; computed
+        once, on first use; read-only: shared by every such request)."""
+
+    def __repr__(self) -> str:
+        return f"DeviceRec({self.id}, {self.label})"
 
     @property
     def order(self) -> tuple[bool, str, str, str, str]:
@@ -260,6 +333,8 @@ class Pool:
     invalid: str | None = None
     devices: list[DeviceRec] = field(default_factory=list)
     counters: dict[CounterKey, int] = field(default_factory=dict)
+    clocks: dict[CounterSetKey, CounterClock] = field(default_factory=dict)
+    """Each counter set's clock (`CounterClock`), by its key."""
     _nodes: frozenset[str | None] | None = None
 
     def nodes(self) -> frozenset[str | None]:
@@ -759,6 +834,11 @@ class Inventory:
                 sets = {c.counter_set for c in device.consumes_counters} if device.consumes_counters else ()
                 # (keyed (None, set): the keys above start with a set's name, never None)
                 counter_set = shared.setdefault((None, *sets), (pool.driver, pool.name, *sets)) if len(sets) == 1 else None
+                clock = None
+                if counter_set is not None:
+                    clock = pool.clocks.get(counter_set)
+                    if clock is None:
+                        clock = pool.clocks[counter_set] = CounterClock()
                 if per_device:
                     local, selector, all_nodes = device.node_name, device.node_selector, bool(device.all_nodes)
                 else:
@@ -777,10 +857,11 @@ class Inventory:
                     taints=self._taints(pool.driver, pool.name, device) if device.taints or tainted else (),
                     consumes=shared.setdefault(consumes, consumes),
                     counter_set=counter_set,
+                    clock=clock,
                     capacity=capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),
-                    representable=known if (known := representable.get(id(device))) is not None else projection.representable(pool.driver, device),
+                    representable=known if (known := representable.get(id(device))) is not None else projector.representable(pool.driver, device),
                     memo=self.attribute_memo,
                 )
                 self._next_id += 1
@@ -998,8 +1079,11 @@ GPU's partitions name a dozen each); a malformed one raises, uncached."""
 
 def iter_bits(x: int) -> Iterator[int]:
     """Set bit positions of `x`, lowest first, lazily: a caller that stops after the
-    first few pays for those only. Works a window at a time (growing), reading
-    dense windows through their binary string and sparse ones bit by bit."""
+    first few pays for those only. Works a window at a time (growing): a window that
+    fits a machine word, or holds a few bits far apart, bit by bit; any other through
+    its bytes (compiled, each byte and bit is then a machine integer: bit by bit on a
+    wider window, each step made and freed an int as wide as it, ~1,000 instructions a
+    bit of a MIG node's span)."""
     base = 0
     width = 256
     while x:
@@ -1009,16 +1093,22 @@ def iter_bits(x: int) -> Iterator[int]:
             x >>= skip
             base += skip
             continue
-        if chunk.bit_count() > 16:
-            text = bin(chunk)[:1:-1]
-            for i, c in enumerate(text):
-                if c == "1":
-                    yield base + i
-        else:
+        size = chunk.bit_length()
+        if size <= 62 or (size > 2048 and chunk.bit_count() <= 16):  # (a few bits far apart: not a scan of every byte)
             while chunk:
                 low = chunk & -chunk
                 yield base + low.bit_length() - 1
                 chunk ^= low
+        else:
+            data = chunk.to_bytes((size + 7) >> 3, "little")
+            for j in range(len(data)):
+                byte = data[j]
+                if byte:
+                    at = base + (j << 3)
+                    while byte:
+                        low = byte & -byte
+                        yield at + low.bit_length() - 1
+                        byte ^= low
         x >>= width
         base += width
         width = min(width * 2, 1 << 16)

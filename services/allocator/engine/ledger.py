@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dralloc.allocator.engine.inventory import CounterKey, CounterSetKey, DeviceRec, DevKey, Inventory, Pool, bits_of
+from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, DevKey, Inventory, Pool, bits_of
 from dralloc.schemas.resource import AllocationResult
 
 TOUCHED_KEPT = 65_536
@@ -68,11 +68,6 @@ class Ledger:
         self.used_ids: set[int] = set()  # the same, as ids: a membership test without shifting a fleet-sized int
         self.cap_used: dict[int, dict[str, int]] = {}
         self.counter_used: dict[CounterKey, int] = {}
-        self._room: dict[CounterSetKey, dict[int, bool]] = {}
-        """counter set -> device id -> `counter_room`'s answer, for devices drawing on that set alone,
-        kept while the set's use is unchanged (`_counters` drops a set's answers as it changes one of
-        its counters, `_pool_rebuilt` a rebuilt pool's): a claim's filters ask it of every MIG slice
-        its selector matches on a node, and a change touches one GPU's set of the node's several."""
         self.free_local: dict[str, int] = {}  # node -> free exclusive node-local devices
         self.free_ge: list[int] = [0]  # k -> bitset of node ranks with at least k free
         self.on_charge: list[Callable[[list[DeviceRec], int], None]] = []  # (a record's devices, +1 taken / -1 freed): placement's indexes
@@ -106,20 +101,17 @@ class Ledger:
         return rec.id not in self.used_ids and self.counters_fit(rec)
 
     def counter_room(self, rec: DeviceRec) -> bool:
-        """Whether the device's counters fit beside what the ledger already uses (`_room`'s answer
-        when its counter set has not changed since it was worked out)."""
-        counter_set = rec.counter_set
-        if counter_set is None:
+        """Whether the device's counters fit beside what the ledger already uses. For a device
+        drawing on one set, the answer kept on it while its set's clock has not moved
+        (`DeviceRec.room_ok`): a claim's filters ask it of every MIG slice its selector matches
+        on a node, and a change moves one GPU's clock of the node's several."""
+        clock = rec.clock
+        if clock is None:
             return self._counter_room(rec)
-        known = self._room.get(counter_set)
-        if known is None:
-            known = self._room[counter_set] = {}
-        else:
-            fits = known.get(rec.id)
-            if fits is not None:
-                return fits
-        fits = known[rec.id] = self._counter_room(rec)
-        return fits
+        if rec.room_at != clock.changes:
+            rec.room_ok = self._counter_room(rec)
+            rec.room_at = clock.changes
+        return rec.room_ok
 
     def _counter_room(self, rec: DeviceRec) -> bool:
         """`counter_room` worked out from the counters."""
@@ -236,22 +228,23 @@ class Ledger:
         wide as the fleet: each change makes a new int) and each node's free count change once,
         not once a device, and placement's indexes are told of them all in one call (`on_charge`)."""
         used = self.used_ids
-        bits = 0
+        ids: list[int] = []  # (one bitset built of them all: `1 << id` per device was two ints as wide as the fleet)
         free: dict[str, int] = {}  # node -> change of its free count
         for rec in recs:
             rid = rec.id
             if sign > 0:
-                bits |= 1 << rid
+                ids.append(rid)
                 used.add(rid)
             elif rid in used:
-                bits |= 1 << rid
+                ids.append(rid)
                 used.discard(rid)
             if not rec.multi and rec.local_node is not None:
                 free[rec.local_node] = free.get(rec.local_node, 0) - sign
             if rec.consumes:
                 self._counters(rec, sign)
-        if bits:
+        if ids:
             # taken: `|` (a device may be held already); freed: each bit is set, and `^` needs no fleet-sized `~bits`
+            bits = bits_of(ids) if len(ids) > 1 else 1 << ids[0]
             self.used_bits = self.used_bits | bits if sign > 0 else self.used_bits ^ bits
         for node, change in free.items():
             self._set_free(node, self.free_local.get(node, 0) + change)
@@ -260,12 +253,15 @@ class Ledger:
 
     def _counters(self, rec: DeviceRec, sign: int) -> None:
         """Add (+1) or take back (-1) what the device consumes of its counters; the changed sets'
-        `counter_room` answers are dropped."""
-        if rec.counter_set is not None:
-            self._room.pop(rec.counter_set, None)
+        clocks move (the answers `counter_room` kept against them are stale)."""
+        if rec.clock is not None:
+            rec.clock.changes += 1
         else:
+            pool = self.inv.pools.get((rec.driver, rec.pool))
             for key, _ in rec.consumes:
-                self._room.pop(key[:3], None)
+                clock = pool.clocks.get(key[:3]) if pool is not None else None
+                if clock is not None:
+                    clock.changes += 1
         used = self.counter_used
         for key, amount in rec.consumes:
             left = used.get(key, 0) + sign * amount
@@ -308,8 +304,6 @@ class Ledger:
             self.used_bits ^= bits_of(gone)  # (each bit is set: no fleet-sized `~`)
         for key in [k for k in self.counter_used if k[0] == pool.driver and k[1] == pool.name]:
             del self.counter_used[key]
-        for set_key in [k for k in self._room if k[0] == pool.driver and k[1] == pool.name]:
-            del self._room[set_key]  # (answers for its old devices' ids, which no device has again)
         exclusive, all_shares = self.exclusive, self.shares
         taken: list[int] = []
         for rec in pool.devices:

@@ -49,7 +49,7 @@ from operator import neg
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.filters import room_for
-from dralloc.allocator.engine.inventory import DeviceKind, DeviceRec, DevKey, Inventory, Pool, iter_bits
+from dralloc.allocator.engine.inventory import DeviceKind, DeviceRec, Inventory, Pool, iter_bits
 from dralloc.allocator.engine.keep_whole import Group, KeepWhole, drain_last, held_whole
 from dralloc.allocator.engine.ledger import Ledger
 from dralloc.allocator.engine.partitions import Partitions
@@ -1105,8 +1105,9 @@ class KindIndex:
         self.total: dict[DeviceKind, dict[str, int]] = {}
         self.ge: dict[DeviceKind, list[int]] = {}
         self.whole: dict[DeviceKind, int] = {}
-        self.held: dict[DevKey, tuple[str, str]] = {}
-        """Device key -> (its node, the claim holding it), for the exclusive node-local devices in use."""
+        self.held: dict[int, tuple[str, str]] = {}
+        """Device id -> (its node, the claim holding it), for the exclusive node-local devices in use
+        (by id, not key: an int hashes for free; a rebuilt pool's devices have new ids, never reused)."""
         self.claims: dict[str, dict[str, int]] = {}
         """Node -> claim -> its exclusive devices there."""
         self.by_claims: dict[int, int] = {}
@@ -1144,16 +1145,24 @@ class KindIndex:
             return
         counts: dict[tuple[str, DeviceKind], int] = {}  # (node, kind) -> devices
         holds: dict[tuple[str, str], int] = {}  # (node, claim) -> devices
-        exclusive, held, local = self.ledger.exclusive, self.held, self.inv.local
+        exclusive, held, local, used_local = self.ledger.exclusive, self.held, self.inv.local, self.used_local
+        # the node's devices in use as one (lo, bits) read and written once per run of devices on
+        # it (a record's devices are mostly one node's), not a tuple made and stored per device
+        at_node: str | None = None
+        at = bits = 0
         for rec in recs:
             node = rec.local_node
             if node is None:
                 continue
-            at, bits = self.used_local.get(node) or (local.span(node)[0], 0)
+            if node != at_node:
+                if at_node is not None:
+                    used_local[at_node] = (at, bits)
+                at_node = node
+                at, bits = used_local.get(node) or (local.span(node)[0], 0)
             if rec.id < at:  # (a node's ids only grow, but keep it right if one did not)
                 bits, at = bits << (at - rec.id), rec.id
             bit = 1 << (rec.id - at)
-            self.used_local[node] = (at, bits | bit if sign > 0 else bits & ~bit)
+            bits = bits | bit if sign > 0 else bits ^ (bits & bit)
             if rec.multi:
                 continue
             key = (node, kind_of(rec))
@@ -1162,10 +1171,12 @@ class KindIndex:
             if sign > 0:
                 claim = exclusive.get(rec.key)
                 if claim is not None:
-                    held[rec.key] = (node, claim)
-                    holds[(node, claim)] = holds.get((node, claim), 0) + 1
-            elif (was := held.pop(rec.key, None)) is not None:
+                    holder = held[rec.id] = (node, claim)
+                    holds[holder] = holds.get(holder, 0) + 1
+            elif (was := held.pop(rec.id, None)) is not None:
                 holds[was] = holds.get(was, 0) + 1
+        if at_node is not None:
+            used_local[at_node] = (at, bits)
         for (node, kind), n in counts.items():
             free = self.free.get(kind)
             self._set(kind, node, (free.get(node, 0) if free is not None else 0) - sign * n)
@@ -1237,12 +1248,12 @@ class KindIndex:
                 self._added(node, recs)
         # who holds what, again from the ledger: a device gone from its pool is never freed one by one
         for rec in old_devices:
-            if (was := self.held.pop(rec.key, None)) is not None:
+            if (was := self.held.pop(rec.id, None)) is not None:
                 self._hold(*was, -1)
         for rec in pool.devices:
             claim = self.ledger.exclusive.get(rec.key)
-            if claim is not None and not rec.multi and rec.local_node is not None and rec.key not in self.held:
-                self.held[rec.key] = (rec.local_node, claim)
+            if claim is not None and not rec.multi and rec.local_node is not None and rec.id not in self.held:
+                self.held[rec.id] = (rec.local_node, claim)
                 self._hold(rec.local_node, claim, +1)
 
     def _recount(self, node: str) -> None:

@@ -15,23 +15,18 @@ A selector that reads the device in any way that cannot be listed statically
 passed to a function or macro, iterated, compared or bound with `cel.bind`)
 has no projection (`fields` returns None) and is evaluated on each device.
 
-Pure: no I/O, no evaluator; `representable` mirrors the checks `cel.device_env`
-makes (a device Kubernetes cannot represent fails every selector, whatever it
-reads, so such devices never share).
+Pure: no I/O, no evaluator. A device Kubernetes cannot represent fails every
+selector, whatever it reads, so such devices never share (projector.py's
+`representable`, worked out as each device arrives).
 """
 
 from __future__ import annotations
 
 import functools
 
-from dralloc.schemas.quantity import parse_quantity
-from dralloc.schemas.resource import Device, DeviceCapacity
-
-from . import cel_runtime as rt
-from .cel import _attribute_value, compile_selector
+from .cel import compile_selector
 from .cel_syntax import Binary, Bind, Comp, Has, Ident, Index, Lit, Node, Select, children
 from .projector import Field
-from .semver import parse_semver
 
 _SCALARS = ("driver", "allowMultipleAllocations")
 _MAPS = ("attributes", "capacity")
@@ -134,68 +129,3 @@ def _walk(node: Node, bound: frozenset[str], found: set[Field], aliases: Aliases
         return
     for child in children(node):
         _walk(child, bound, found, aliases)
-
-
-def representable(driver: str, device: Device) -> bool:
-    """Whether `cel.device_env` builds the device without an error (every attribute has a value
-    CEL can hold, every capacity a quantity in range)."""
-    try:
-        for attr in device.attributes.values():
-            # the usual scalars inline (what `_attribute_value` tests first, in its order)
-            if attr.int is not None:
-                if not _INT64_MIN <= attr.int <= _INT64_MAX:
-                    return False
-            elif attr.bool is None and attr.string is None:
-                if attr.version is not None:
-                    if not _version_ok(attr.version):
-                        return False
-                else:
-                    _attribute_value(attr)
-    except (ValueError, TypeError, OverflowError):
-        return False
-    return _capacities_ok(device.capacity)
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-CAPACITY_MAPS_KEPT = 4096
-"""Capacity maps `_capacities_ok` remembers before it starts over."""
-
-_capacity_maps: dict[int, tuple[dict[str, DeviceCapacity], bool]] = {}
-"""id of a device's capacity map -> (the map, its answer). engine/repeats.py points the devices of
-one name on every node of a profile at one map, so a fleet has a few hundred; a MIG slice has a
-dozen quantities, and testing each through `_quantity_ok`'s cache was most of `representable`'s
-time on churn-mixed. The map is held, so its id is not reused while it is remembered (no device
-is mutated once applied)."""
-
-
-def _capacities_ok(capacity: dict[str, DeviceCapacity]) -> bool:
-    """Whether every quantity of a capacity map is one CEL can hold, once per map instance."""
-    hit = _capacity_maps.get(id(capacity))
-    if hit is not None and hit[0] is capacity:
-        return hit[1]
-    ok = all(_quantity_ok(type(cap.value).__name__, cap.value) for cap in capacity.values())
-    if len(_capacity_maps) >= CAPACITY_MAPS_KEPT:
-        _capacity_maps.clear()
-    _capacity_maps[id(capacity)] = (capacity, ok)
-    return ok
-
-
-@functools.lru_cache(maxsize=4096)
-def _version_ok(text: str) -> bool:
-    """A version attribute CEL can hold (a fleet repeats a few)."""
-    try:
-        parse_semver(text)
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
-@functools.lru_cache(maxsize=4096)
-def _quantity_ok(kind: str, value: str | int | float) -> bool:
-    """A capacity value CEL can hold (a fleet repeats a few; `kind` keeps 1 and 1.0 and True apart)."""
-    try:
-        rt.quantity_value(parse_quantity(value))
-    except (ValueError, TypeError, OverflowError):
-        return False
-    return True
