@@ -152,7 +152,7 @@ def test_a_shared_capacity_map_is_answered_for_each_device_that_holds_it() -> No
     shared_bad.capacity = bad.capacity
     assert representable("gpu.example.com", shared_good)
     assert not representable("gpu.example.com", shared_bad)
-    for _ in range(projector.ANSWERS_KEPT + 1):  # past the bound: starts over, answers stay right
+    for _ in range(projector.CAPACITY_MAPS_KEPT + 1):  # past the bound: starts over, answers stay right
         assert representable("gpu.example.com", _device({"name": "c", "capacity": {"m": {"value": "1"}}}))
     assert not representable("gpu.example.com", bad)
 

@@ -244,7 +244,7 @@ class Ledger:
                 self._counters(rec, sign)
         if ids:
             # taken: `|` (a device may be held already); freed: each bit is set, and `^` needs no fleet-sized `~bits`
-            bits = bits_of(ids) if len(ids) > 1 else 1 << ids[0]
+            bits = bits_of(ids)
             self.used_bits = self.used_bits | bits if sign > 0 else self.used_bits ^ bits
         for node, change in free.items():
             self._set_free(node, self.free_local.get(node, 0) + change)

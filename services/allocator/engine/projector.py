@@ -7,6 +7,7 @@ interpreted: setup.py)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import msgspec
@@ -108,8 +109,8 @@ def representable(driver: str, device: Device) -> bool:
     """Whether `cel.device_env` builds the device without an error (every attribute has a value
     CEL can hold, every capacity a quantity in range): a device Kubernetes cannot represent fails
     every selector, so a shared verdict needs this of every device it reads (verdicts.py). The
-    inventory asks it once a device, as its slice arrives (interpreted, ~13,000 instructions a
-    GPU: 0.7 s of gpu-fleet-10k's cold start)."""
+    inventory asks it once a device, as its slice arrives. (Most of its cost is reading the
+    attributes' fields, ~160 instructions a read of a msgspec struct, compiled or not.)"""
     try:
         for attr in device.attributes.values():
             # the usual scalars inline (what `_attribute_value` tests first, in its order)
@@ -130,8 +131,8 @@ def representable(driver: str, device: Device) -> bool:
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
-ANSWERS_KEPT: Final = 4096
-"""Capacity maps, versions and quantities `representable` remembers (each) before it starts over."""
+CAPACITY_MAPS_KEPT: Final = 4096
+"""Capacity maps `_capacities_ok` remembers before it starts over."""
 
 _capacity_maps: dict[int, tuple[dict[str, DeviceCapacity], bool]] = {}
 """id of a device's capacity map -> (the map, its answer). engine/repeats.py points the devices of
@@ -140,52 +141,34 @@ dozen quantities, and testing each through `_quantity_ok`'s cache was most of `r
 time on churn-mixed. The map is held, so its id is not reused while it is remembered (no device
 is mutated once applied)."""
 
-_versions: dict[str, bool] = {}
-"""A version attribute's answer (a fleet repeats a few)."""
-
-_quantities: dict[tuple[str, object], bool] = {}
-"""(the value's type name, the value) -> its answer (a fleet repeats a few; the type name keeps 1,
-1.0 and True apart)."""
-
 
 def _capacities_ok(capacity: dict[str, DeviceCapacity]) -> bool:
     """Whether every quantity of a capacity map is one CEL can hold, once per map instance."""
     hit = _capacity_maps.get(id(capacity))
     if hit is not None and hit[0] is capacity:
         return hit[1]
-    ok = all(_quantity_ok(cap.value) for cap in capacity.values())
-    if len(_capacity_maps) >= ANSWERS_KEPT:
+    ok = all(_quantity_ok(type(cap.value).__name__, cap.value) for cap in capacity.values())
+    if len(_capacity_maps) >= CAPACITY_MAPS_KEPT:
         _capacity_maps.clear()
     _capacity_maps[id(capacity)] = (capacity, ok)
     return ok
 
 
+@functools.lru_cache(maxsize=4096)
 def _version_ok(text: str) -> bool:
-    """A version attribute CEL can hold."""
-    known = _versions.get(text)
-    if known is None:
-        try:
-            parse_semver(text)
-            known = True
-        except (ValueError, TypeError):
-            known = False
-        if len(_versions) >= ANSWERS_KEPT:
-            _versions.clear()
-        _versions[text] = known
-    return known
+    """A version attribute CEL can hold (a fleet repeats a few)."""
+    try:
+        parse_semver(text)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
-def _quantity_ok(value: str | int | float) -> bool:
-    """A capacity value CEL can hold."""
-    key = (type(value).__name__, value)
-    known = _quantities.get(key)
-    if known is None:
-        try:
-            rt.quantity_value(parse_quantity(value))
-            known = True
-        except (ValueError, TypeError, OverflowError):
-            known = False
-        if len(_quantities) >= ANSWERS_KEPT:
-            _quantities.clear()
-        _quantities[key] = known
-    return known
+@functools.lru_cache(maxsize=4096)
+def _quantity_ok(kind: str, value: str | int | float) -> bool:
+    """A capacity value CEL can hold (a fleet repeats a few; `kind` keeps 1 and 1.0 and True apart)."""
+    try:
+        rt.quantity_value(parse_quantity(value))
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True
