@@ -167,7 +167,11 @@ async def test_get_watch_prints_a_row_when_a_claim_is_decided(system, nats_url, 
         assert line.split()[:2] == ["ml/late", "allocated"]
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+        try:
+            await asyncio.to_thread(proc.wait, 30)  # in a thread: the services under test share this loop
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"`get claims -w` still running 30 s after SIGINT; its stderr: {proc.communicate()[1][-2000:]!r}")
     assert "Traceback" not in proc.stderr.read()
 
 
