@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.inventory import counter_parts
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.example.com"
@@ -46,10 +47,12 @@ def test_device_and_counter_keys_are_read_as_the_same_object():
     assert rec.key == (DRIVER, "node-a", "gpu-0-half-0")
     assert rec.key is rec.key
     assert next(k for k in engine.inventory.by_key if k == rec.key) is rec.key
-    assert rec.counter_set == (DRIVER, "node-a", "gpu-0")
-    assert rec.counter_set is rec.counter_set
+    assert rec.counter_set is not None and counter_parts(rec.counter_set) == [DRIVER, "node-a", "gpu-0"]
     ((counter, amount),) = rec.consumes
-    assert counter == (DRIVER, "node-a", "gpu-0", "memory") and amount > 0
+    assert counter_parts(counter) == [DRIVER, "node-a", "gpu-0", "memory"] and amount > 0
+    pool = engine.inventory.pool_of(rec)
+    assert next(k for k in pool.counters if k == counter) is counter  # the key the device reads is the pool's own
+    assert pool.counter_sets[counter] is rec.counter_set
 
 
 def test_verdict_keys_are_read_as_the_same_object():

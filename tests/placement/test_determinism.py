@@ -8,6 +8,8 @@ from pathlib import Path
 
 from conftest import claim, make_engine
 
+from dralloc.allocator.engine.inventory import counter_parts
+
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import placement as bench
 
@@ -59,7 +61,8 @@ def test_scoring_keeps_every_allocation_valid():
             assert len({r.pool for r in record.allocation.devices.results}) <= 2  # one node: its GPU and NIC pools
             assert {r.pool for r in record.allocation.devices.results} <= {record.node}
         for counter, used in engine.ledger.counter_used.items():
-            pool = engine.inventory.pools[(counter[0], counter[1])]
+            driver, pool_name, _, _ = counter_parts(counter)
+            pool = engine.inventory.pools[(driver, pool_name)]
             assert used <= pool.counters[counter], counter
         assert any(status == "allocated" for _, status, _, _ in log)
 

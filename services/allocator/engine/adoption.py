@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dralloc.allocator.engine.inventory import counter_parts
 from dralloc.schemas.resource import ResourceClaim
 
 if TYPE_CHECKING:
@@ -90,8 +91,9 @@ def _overuse(ledger: Ledger, key: str, devices: list[DevKey]) -> list[str]:
             counters_seen.add(counter)
             if ledger.counter_used.get(counter, 0) > pool.counters.get(counter, 0):
                 others = _counter_holders(ledger, counter, key)
+                _, _, counter_set, name = counter_parts(counter)
                 found.append(
-                    f"device {label}: counter {counter[2]}/{counter[3]} of pool {rec.driver}/{rec.pool} is used up by claim {', '.join(others) or '(none)'}"
+                    f"device {label}: counter {counter_set}/{name} of pool {rec.driver}/{rec.pool} is used up by claim {', '.join(others) or '(none)'}"
                 )
     return found
 

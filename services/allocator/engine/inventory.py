@@ -51,12 +51,27 @@ _KINDS = ("string", "int", "bool", "version", "strings", "ints", "bools", "versi
 # and shared GPU a claim passes).
 DevKey = tuple[str, ...]
 """(driver, pool, device name): the identity of a device the ledger records."""
-CounterKey = tuple[str, ...]
-"""(driver, pool, counter set, counter): counters belong to one driver's pool."""
-CounterSetKey = tuple[str, ...]
-"""(driver, pool, counter set): a CounterKey less its counter's name."""
+CounterKey = str
+"""(driver, pool, counter set, counter) as one string (`counter_key`): counters belong to one
+driver's pool. A string, not a tuple: a string keeps its hash, a tuple is hashed again item by item
+at every lookup, and the ledger looks a MIG slice's dozen counters up whenever its room is asked."""
+CounterSetKey = str
+"""(driver, pool, counter set) as one string (`counter_key`); a pool maps each counter's key to
+its set's (`Pool.counter_sets`)."""
 DeviceKind = tuple[str, ...]
 """(driver, NVIDIA-style `type`): what best fit counts free devices of (placement.py `kind_of`)."""
+
+
+def counter_key(*parts: str) -> str:
+    """A CounterKey or CounterSetKey of its parts: a JSON array, so that no two sets of names make
+    one key, whatever the names hold (`counter_parts` reads it back)."""
+    return msgspec.json.encode(parts).decode()
+
+
+def counter_parts(key: str) -> list[str]:
+    """The names a `counter_key` was made of (for messages and a pool's removal, not per claim)."""
+    return msgspec.json.decode(key, type=list[str])
+
 
 _MISSING = object()
 
@@ -333,6 +348,8 @@ class Pool:
     invalid: str | None = None
     devices: list[DeviceRec] = field(default_factory=list)
     counters: dict[CounterKey, int] = field(default_factory=dict)
+    counter_sets: dict[CounterKey, CounterSetKey] = field(default_factory=dict)
+    """Each counter's set, by the counter's key."""
     clocks: dict[CounterSetKey, CounterClock] = field(default_factory=dict)
     """Each counter set's clock (`CounterClock`), by its key."""
     _nodes: frozenset[str | None] | None = None
@@ -806,13 +823,16 @@ class Inventory:
         the id of their `Device` (the same objects again when another slice of the pool changed).
         A device's answer is worked out as it arrives, not on the first claim's walk past it (13%
         of churn-mixed's fill, native)."""
-        for set_ in (cs for s in pool.slices for cs in s.spec.shared_counters):
-            for cname, counter in set_.counters.items():
-                pool.counters[(pool.driver, pool.name, set_.name, cname)] = _quantity(counter.value)
-        binding = any(d.binding_conditions for s in pool.slices for d in s.spec.devices)
         # one instance per distinct value across the pool's devices: MIG partitions of a profile
-        # consume the same counters of their GPU, in the same amounts
+        # consume the same counters of their GPU, in the same amounts; the keys made once here
         shared: dict[Any, Any] = {}
+        for set_ in (cs for s in pool.slices for cs in s.spec.shared_counters):
+            set_key = shared[(None, set_.name)] = counter_key(pool.driver, pool.name, set_.name)
+            for cname, counter in set_.counters.items():
+                key = shared[(set_.name, cname)] = counter_key(pool.driver, pool.name, set_.name, cname)
+                pool.counters[key] = _quantity(counter.value)
+                pool.counter_sets[key] = set_key
+        binding = any(d.binding_conditions for s in pool.slices for d in s.spec.devices)
         capacities, tainted = self.capacity_maps.of, bool(self.taint_rules)
         for slice_ in pool.slices:
             spec = slice_.spec
@@ -823,7 +843,7 @@ class Inventory:
                         shared.get((c.counter_set, name, v.value))
                         or shared.setdefault(
                             (c.counter_set, name, v.value),
-                            (shared.setdefault((c.counter_set, name), (pool.driver, pool.name, c.counter_set, name)), _quantity(v.value)),
+                            (shared.get((c.counter_set, name)) or counter_key(pool.driver, pool.name, c.counter_set, name), _quantity(v.value)),
                         )
                         for c in device.consumes_counters
                         for name, v in c.counters.items()
@@ -833,7 +853,7 @@ class Inventory:
                 )
                 sets = {c.counter_set for c in device.consumes_counters} if device.consumes_counters else ()
                 # (keyed (None, set): the keys above start with a set's name, never None)
-                counter_set = shared.setdefault((None, *sets), (pool.driver, pool.name, *sets)) if len(sets) == 1 else None
+                counter_set = (shared.get((None, *sets)) or counter_key(pool.driver, pool.name, *sets)) if len(sets) == 1 else None
                 clock = None
                 if counter_set is not None:
                     clock = pool.clocks.get(counter_set)

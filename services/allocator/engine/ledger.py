@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, DevKey, Inventory, Pool, bits_of
+from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, DevKey, Inventory, Pool, bits_of, counter_parts
 from dralloc.schemas.resource import AllocationResult
 
 TOUCHED_KEPT = 65_536
@@ -259,7 +259,7 @@ class Ledger:
         else:
             pool = self.inv.pools.get((rec.driver, rec.pool))
             for key, _ in rec.consumes:
-                clock = pool.clocks.get(key[:3]) if pool is not None else None
+                clock = pool.clocks.get(pool.counter_sets.get(key, "")) if pool is not None else None
                 if clock is not None:
                     clock.changes += 1
         used = self.counter_used
@@ -302,7 +302,7 @@ class Ledger:
             self.cap_used.pop(rec.id, None)
         if gone:
             self.used_bits ^= bits_of(gone)  # (each bit is set: no fleet-sized `~`)
-        for key in [k for k in self.counter_used if k[0] == pool.driver and k[1] == pool.name]:
+        for key in [k for k in self.counter_used if counter_parts(k)[:2] == [pool.driver, pool.name]]:
             del self.counter_used[key]
         exclusive, all_shares = self.exclusive, self.shares
         taken: list[int] = []

@@ -123,10 +123,10 @@ class Partitions:
     def _is_whole(self, rec: DeviceRec) -> bool:
         hit = self._whole.get(rec.id)
         if hit is None:
-            sets = {key[:3] for key, _ in rec.consumes}
+            set_of = self.inv.pools[(rec.driver, rec.pool)].counter_sets
+            sets = {set_of.get(key) for key, _ in rec.consumes}
             own = {key for key, _ in rec.consumes}
-            counters = self.inv.pools[(rec.driver, rec.pool)].counters
-            hit = self._whole[rec.id] = all(key in own for key in counters if key[:3] in sets)
+            hit = self._whole[rec.id] = all(key in own for key, set_key in set_of.items() if set_key in sets)
         return hit
 
     def _charge(self, recs: list[DeviceRec], sign: int) -> None:

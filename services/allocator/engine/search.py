@@ -115,20 +115,23 @@ class Search:
                 else:
                     union[rec.id] = rec
         costs: dict[CounterKey, list[int]] = {}  # counter -> explicit costs
+        holds: dict[CounterKey, int] = {}  # counter -> what it holds (its pool's, read once)
         ledger = self.ledger
         for rec in union.values():
             if not rec.consume_totals:
                 continue
-            if ledger.active(rec):  # (a method call, not a bound method held: native to native)
-                for key, _ in rec.consume_totals:
-                    costs.setdefault(key, [])
-            else:
-                for key, amount in rec.consume_totals:
-                    costs.setdefault(key, []).append(amount)
+            active = ledger.active(rec)  # (a method call, not a bound method held: native to native)
+            counters = self.inv.pool_of(rec).counters
+            for key, amount in rec.consume_totals:
+                explicit = costs.get(key)
+                if explicit is None:
+                    explicit = costs[key] = []
+                    holds[key] = counters.get(key, 0)
+                if not active:
+                    explicit.append(amount)
         if not costs:
             return True
         entries = free_picks + len(union)
-        pools = self.inv.pools
         counter_used = self.ledger.counter_used
         for key, explicit in costs.items():
             explicit.sort()
@@ -142,9 +145,7 @@ class Search:
             rest = need - take - min(zeros, need - take)
             if rest > 0:
                 total += sum(explicit[negatives : negatives + rest])
-            pool = pools.get((key[0], key[1]))
-            room = (pool.counters.get(key, 0) if pool is not None else 0) - counter_used.get(key, 0)
-            if total > room:
+            if total > holds[key] - counter_used.get(key, 0):
                 return False
         return True
 

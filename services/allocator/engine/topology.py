@@ -34,7 +34,18 @@ from typing import Any
 
 import networkx as nx
 
-from dralloc.allocator.engine.inventory import AttrValue, DeviceRec, Inventory, Pool, attribute_value, lookup_attribute, value_set
+from dralloc.allocator.engine.inventory import (
+    AttrValue,
+    CounterSetKey,
+    DeviceRec,
+    Inventory,
+    Pool,
+    attribute_value,
+    counter_key,
+    counter_parts,
+    lookup_attribute,
+    value_set,
+)
 
 # Levels, tightest first. NODE is implicit (every device of a NodeTopology is on its node).
 GPU, NVLINK, SWITCH, ROOT, NUMA, NODE = range(6)
@@ -106,13 +117,18 @@ class NodeTopology:
     """Attribute name -> `value_bits` of the node (its cache; rebuilt with this topology)."""
 
 
+def _counter_sets(rec: DeviceRec) -> list[CounterSetKey]:
+    """The counter sets the device draws on, each once, in order."""
+    if rec.counter_set is not None:
+        return [rec.counter_set]
+    return list(dict.fromkeys(counter_key(*counter_parts(key)[:3]) for key, _ in rec.consumes))  # (several sets: rare)
+
+
 def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
     """(level, hub) pairs a device links to, in level order (GPU first, then `_LEVEL_ATTRIBUTES`),
     each once."""
     # one hub per counter set consumed (a MIG partition names a dozen counters of one set)
-    out: list[tuple[int, object]] = (
-        [(GPU, ("counters", *counter_set)) for counter_set in dict.fromkeys(key[:3] for key, _ in rec.consumes)] if rec.consumes else []
-    )
+    out: list[tuple[int, object]] = [(GPU, ("counters", counter_set)) for counter_set in _counter_sets(rec)] if rec.consumes else []
     attrs = rec.spec.attributes
     for own in ("uuid", "parentUUID"):
         attr = attrs.get(own)
