@@ -10,7 +10,8 @@ from __future__ import annotations
 import msgspec
 
 from dralloc.allocator.engine import Engine
-from dralloc.allocator.engine.inventory import counter_parts
+from dralloc.allocator.engine.inventory import counter_key, counter_parts, counter_prefix
+from dralloc.schemas.quantity import NANO
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.example.com"
@@ -22,23 +23,38 @@ def _engine() -> Engine:
     klass = {"metadata": {"name": "gpus"}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
     engine.apply(msgspec.convert(klass, DeviceClass))
     engine.apply(msgspec.convert({"metadata": {"name": "node-a"}}, Node))
+    assert engine.apply(_halves("node-a", first=0)) == []
+    return engine
+
+
+def _halves(pool: str, *, first: int, generation: int = 1) -> ResourceSlice:
+    """Pool `pool` on node-a: a GPU's two halves (attribute `half`: `first`, `first` + 1), each
+    consuming 1 of the GPU's memory counter of 2."""
     devices = [
         {
             "name": f"gpu-0-half-{h}",
-            "attributes": {"half": {"int": h}},
+            "attributes": {"half": {"int": first + h}},
             "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "1"}}}],
         }
         for h in range(2)
     ]
     spec = {
         "driver": DRIVER,
-        "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+        "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
         "nodeName": "node-a",
         "devices": devices,
         "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "2"}}}],
     }
-    assert engine.apply(msgspec.convert({"metadata": {"name": "node-a-gpus"}, "spec": spec}, ResourceSlice)) == []
-    return engine
+    return msgspec.convert({"metadata": {"name": f"{pool.replace('/', '-')}-gpus"}, "spec": spec}, ResourceSlice)
+
+
+def _claim(name: str, half: int) -> ResourceClaim:
+    selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].half == {half}'}}
+    claim = {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpus", "selectors": [selector]}}]}},
+    }
+    return msgspec.convert(claim, ResourceClaim)
 
 
 def test_device_and_counter_keys_are_read_as_the_same_object():
@@ -53,6 +69,38 @@ def test_device_and_counter_keys_are_read_as_the_same_object():
     pool = engine.inventory.pool_of(rec)
     assert next(k for k in pool.counters if k == counter) is counter  # the key the device reads is the pool's own
     assert pool.counter_sets[counter] is rec.counter_set
+
+
+def test_counter_keys_tell_any_names_apart_and_their_pool_by_prefix():
+    names = [
+        (DRIVER, "node-a", "gpu-0", "memory"),
+        (DRIVER, "node-a", "gpu-0\x00memory", ""),  # (what joining with NUL would have made one key)
+        (DRIVER, "node-a", "gpu-0", "memory\x00"),
+        (DRIVER, "node-a/x", "gpu-0", "memory"),
+        (DRIVER, 'node-a","gpu-0', "memory", "x"),
+        (DRIVER, "node-a", 'gpu-0"]', "memory"),
+    ]
+    keys = [counter_key(*n) for n in names]
+    assert len(set(keys)) == len(names)
+    assert [counter_parts(k) for k in keys] == [list(n) for n in names]
+    prefix = counter_prefix(DRIVER, "node-a")
+    assert [k.startswith(prefix) for k in keys] == [n[1] == "node-a" for n in names]
+    assert counter_key(DRIVER, "node-a", "gpu-0").startswith(prefix)
+
+
+def test_a_pool_rebuilt_recounts_its_own_counters_and_no_other_pools():
+    engine = _engine()
+    assert engine.apply(_halves("node-a/x", first=10)) == []  # a pool whose name starts with the other's
+    for name, half in (("a", 0), ("b", 10)):
+        (outcome,) = engine.allocate([_claim(name, half)])
+        assert outcome.status == "allocated", outcome
+    mine, other = counter_key(DRIVER, "node-a/x", "gpu-0", "memory"), counter_key(DRIVER, "node-a", "gpu-0", "memory")
+    assert engine.ledger.counter_used == {other: NANO, mine: NANO}
+    assert engine.apply(_halves("node-a/x", first=10, generation=2)) == []  # the same devices again: rebuilt
+    assert engine.ledger.counter_used == {other: NANO, mine: NANO}  # (nano-units) its own dropped and charged again, once
+    (outcome,) = engine.allocate([_claim("c", 11)])  # its other half: 1 left of 2
+    assert outcome.status == "allocated", outcome
+    assert engine.ledger.counter_used == {other: NANO, mine: 2 * NANO}
 
 
 def test_verdict_keys_are_read_as_the_same_object():

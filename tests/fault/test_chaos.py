@@ -12,6 +12,7 @@ import asyncio
 from pipeline import Options, Stack, StreamReader, chaos, check, offer, settle
 
 from dralloc.bus import Bus
+from dralloc.statuswriter.service import Config as StatusWriterConfig
 from dralloc.statuswriter.sinks import read_all
 
 CLAIMS = [f"c-{i}" for i in range(120)]
@@ -27,6 +28,7 @@ async def test_no_claim_lost_or_doubled_and_no_device_given_twice_under_kills_an
             offering = asyncio.create_task(offer(bus, CLAIMS, 20, asyncio.Event()))  # 6 s of claims
             await asyncio.sleep(2.0)
             await stack.services["statuswriter"].kill()  # mid-stream: its unacked work is redone
+            killed_at = asyncio.get_running_loop().time()
             await stack.services["statuswriter"].start()
             await offering
             # Chaos goes on until it has killed the leader twice and restarted NATS twice: on a loaded
@@ -48,7 +50,10 @@ async def test_no_claim_lost_or_doubled_and_no_device_given_twice_under_kills_an
 
             # The status writer, killed and restarted, has every claim's status.
             kv = await bus.key_value("dralloc-claims")
-            async with asyncio.timeout(20):
+            # What the killed writer had fetched and not acked comes again once its ack_wait has
+            # passed since the kill (30 s): on a fast run the checks above end well before that.
+            redelivered_by = killed_at + StatusWriterConfig().ack_wait
+            async with asyncio.timeout(max(20, redelivered_by - asyncio.get_running_loop().time() + 15)):
                 while True:
                     statuses = {s.claim: s for s in await read_all(kv)}
                     if all(statuses.get(f"bench/{n}") and statuses[f"bench/{n}"].state == "allocated" for n in CLAIMS):

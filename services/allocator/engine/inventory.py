@@ -68,6 +68,12 @@ def counter_key(*parts: str) -> str:
     return msgspec.json.encode(parts).decode()
 
 
+def counter_prefix(driver: str, pool: str) -> str:
+    """How every `counter_key` of the pool's counters and sets starts (the array's first two items
+    and its comma): a key's pool, told without decoding the key."""
+    return counter_key(driver, pool)[:-1] + ","
+
+
 def counter_parts(key: str) -> list[str]:
     """The names a `counter_key` was made of (for messages and a pool's removal, not per claim)."""
     return msgspec.json.decode(key, type=list[str])

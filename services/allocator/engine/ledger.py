@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, DevKey, Inventory, Pool, bits_of, counter_parts
+from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, DevKey, Inventory, Pool, bits_of, counter_prefix
 from dralloc.schemas.resource import AllocationResult
 
 TOUCHED_KEPT = 65_536
@@ -302,7 +302,8 @@ class Ledger:
             self.cap_used.pop(rec.id, None)
         if gone:
             self.used_bits ^= bits_of(gone)  # (each bit is set: no fleet-sized `~`)
-        for key in [k for k in self.counter_used if counter_parts(k)[:2] == [pool.driver, pool.name]]:
+        prefix = counter_prefix(pool.driver, pool.name)
+        for key in [k for k in self.counter_used if k.startswith(prefix)]:
             del self.counter_used[key]
         exclusive, all_shares = self.exclusive, self.shares
         taken: list[int] = []
