@@ -62,9 +62,9 @@ def test_a_node_publishing_two_slices_gets_its_topology_built_once(monkeypatch):
     built: list[str] = []
     real = topology.build_node
 
-    def counting(node, recs, stamp, shapes=None, last_names=None):  # type: ignore[no-untyped-def]
+    def counting(node, recs, stamp, pools, shapes=None, last_names=None):  # type: ignore[no-untyped-def]
         built.append(node)
-        return real(node, recs, stamp, shapes, last_names)
+        return real(node, recs, stamp, pools, shapes, last_names)
 
     monkeypatch.setattr(topology, "build_node", counting)
     engine = Engine()  # scoring on: topologies are built as pools change

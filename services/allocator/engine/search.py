@@ -121,12 +121,11 @@ class Search:
             if not rec.consume_totals:
                 continue
             active = ledger.active(rec)  # (a method call, not a bound method held: native to native)
-            counters = self.inv.pool_of(rec).counters
             for key, amount in rec.consume_totals:
                 explicit = costs.get(key)
                 if explicit is None:
                     explicit = costs[key] = []
-                    holds[key] = counters.get(key, 0)
+                    holds[key] = self.inv.pool_of(rec).counters.get(key, 0)
                 if not active:
                     explicit.append(amount)
         if not costs:

@@ -41,8 +41,6 @@ from dralloc.allocator.engine.inventory import (
     Inventory,
     Pool,
     attribute_value,
-    counter_key,
-    counter_parts,
     lookup_attribute,
     value_set,
 )
@@ -117,18 +115,19 @@ class NodeTopology:
     """Attribute name -> `value_bits` of the node (its cache; rebuilt with this topology)."""
 
 
-def _counter_sets(rec: DeviceRec) -> list[CounterSetKey]:
+def _counter_sets(rec: DeviceRec, pools: dict[tuple[str, str], Pool]) -> list[CounterSetKey]:
     """The counter sets the device draws on, each once, in order."""
     if rec.counter_set is not None:
         return [rec.counter_set]
-    return list(dict.fromkeys(counter_key(*counter_parts(key)[:3]) for key, _ in rec.consumes))  # (several sets: rare)
+    set_of = pools[(rec.driver, rec.pool)].counter_sets  # (several sets: rare)
+    return list(dict.fromkeys(set_of[key] for key, _ in rec.consumes))
 
 
-def _hubs(rec: DeviceRec) -> list[tuple[int, object]]:
+def _hubs(rec: DeviceRec, pools: dict[tuple[str, str], Pool]) -> list[tuple[int, object]]:
     """(level, hub) pairs a device links to, in level order (GPU first, then `_LEVEL_ATTRIBUTES`),
     each once."""
     # one hub per counter set consumed (a MIG partition names a dozen counters of one set)
-    out: list[tuple[int, object]] = [(GPU, ("counters", counter_set)) for counter_set in _counter_sets(rec)] if rec.consumes else []
+    out: list[tuple[int, object]] = [(GPU, ("counters", counter_set)) for counter_set in _counter_sets(rec, pools)] if rec.consumes else []
     attrs = rec.spec.attributes
     for own in ("uuid", "parentUUID"):
         attr = attrs.get(own)
@@ -176,7 +175,12 @@ _serials = itertools.count(1)
 
 
 def build_node(
-    node: str, recs: list[DeviceRec], stamp: tuple[int], shapes: dict[ShapeKey, Shape] | None = None, last_names: dict[int, list[dict[int, str]]] | None = None
+    node: str,
+    recs: list[DeviceRec],
+    stamp: tuple[int],
+    pools: dict[tuple[str, str], Pool],
+    shapes: dict[ShapeKey, Shape] | None = None,
+    last_names: dict[int, list[dict[int, str]]] | None = None,
 ) -> NodeTopology:
     """The topology of one node's devices (networkx graph, components per level).
 
@@ -187,10 +191,11 @@ def build_node(
     With `last_names` (shape serial -> the names of the node of that shape built
     last), a level whose group names equal that node's shares its dict (PCIe
     roots and NUMA nodes are named alike on every node of a profile: ~600 bytes
-    a node). Read-only, like the shape's parts."""
+    a node). `pools`: the inventory's, where a device's counter sets are named. Read-only, like the
+    shape's parts."""
     # each device's hubs without repeats, by level (`_hubs` gives them in level order; within a
     # level in its order, which is the same on every node of a profile, so their shape keys agree)
-    hub_lists = [tuple(_hubs(rec)) for rec in recs]
+    hub_lists = [tuple(_hubs(rec, pools)) for rec in recs]
     lo = min((rec.id for rec in recs), default=0)
     if not any(hub_lists):  # no topology published at all: every device alone, no graph needed
         n = len(recs)
@@ -384,7 +389,7 @@ class Topology:
         if topo is None or topo.stamp != stamp:
             self._pending.discard(node)
             recs = [rec for i in inv.local.ids(node) if (rec := inv.devices[i]) is not None]
-            topo = self._nodes[node] = build_node(node, recs, stamp, self._shapes, self._last_names)
+            topo = self._nodes[node] = build_node(node, recs, stamp, inv.pools, self._shapes, self._last_names)
         return topo
 
     def domains(self, label: str | None = None) -> tuple[dict[str, str], dict[str, list[str]]]:
