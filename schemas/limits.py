@@ -34,6 +34,7 @@ import msgspec
 from dralloc.schemas.resource import ResourceSlice
 from dralloc.schemas.validation import (
     ATTRIBUTES_AND_CAPACITY_MAX,
+    CONSUMPTIONS_PER_DEVICE_MAX,
     COUNTERS_PER_SET_MAX,
     SHARED_COUNTERS_MAX,
     SLICE_DEVICES_MAX,
@@ -146,7 +147,8 @@ def _short(path: str, limit: int = 80) -> str:
 def slice_problem(slice_: ResourceSlice) -> str | None:
     """Why a ResourceSlice from the bus must not enter the inventory, or None: the API server's
     limits that bound what one slice costs the allocator (devices per slice, attributes and
-    capacities per device, counter sets and counters, device names unique DNS labels). The full
+    capacities per device, counter sets and counters and what a device consumes, device names
+    unique DNS labels, counter set and counter names DNS labels where they are defined). The full
     validation (`validation.validate`, ~0.2 ms per device) runs where slices enter from files;
     this is what every consumer can afford for every slice (~1 us per device)."""
     spec = slice_.spec
@@ -161,6 +163,12 @@ def slice_problem(slice_: ResourceSlice) -> str | None:
     for i, counter_set in enumerate(spec.shared_counters):
         if len(counter_set.counters) > COUNTERS_PER_SET_MAX:
             return f"spec.sharedCounters[{i}].counters: at most {COUNTERS_PER_SET_MAX} counters, has {len(counter_set.counters):,}"
+        # (what devices consume must be defined in the pool, so naming the definitions names all)
+        if not is_dns_label(counter_set.name):
+            return f"spec.sharedCounters[{i}].name: {_short(counter_set.name)!r} is not a DNS label"
+        for counter in counter_set.counters:
+            if not is_dns_label(counter):
+                return f"spec.sharedCounters[{i}].counters: {_short(counter)!r} is not a DNS label"
     names: set[str] = set()
     for i, device in enumerate(devices):
         if not is_dns_label(device.name):
@@ -168,6 +176,8 @@ def slice_problem(slice_: ResourceSlice) -> str | None:
         if device.name in names:
             return f"spec.devices[{i}].name: duplicate device name {device.name!r}"
         names.add(device.name)
+        if len(device.consumes_counters) > CONSUMPTIONS_PER_DEVICE_MAX:
+            return f"spec.devices[{i}].consumesCounters: at most {CONSUMPTIONS_PER_DEVICE_MAX} entries, has {len(device.consumes_counters):,}"
         if len(device.attributes) + len(device.capacity) > ATTRIBUTES_AND_CAPACITY_MAX:
             return f"spec.devices[{i}]: at most {ATTRIBUTES_AND_CAPACITY_MAX} attributes and capacities together, has {len(device.attributes) + len(device.capacity):,}"
     return None

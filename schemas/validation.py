@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dralloc.schemas.quantity import parse_quantity
 from dralloc.schemas.resource import (
+    Counter,
     DeviceAttribute,
     DeviceCapacity,
     DeviceClass,
@@ -42,7 +43,9 @@ SLICE_DEVICES_MAX = 128  # ResourceSliceMaxDevices
 SLICE_DEVICES_WITH_COUNTERS_MAX = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
 ATTRIBUTES_AND_CAPACITY_MAX = 32  # ResourceSliceMaxAttributesAndCapacitiesPerDevice
 SHARED_COUNTERS_MAX = 8  # ResourceSliceMaxCounterSets (1.35)
-COUNTERS_PER_SET_MAX = 32
+COUNTERS_PER_SET_MAX = 32  # ResourceSliceMaxCountersPerCounterSet
+CONSUMPTIONS_PER_DEVICE_MAX = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+COUNTERS_PER_CONSUMPTION_MAX = 32  # ResourceSliceMaxCountersPerDeviceCounterConsumption
 ATTRIBUTE_VALUES_MAX = 48  # ResourceSliceMaxAttributeValuesPerDevice: scalar and list entries together
 ATTRIBUTE_VALUE_MAX_BYTES = 64  # DeviceAttributeMaxValueLength: a string or version (each list entry too)
 _ATTRIBUTE_FIELDS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
@@ -269,11 +272,10 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
     scopes = [spec.node_name is not None, spec.node_selector is not None, bool(spec.all_nodes), bool(spec.per_device_node_selection)]
     if sum(scopes) > 1 or (sum(scopes) == 0 and not spec.shared_counters):
         errors.append(FieldError("spec", "exactly one of nodeName, nodeSelector, allNodes and perDeviceNodeSelection must be set"))
-    if spec.shared_counters and len(spec.shared_counters) > SHARED_COUNTERS_MAX:
+    if len(spec.shared_counters) > SHARED_COUNTERS_MAX:
         errors.append(FieldError("spec.sharedCounters", f"must have at most {SHARED_COUNTERS_MAX} counter sets"))
-    for i, counter_set in enumerate(spec.shared_counters):
-        if len(counter_set.counters) > COUNTERS_PER_SET_MAX:
-            errors.append(FieldError(f"spec.sharedCounters[{i}].counters", f"must have at most {COUNTERS_PER_SET_MAX} counters"))
+    else:
+        errors += _counter_sets([(cs.name, cs.counters) for cs in spec.shared_counters], COUNTERS_PER_SET_MAX, "spec.sharedCounters", "name")
     limited = any(d.consumes_counters or d.taints for d in spec.devices)
     limit = SLICE_DEVICES_WITH_COUNTERS_MAX if limited else SLICE_DEVICES_MAX
     if len(spec.devices) > limit:
@@ -304,6 +306,36 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
             if problem:
                 errors.append(FieldError(f"{dpath}.capacity[{key}]", problem))
             errors += _valid_range(capacity, f"{dpath}.capacity[{key}].requestPolicy.validRange")
+        consumptions = device.consumes_counters
+        if len(consumptions) > CONSUMPTIONS_PER_DEVICE_MAX:
+            errors.append(FieldError(f"{dpath}.consumesCounters", f"must have at most {CONSUMPTIONS_PER_DEVICE_MAX} entries, has {len(consumptions)}"))
+        else:
+            pairs = [(c.counter_set, c.counters) for c in consumptions]
+            errors += _counter_sets(pairs, COUNTERS_PER_CONSUMPTION_MAX, f"{dpath}.consumesCounters", "counterSet")
+    return errors
+
+
+def _counter_sets(sets: list[tuple[str, dict[str, Counter]]], counters_max: int, path: str, name_field: str) -> list[FieldError]:
+    """Counter sets as the API server checks them, where they are defined (`sharedCounters`:
+    `name_field` "name") or consumed (a device's `consumesCounters`: "counterSet"): each set
+    named once, by a DNS label, with 1 to `counters_max` counters named by DNS labels. Whether a
+    consumed set and counter exist is the pool's question (the engine's pool validation), as
+    in Kubernetes: the counters may be in another slice of the pool."""
+    errors = []
+    seen: set[str] = set()
+    for i, (name, counters) in enumerate(sets):
+        where = f"{path}[{i}]"
+        if not is_dns_label(name):
+            errors.append(FieldError(f"{where}.{name_field}", f"{name!r} is not {_DNS_LABEL_RULE}"))
+        elif name in seen:
+            errors.append(FieldError(f"{where}.{name_field}", f"duplicate counter set {name!r}"))
+        seen.add(name)
+        if not counters:
+            errors.append(FieldError(f"{where}.counters", "must name at least one counter"))
+        elif len(counters) > counters_max:
+            errors.append(FieldError(f"{where}.counters", f"must have at most {counters_max} counters, has {len(counters)}"))
+        else:
+            errors += [FieldError(f"{where}.counters[{c}]", f"{c!r} is not {_DNS_LABEL_RULE}") for c in counters if not is_dns_label(c)]
     return errors
 
 

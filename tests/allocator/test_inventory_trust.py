@@ -49,6 +49,25 @@ def test_a_slice_past_the_api_limits_is_refused_with_the_limit_named():
     assert slice_problem(bad_name) == "spec.devices[0].name: 'GPU 0' is not a DNS label"
 
 
+def test_counter_names_are_dns_labels_where_defined_and_a_device_consumes_from_two_sets_at_most():
+    from dralloc.schemas.resource import Counter, CounterSet, DeviceCounterConsumption
+
+    def with_counters(set_name: str, counter: str, consumed_sets: int = 1) -> ResourceSlice:
+        s = gpu_slice("n", 1)
+        s.spec.shared_counters = [CounterSet(name=set_name, counters={counter: Counter(value="80Gi")})]
+        uses = [DeviceCounterConsumption(counter_set=set_name, counters={counter: Counter(value="1Gi")})] * consumed_sets
+        s.spec.devices[0] = msgspec.structs.replace(s.spec.devices[0], consumes_counters=uses)
+        return s
+
+    assert slice_problem(with_counters("gpu-0-counters", "memory")) is None
+    assert slice_problem(with_counters("gpu-0-counters", "memory", consumed_sets=2)) is None
+    assert slice_problem(with_counters("GPU0", "memory")) == "spec.sharedCounters[0].name: 'GPU0' is not a DNS label"
+    assert slice_problem(with_counters("gpu-0", 'mem"],["x')) == "spec.sharedCounters[0].counters: 'mem\"],[\"x' is not a DNS label"
+    long_name = "m" * 5_000
+    assert slice_problem(with_counters("gpu-0", long_name)) == f"spec.sharedCounters[0].counters: {long_name[:80] + '...'!r} is not a DNS label"
+    assert slice_problem(with_counters("gpu-0", "memory", consumed_sets=3)) == "spec.devices[0].consumesCounters: at most 2 entries, has 3"
+
+
 def test_a_node_local_pool_is_named_after_its_node():
     assert node_binding_problem(gpu_slice("n", 1)) is None
     assert node_binding_problem(gpu_slice("n", 1, pool="other-0")) == (

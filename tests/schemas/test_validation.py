@@ -91,6 +91,47 @@ spec:
     assert any("spec.devices[0].attributes[model]: exactly one of int, bool" in m for m in found)
 
 
+def test_counter_sets_and_what_devices_consume_are_checked_as_the_api_server_does():
+    obj = one(
+        """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: s}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: p, generation: 1, resourceSliceCount: 1}
+  nodeName: n
+  sharedCounters:
+  - {name: gpu-0, counters: {memory: {value: 80Gi}, SMs: {value: "132"}}}
+  - {name: gpu-0, counters: {memory: {value: 80Gi}}}
+  - {name: Board, counters: {}}
+  devices:
+  - name: a
+    consumesCounters:
+    - {counterSet: gpu-0, counters: {memory: {value: 1Gi}}}
+    - {counterSet: gpu-0, counters: {"mem/x": {value: 1Gi}}}
+  - name: b
+    consumesCounters:
+    - {counterSet: gpu-0, counters: {memory: {value: 1Gi}}}
+    - {counterSet: gpu-1, counters: {memory: {value: 1Gi}}}
+    - {counterSet: gpu-2, counters: {memory: {value: 1Gi}}}
+  - name: c
+    consumesCounters:
+    - {counterSet: gpu-0, counters: {}}
+"""
+    )
+    assert messages(obj) == [
+        "spec.sharedCounters[0].counters[SMs]: 'SMs' is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+        "spec.sharedCounters[1].name: duplicate counter set 'gpu-0'",
+        "spec.sharedCounters[2].name: 'Board' is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+        "spec.sharedCounters[2].counters: must name at least one counter",
+        "spec.devices[0].consumesCounters[1].counterSet: duplicate counter set 'gpu-0'",
+        "spec.devices[0].consumesCounters[1].counters[mem/x]: 'mem/x' is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
+        "spec.devices[1].consumesCounters: must have at most 2 entries, has 3",
+        "spec.devices[2].consumesCounters[0].counters: must name at least one counter",
+    ]
+
+
 def test_every_corpus_object_is_valid(shared_dir):
     from dralloc.manifests import load_paths
 
