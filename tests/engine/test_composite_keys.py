@@ -1,6 +1,7 @@
 """The engine's composite dict keys stay the one object they were made as (inventory.py's note on
-composite keys): a device's key and counter keys, and a request's verdict keys. Typed as
-fixed-length tuples, the native build keeps them unboxed and every read makes a new tuple, hashed
+composite keys): a device's key (a tuple of any length), and counter keys and a request's verdict
+keys (strings that name their parts injectively). Typed as fixed-length tuples, the native build
+keeps them unboxed and every read makes a new tuple, hashed
 and compared item by item on each dict lookup (~10% of a churn-mixed claim's instructions). The
 interpreter never copies a tuple; this fails on the native build (DRALLOC_NATIVE=1) if one of these
 is typed back to a fixed length."""
@@ -11,6 +12,7 @@ import msgspec
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.inventory import counter_key, counter_parts, counter_prefix
+from dralloc.allocator.engine.plan import verdict_key
 from dralloc.schemas.quantity import NANO
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
@@ -103,6 +105,21 @@ def test_a_pool_rebuilt_recounts_its_own_counters_and_no_other_pools():
     assert engine.ledger.counter_used == {other: NANO, mine: 2 * NANO}
 
 
+def test_verdict_keys_tell_any_classes_and_selectors_apart():
+    specs = [
+        ("gpus", 1, ('device.driver == "a"', "true")),
+        ("gpus", 1, ('device.driver == "a", "true"',)),  # (one expression holding what joins two)
+        ("gpus", 1, ('device.driver == "a"', "true", "")),
+        ("gpus", 2, ('device.driver == "a"', "true")),
+        ('gpus", 1', 1, ('device.driver == "a"', "true")),
+        ("gpus", 1, ()),
+        ("gpus", 11, ()),
+    ]
+    keys = [verdict_key(*spec) for spec in specs]
+    assert len(set(keys)) == len(specs)
+    assert [msgspec.json.decode(k) for k in keys] == [[c, v, list(e)] for c, v, e in specs]
+
+
 def test_verdict_keys_are_read_as_the_same_object():
     engine = _engine()
     selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].half == 1'}}
@@ -112,7 +129,7 @@ def test_verdict_keys_are_read_as_the_same_object():
     }
     plan = engine.planner.plan(msgspec.convert(claim, ResourceClaim), engine.inventory.classes, engine.inventory.class_versions)
     (alt,) = plan.requests[0].alts
-    assert alt.verdict_key == ("gpus", engine.inventory.class_versions["gpus"], (selector["cel"]["expression"],))
+    assert alt.verdict_key == verdict_key("gpus", engine.inventory.class_versions["gpus"], (selector["cel"]["expression"],))
     assert alt.verdict_key is alt.verdict_key
     assert alt.class_key is alt.class_key
     (outcome,) = engine.allocate([msgspec.convert(claim, ResourceClaim)])

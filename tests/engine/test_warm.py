@@ -254,14 +254,14 @@ def test_warm_after_a_slice_arrives_reads_the_new_devices_alone() -> None:
                 pass
     assert watched.read == []  # no device there before was looked at again
     late = {inv.node_rank["late-0"], inv.node_rank["late-1"]}
-    gpu = next(reach for key, reach in engine.verdicts._reach.items() if key[0] == "gpu.nvidia.com")
+    gpu = next(reach for key, reach in engine.verdicts._reach.items() if msgspec.json.decode(key)[0] == "gpu.nvidia.com")
     assert gpu.version == inv.version and {r for r in range(len(inv.node_names)) if gpu.ranks >> r & 1} >= late
     assert set(engine.verdicts._reach) == set(before)
 
 
 def _reach_nodes(engine: Engine, device_class: str) -> set[str]:
     """The nodes `warm` found `device_class` to reach, for the inventory as it is now."""
-    (reach,) = [reach for key, reach in engine.verdicts._reach.items() if key[0] == device_class]
+    (reach,) = [reach for key, reach in engine.verdicts._reach.items() if msgspec.json.decode(key)[0] == device_class]
     assert reach.version == engine.inventory.version  # worked out for this inventory
     return {name for rank, name in enumerate(engine.inventory.node_names) if reach.ranks >> rank & 1}
 

@@ -27,9 +27,16 @@ from dralloc.schemas.resource import (
 )
 from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, is_dns_label, is_dns_subdomain, validate
 
-VerdictKey = tuple[object, ...]
-"""(device class, its version, selector expressions): what a set of selector verdicts is cached under
-(a tuple of any length: inventory.py's note on composite keys)."""
+VerdictKey = str
+"""(device class, its version, selector expressions) as one string (`verdict_key`): what a set of
+selector verdicts is cached under. A string keeps its hash; a tuple is hashed again item by item at
+every lookup, and placement looks a claim's key up on every node it passes."""
+
+
+def verdict_key(class_name: str, version: int, exprs: tuple[str, ...]) -> VerdictKey:
+    """The VerdictKey of a class at a version with selector expressions: a JSON array, so that no
+    two of them make one key, whatever the names and expressions hold."""
+    return msgspec.json.encode((class_name, version, exprs)).decode()
 
 
 @dataclass(slots=True, eq=False)
@@ -47,8 +54,8 @@ class Alt:
     admin: bool
     tolerations: list[DeviceToleration]
     capacity: dict[str, int] | None  # requested capacity, nano-units, by name as written
-    verdict_key: VerdictKey = ("", 0, ())  # (class, class version, selectors): the selector-verdict cache key
-    class_key: VerdictKey = ("", 0, ())
+    verdict_key: VerdictKey = ""  # (class, class version, selectors): the selector-verdict cache key
+    class_key: VerdictKey = ""  # (class, class version, no selectors): the class's own verdicts
     constraint_attributes: tuple[str, ...] = ()  # attributes every device of this alternative must have
     match_attributes: tuple[str, ...] = ()  # those of them a matchAttribute constraint asks to be equal
     group: int = 0
@@ -166,8 +173,8 @@ def plan_claim(
                     admin=admin,
                     tolerations=list(tolerations),
                     capacity=wanted,
-                    verdict_key=(class_name, version, exprs),
-                    class_key=(class_name, version, ()),
+                    verdict_key=verdict_key(class_name, version, exprs),
+                    class_key=verdict_key(class_name, version, ()),
                 )
             )
         plan.requests.append(Request(name=request.name, alts=alts))

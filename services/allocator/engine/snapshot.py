@@ -39,7 +39,7 @@ import msgspec
 
 from dralloc.allocator.engine import cel
 from dralloc.allocator.engine.inventory import bits_of, iter_bits
-from dralloc.allocator.engine.plan import Alt
+from dralloc.allocator.engine.plan import Alt, verdict_key
 from dralloc.allocator.engine.topology import NVLINK_DOMAIN
 from dralloc.allocator.engine.verdicts import Verdicts
 
@@ -158,7 +158,7 @@ class Observer:
                 out[name] = 0
                 continue
             version = inv.class_versions.get(name, 0)
-            key = (name, version, ())
+            key = verdict_key(name, version, ())
             alts[name] = alt = Alt(
                 result_name=name, base=name, sub=None, cls=cls, class_version=version, selectors=(), all_mode=False,
                 count=1, admin=False, tolerations=[], capacity=None, verdict_key=key, class_key=key,

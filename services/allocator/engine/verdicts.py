@@ -65,7 +65,7 @@ from typing import Any
 from dralloc.allocator.engine import cel, projection
 from dralloc.allocator.engine.cel_eval import OutOfTime
 from dralloc.allocator.engine.inventory import DeviceRec, Inventory, bits_of, iter_bits
-from dralloc.allocator.engine.plan import Alt, VerdictKey
+from dralloc.allocator.engine.plan import Alt, VerdictKey, verdict_key
 from dralloc.allocator.engine.projector import Field, Projector
 
 MAX_KEYS = 4096
@@ -192,10 +192,10 @@ class Verdicts:
         devices not evaluated for its reach yet, in steps of `WARM_STEP` devices, then its node ranks;
         True while some is left. Reaches of classes changed or gone are dropped."""
         inv = self.inv
-        keys = {(name, inv.class_versions.get(name, 0), ()): cls for name, cls in inv.classes.items()}
+        keys = {verdict_key(name, inv.class_versions.get(name, 0), ()): (name, cls) for name, cls in inv.classes.items()}
         for key in [key for key in self._reach if key not in keys]:
             del self._reach[key]
-        for key, cls in keys.items():
+        for key, (name, cls) in keys.items():
             reach = self._reach.setdefault(key, _Reach())
             if reach.version == inv.version:
                 continue
@@ -208,7 +208,7 @@ class Verdicts:
                 budget, timer, self.budget, self.timer = self.budget, self.timer, None, None  # on no unit's account
                 try:
                     while step := list(islice(ids, WARM_STEP)):
-                        self._evaluate(reach.entry, bits_of(step), exprs, f"class {key[0]}: ", fresh=True)
+                        self._evaluate(reach.entry, bits_of(step), exprs, f"class {name}: ", fresh=True)
                         if time.perf_counter() >= end and len(step) == WARM_STEP:
                             return True  # (perhaps none left: the next call says so at once)
                 finally:
