@@ -169,6 +169,12 @@ class CounterSet(_Obj, kw_only=True):
 class DeviceCounterConsumption(_Obj, kw_only=True):
     counter_set: str
     counters: dict[str, Counter]
+    compatibility_groups: list[str] | None = None
+    """Kubernetes 1.37's alpha DRADeviceCompatibilityGroups (KEP-5963): devices drawing on one
+    counter set may be co-allocated only when all their groups intersect. dralloc does not
+    implement it: a pool where any device names groups is not allocated from (the engine's pool
+    validation says so), as the 1.37 scheduler skips such a pool with the feature off (its
+    default). Read, not dropped as an unknown field would be, so that it cannot be ignored."""
 
 
 class DeviceTaint(_Obj, kw_only=True):

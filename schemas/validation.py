@@ -46,6 +46,7 @@ SHARED_COUNTERS_MAX = 8  # ResourceSliceMaxCounterSets (1.35)
 COUNTERS_PER_SET_MAX = 32  # ResourceSliceMaxCountersPerCounterSet
 CONSUMPTIONS_PER_DEVICE_MAX = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
 COUNTERS_PER_CONSUMPTION_MAX = 32  # ResourceSliceMaxCountersPerDeviceCounterConsumption
+COMPATIBILITY_GROUPS_MAX = 2  # a consumption's compatibilityGroups (1.37 alpha; not allocated from: inventory.py)
 ATTRIBUTE_VALUES_MAX = 48  # ResourceSliceMaxAttributeValuesPerDevice: scalar and list entries together
 ATTRIBUTE_VALUE_MAX_BYTES = 64  # DeviceAttributeMaxValueLength: a string or version (each list entry too)
 _ATTRIBUTE_FIELDS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
@@ -312,6 +313,10 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
         else:
             pairs = [(c.counter_set, c.counters) for c in consumptions]
             errors += _counter_sets(pairs, COUNTERS_PER_CONSUMPTION_MAX, f"{dpath}.consumesCounters", "counterSet")
+            for j, groups in enumerate(c.compatibility_groups or [] for c in consumptions):
+                if len(groups) > COMPATIBILITY_GROUPS_MAX or len(set(groups)) != len(groups):
+                    where = f"{dpath}.consumesCounters[{j}].compatibilityGroups"
+                    errors.append(FieldError(where, f"must have at most {COMPATIBILITY_GROUPS_MAX} names, each once"))
     return errors
 
 

@@ -118,6 +118,13 @@ spec:
   - name: c
     consumesCounters:
     - {counterSet: gpu-0, counters: {}}
+  - name: d
+    consumesCounters:
+    - {counterSet: gpu-0, counters: {memory: {value: 1Gi}}, compatibilityGroups: [mig, mig]}
+    - {counterSet: gpu-1, counters: {memory: {value: 1Gi}}, compatibilityGroups: [a, b, c]}
+  - name: e
+    consumesCounters:
+    - {counterSet: gpu-0, counters: {memory: {value: 1Gi}}, compatibilityGroups: [mig, vgpu]}
 """
     )
     assert messages(obj) == [
@@ -129,6 +136,8 @@ spec:
         "spec.devices[0].consumesCounters[1].counters[mem/x]: 'mem/x' is not a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit",
         "spec.devices[1].consumesCounters: must have at most 2 entries, has 3",
         "spec.devices[2].consumesCounters[0].counters: must name at least one counter",
+        "spec.devices[3].consumesCounters[0].compatibilityGroups: must have at most 2 names, each once",
+        "spec.devices[3].consumesCounters[1].compatibilityGroups: must have at most 2 names, each once",
     ]
 
 

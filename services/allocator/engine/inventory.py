@@ -995,6 +995,12 @@ def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> 
     )
 
 
+_GROUPS_UNSUPPORTED = (
+    "compatibilityGroups (Kubernetes 1.37's alpha DRADeviceCompatibilityGroups) are not supported: "
+    "no device of the pool is allocated, as the scheduler skips such a pool with the feature off"
+)
+
+
 def _validate_pool(pool: Pool, capacity_maps: CapacityMaps) -> str | None:
     """Why a pool cannot be used safely, or None. Checked over every slice of the
     current generation, both layouts: counters beside the devices (1.34) or in
@@ -1013,6 +1019,8 @@ def _validate_pool(pool: Pool, capacity_maps: CapacityMaps) -> str | None:
                 return f"duplicate device name {device.name!r}"
             names.add(device.name)
             for consumption in device.consumes_counters:
+                if consumption.compatibility_groups:
+                    return f"device {device.name!r}: {_GROUPS_UNSUPPORTED} (counter set {consumption.counter_set!r})"
                 known = sets.get(consumption.counter_set)
                 if known is None:
                     return f"device {device.name!r} consumes from unknown counter set {consumption.counter_set!r}"
@@ -1046,6 +1054,7 @@ class SliceCheck:
     consumed_sets: frozenset[str]  # counter sets its devices consume from
     consumed: frozenset[tuple[str, str]]  # (counter set, counter) its devices consume
     quantities_ok: bool  # every counter value and capacity parses
+    grouped: bool  # some device's consumption names compatibilityGroups (`_GROUPS_UNSUPPORTED`)
 
     @staticmethod
     def of(slice_: ResourceSlice, capacity_maps: CapacityMaps) -> SliceCheck:
@@ -1054,6 +1063,7 @@ class SliceCheck:
         consumed_sets: set[str] = set()
         consumed: set[tuple[str, str]] = set()
         quantities_ok = True
+        grouped = any(c.compatibility_groups for d in devices for c in d.consumes_counters)
         try:
             for counter_set in sets:
                 for shared in counter_set.counters.values():
@@ -1076,15 +1086,16 @@ class SliceCheck:
             consumed_sets=frozenset(consumed_sets),
             consumed=frozenset(consumed),
             quantities_ok=quantities_ok,
+            grouped=grouped,
         )
 
 
 def _consistent(checks: list[SliceCheck]) -> bool:
     """Whether `_validate_pool` finds nothing wrong with the pool of these slices' checks: counter set
     names and device names unique across the slices, every counter consumed defined by one, every
-    quantity parsed."""
+    quantity parsed, no compatibilityGroups named."""
     set_names = [n for c in checks for n in c.set_names]
-    if len(set(set_names)) != len(set_names) or not all(c.quantities_ok for c in checks):
+    if len(set(set_names)) != len(set_names) or not all(c.quantities_ok and not c.grouped for c in checks):
         return False
     if len(checks) == 1:
         c = checks[0]
