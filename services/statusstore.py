@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from dralloc.bus import KeyNotFound, KeyValue, NatsError, NoKeys
+from dralloc.bus import KeyNotFound, KeyValue, kv_items
 from dralloc.schemas.status import ClaimStatus, UnreadableStatus, decode_status, kv_key
 
 log = logging.getLogger("dralloc.statusstore")
@@ -29,24 +29,17 @@ async def read_status(kv: KeyValue, claim_key: str) -> ClaimStatus | None:
 
 async def read_all_checked(kv: KeyValue) -> tuple[list[ClaimStatus], list[str]]:
     """Every stored claim status, sorted by claim, and one line per record that could not be
-    read (skipped: one bad record never hides the others)."""
-    try:
-        keys = await kv.keys()
-    except NoKeys:
-        return [], []
+    read (skipped: one bad record never hides the others). Read in one pass (`kv_items`: nats-py's
+    `keys()` can list a full bucket as empty)."""
     found: list[ClaimStatus] = []
     problems: list[str] = []
-    for key in keys:
+    for key, value in await kv_items(kv):
+        if not value:
+            continue
         try:
-            status = await read_status(kv, key)
+            found.append(decode_status(key, value))
         except UnreadableStatus as exc:
             problems.append(str(exc))
-            continue
-        except (NatsError, ValueError) as exc:  # a key the client refuses to ask for
-            problems.append(f"record {key!r}: cannot be read: {exc}")
-            continue
-        if status is not None:
-            found.append(status)
     return sorted(found, key=lambda s: s.claim), problems
 
 

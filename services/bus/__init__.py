@@ -126,6 +126,7 @@ from dralloc.bus.errors import (
     Permanent,
     PublishRefused,
 )
+from dralloc.bus.kv import items as kv_items
 from dralloc.bus.lag import LAG_EVERY_S, report_lag
 from dralloc.bus.lookup import StoredMessage, StreamState
 from dralloc.bus.run import STREAM_OWNER, run_service, until_jetstream_answers
@@ -200,6 +201,7 @@ __all__ = [
     "embedded_nats",
     "free_ports",
     "header_bytes",
+    "kv_items",
     "nats_server_binary",
     "replicas_from_env",
     "report_lag",

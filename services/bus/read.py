@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from dralloc.bus.lookup import StoredMessage
@@ -57,6 +58,20 @@ async def scan(
     only each subject's last message; `start_seq`: from that sequence on; `upto`: no message after
     that sequence (one published after a snapshot belongs to the caller's live consumer). The reading
     consumer is ephemeral, in memory and unacknowledged: nothing about the stream changes."""
+    await scan_js(bus._js, stream, on_message, subjects=subjects, last_per_subject=last_per_subject, start_seq=start_seq, upto=upto)
+
+
+async def scan_js(
+    js: JetStreamContext,
+    stream: str,
+    on_message: Callable[[StoredMessage], None],
+    *,
+    subjects: Sequence[str] | None = None,
+    last_per_subject: bool = False,
+    start_seq: int | None = None,
+    upto: int | None = None,
+) -> None:
+    """`scan` on a JetStream context (a key-value bucket's own: `kv.items`)."""
     if last_per_subject:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
     elif start_seq is not None:
@@ -66,7 +81,7 @@ async def scan(
     config.ack_policy, config.inactive_threshold, config.mem_storage = AckPolicy.NONE, 30.0, True
     # ("last per subject" needs an explicit filter: the stream's subjects by default)
     config.filter_subjects = _filter(stream, subjects)
-    sub = await bus._js.pull_subscribe("", durable=None, stream=stream, config=config)
+    sub = await js.pull_subscribe("", durable=None, stream=stream, config=config)
     try:
         pending = (await sub.consumer_info()).num_pending or 0
         while pending > 0:
@@ -87,6 +102,11 @@ async def scan(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+        # (an ephemeral pull consumer outlives its subscription until its inactive_threshold, 30 s:
+        # reads in quick succession pile them up, and with 1,000 open on a stream this nats-server
+        # refuses the next, "maximum consumers limit reached" (50 reads at once, 20 times over))
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, sub._consumer)
 
 
 @contextlib.asynccontextmanager

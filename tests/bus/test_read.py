@@ -100,3 +100,24 @@ async def test_the_connection_as_the_bus_reports_it(bus: Bus) -> None:
     other = await Bus.connect(bus.connected_url, name="closing")
     await other.close()
     assert other.is_closed and not other.is_connected
+
+
+async def test_a_bucket_is_read_whole_its_latest_values_and_no_deleted_or_purged_key(bus: Bus) -> None:
+    from dralloc.bus import kv_items
+
+    kv = await bus.key_value("read-whole", history=3)
+    assert await kv_items(kv) == []
+    for key, value in (("a", b"1"), ("b", b"1"), ("a", b"2"), ("c", b"1"), ("d", b"1"), ("e.f", b"1")):
+        await kv.put(key, value)
+    await kv.delete("b")
+    await kv.purge("c")
+    # every key with its last value, in the order the stream last wrote them; b and c are gone
+    assert await kv_items(kv) == [("a", b"2"), ("d", b"1"), ("e.f", b"1")]
+    await kv.put("b", b"again")
+    assert sorted(await kv_items(kv)) == [("a", b"2"), ("b", b"again"), ("d", b"1"), ("e.f", b"1")]
+    # read 50 at a time, 1,250 times in all: each read's consumer is gone when it returns (left to
+    # expire, 1,000 of them made the server refuse the next consumer on the stream)
+    for _ in range(25):
+        reads = await asyncio.gather(*(kv_items(kv) for _ in range(50)))
+        assert all(sorted(r) == [("a", b"2"), ("b", b"again"), ("d", b"1"), ("e.f", b"1")] for r in reads)
+    assert (await bus.stream_state("KV_read-whole")).consumers == 0
