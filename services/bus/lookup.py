@@ -63,7 +63,14 @@ async def stream_state(bus: Bus, stream: str) -> StreamState:
     """`Bus.stream_state`: how many messages `stream` holds, its first and last sequence, when it was created."""
     info = await bus._js.stream_info(stream)
     state = info.state
-    return StreamState(messages=state.messages, first_sequence=state.first_seq, last_sequence=state.last_seq, created=info.created, bytes=state.bytes or 0, consumers=state.consumer_count or 0)
+    return StreamState(
+        messages=state.messages,
+        first_sequence=state.first_seq,
+        last_sequence=state.last_seq,
+        created=info.created,
+        bytes=state.bytes or 0,
+        consumers=state.consumer_count or 0,
+    )
 
 
 async def subject_counts(bus: Bus, stream: str, subjects: str = ">") -> dict[str, int]:
