@@ -536,7 +536,8 @@ async def attack(h: Harness, name: str) -> Outcome:
     module docstring promises does not hold after it."""
     running = await h.holders()
     outcome = await ATTACKS[name](h)
-    assert await h.verify(running) == []
+    problems = await h.verify(running)
+    assert problems == [], f"after {name}: " + "; ".join(problems)  # (benchmarks/ is not assertion-rewritten: name them here)
     return outcome
 
 

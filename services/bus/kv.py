@@ -44,5 +44,7 @@ async def items(kv: KeyValue) -> list[tuple[str, bytes]]:
         if msg.headers.get("KV-Operation") not in _GONE and "Nats-Marker-Reason" not in msg.headers:
             found.append((msg.subject[len(pre) :], msg.data))
 
-    await scan_js(kv._js, kv._stream, keep, subjects=[f"{pre}>"], last_per_subject=True)
+    # (its consumer deleted when done: the bucket's readers, the CLI and the demo, may; a poller
+    # would otherwise keep up to 1,000 open: `scan_js`)
+    await scan_js(kv._js, kv._stream, keep, subjects=[f"{pre}>"], last_per_subject=True, delete=True)
     return found

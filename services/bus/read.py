@@ -5,6 +5,7 @@ they arrive (`follow`: `dralloc top --watch`). Both hand over `StoredMessage`s, 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -19,6 +20,9 @@ from dralloc.bus.streams import FETCH_WAIT_S, STREAMS
 
 if TYPE_CHECKING:
     from dralloc.bus.client import Bus
+
+DELETE_WAIT_S = 1.0
+"""How long a scan waits for its consumer's deletion (`scan_js`'s `delete`) before leaving it to expire."""
 
 SCAN_BATCH = 512
 """Messages per pull of a scan (a fetch asks for no more than are pending: a short batch would wait out its timeout)."""
@@ -70,8 +74,10 @@ async def scan_js(
     last_per_subject: bool = False,
     start_seq: int | None = None,
     upto: int | None = None,
+    delete: bool = False,
 ) -> None:
-    """`scan` on a JetStream context (a key-value bucket's own: `kv.items`)."""
+    """`scan` on a JetStream context (a key-value bucket's own: `kv.items`). `delete`: delete the
+    reading consumer when done, for a reader allowed to (see below)."""
     if last_per_subject:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
     elif start_seq is not None:
@@ -102,11 +108,15 @@ async def scan_js(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-        # (an ephemeral pull consumer outlives its subscription until its inactive_threshold, 30 s:
+        # An ephemeral pull consumer outlives its subscription until its inactive_threshold, 30 s:
         # reads in quick succession pile them up, and with 1,000 open on a stream this nats-server
-        # refuses the next, "maximum consumers limit reached" (50 reads at once, 20 times over))
-        with contextlib.suppress(Exception):
-            await js.delete_consumer(stream, sub._consumer)
+        # refuses the next, "maximum consumers limit reached" (50 reads at once, 20 times over).
+        # Only on request: the services' credentials may not delete consumers (infra/nats/auth.conf:
+        # one that could might delete another service's), and a refused request is answered by
+        # nothing but its timeout (the allocator's rebuild waited 5 s a scan so).
+        if delete:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(js.delete_consumer(stream, sub._consumer), DELETE_WAIT_S)
 
 
 @contextlib.asynccontextmanager
