@@ -40,6 +40,7 @@ from dralloc.schemas.validation import (
     SLICE_DEVICES_MAX,
     SLICE_DEVICES_WITH_COUNTERS_MAX,
     is_dns_label,
+    skip_node_operations_problem,
 )
 
 MAX_DEPTH = 100
@@ -148,7 +149,8 @@ def slice_problem(slice_: ResourceSlice) -> str | None:
     """Why a ResourceSlice from the bus must not enter the inventory, or None: the API server's
     limits that bound what one slice costs the allocator (devices per slice, attributes and
     capacities per device, counter sets and counters and what a device consumes, device names
-    unique DNS labels, counter set and counter names DNS labels where they are defined). The full
+    unique DNS labels, counter set and counter names DNS labels where they are defined), and the
+    slice's `skipNodeOperations` (copied into the status of every claim its devices serve). The full
     validation (`validation.validate`, ~0.2 ms per device) runs where slices enter from files;
     this is what every consumer can afford for every slice (~1 us per device)."""
     spec = slice_.spec
@@ -158,6 +160,8 @@ def slice_problem(slice_: ResourceSlice) -> str | None:
     if len(devices) > limit:
         why = " with counters or taints" if limited else ""
         return f"spec.devices: at most {limit} devices per slice{why}, has {len(devices):,}"
+    if problem := skip_node_operations_problem(spec.skip_node_operations):
+        return f"spec.skipNodeOperations: {problem}"  # (copied into every claim it serves)
     if len(spec.shared_counters) > SHARED_COUNTERS_MAX:
         return f"spec.sharedCounters: at most {SHARED_COUNTERS_MAX} counter sets, has {len(spec.shared_counters):,}"
     for i, counter_set in enumerate(spec.shared_counters):

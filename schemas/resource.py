@@ -214,6 +214,29 @@ class DeviceTaintRule(_Obj, kw_only=True):
     status: DeviceTaintRuleStatus | None = None
 
 
+class NodeAllocatableMapping(_Obj, kw_only=True):
+    """How an allocation counts as a node resource: its consumed capacity times a multiplier, or
+    its device count times one (1.37 alpha DRANodeAllocatableResources; exactly one way)."""
+
+    capacity_key: str | None = None
+    capacity_multiplier: Quantity | None = None
+    device_multiplier: Quantity | None = None
+
+
+class NodeAllocatableOverhead(_Obj, kw_only=True):
+    per_pod: Quantity | None = None
+    per_container: Quantity | None = None
+
+
+class NodeAllocatableResource(_Obj, kw_only=True):
+    """What allocating a device costs of a node resource (cpu, memory, hugepages): read and carried,
+    not accounted by dralloc, which allocates devices, not node resources (the kubelet and the
+    scheduler's node fit account it)."""
+
+    mapping: NodeAllocatableMapping | None = None
+    overhead: NodeAllocatableOverhead | None = None
+
+
 class Device(_Obj, kw_only=True):
     name: str
     attributes: dict[str, DeviceAttribute] = {}
@@ -227,6 +250,7 @@ class Device(_Obj, kw_only=True):
     binding_conditions: list[str] = []
     binding_failure_conditions: list[str] = []
     allow_multiple_allocations: bool | None = None
+    node_allocatable_resources: dict[str, NodeAllocatableResource] | None = None  # (None, not {}: no dict per device)
 
 
 class ResourcePool(_Obj, kw_only=True):
@@ -244,6 +268,12 @@ class ResourceSliceSpec(_Obj, kw_only=True):
     per_device_node_selection: bool | None = None
     devices: list[Device] = []
     shared_counters: list[CounterSet] = []
+    skip_node_operations: list[str] = []
+    """The node-local operations (kubelet gRPC calls) its devices need not (1.37 alpha
+    DRAOptionalNodeOperations): copied into each of their allocation results."""
+    partition_type_attribute: str | None = None
+    """The string attribute naming each partitionable device's partition type (1.37 alpha
+    DRAPartitionableDevicesType, for pool status): validated, not needed to allocate."""
 
 
 class ResourceSlice(_Obj, kw_only=True):
@@ -323,6 +353,9 @@ class DeviceRequestAllocationResult(_Obj, kw_only=True):
     binding_failure_conditions: list[str] = []
     share_id: str | None = msgspec.field(default=None, name="shareID")
     consumed_capacity: dict[str, Quantity] = {}
+    skip_node_operations: list[str] = []
+    """Its slice's `skipNodeOperations` when it was allocated: the kubelet skips an operation
+    for a driver when every device of the claim from that driver lists it."""
 
 
 class DeviceAllocationConfiguration(_Obj, kw_only=True):

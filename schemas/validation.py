@@ -23,7 +23,9 @@ from dralloc.schemas.resource import (
     DeviceTaintRule,
     DeviceToleration,
     Node,
+    NodeAllocatableResource,
     Pod,
+    Quantity,
     ResourceClaim,
     ResourceClaimSpec,
     ResourceClaimTemplate,
@@ -49,6 +51,7 @@ COUNTERS_PER_CONSUMPTION_MAX = 32  # ResourceSliceMaxCountersPerDeviceCounterCon
 COMPATIBILITY_GROUPS_MAX = 2  # a consumption's compatibilityGroups (1.37 alpha; not allocated from: inventory.py)
 ATTRIBUTE_VALUES_MAX = 48  # ResourceSliceMaxAttributeValuesPerDevice: scalar and list entries together
 ATTRIBUTE_VALUE_MAX_BYTES = 64  # DeviceAttributeMaxValueLength: a string or version (each list entry too)
+SKIP_NODE_OPERATIONS = ("*", "NodePrepareResources", "NodeUnprepareResources")  # SkipNodeOperation (1.37 alpha)
 _ATTRIBUTE_FIELDS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -277,6 +280,10 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
         errors.append(FieldError("spec.sharedCounters", f"must have at most {SHARED_COUNTERS_MAX} counter sets"))
     else:
         errors += _counter_sets([(cs.name, cs.counters) for cs in spec.shared_counters], COUNTERS_PER_SET_MAX, "spec.sharedCounters", "name")
+    if problem := skip_node_operations_problem(spec.skip_node_operations):
+        errors.append(FieldError("spec.skipNodeOperations", problem))
+    if spec.partition_type_attribute is not None and (problem := fully_qualified_name_error(spec.partition_type_attribute)):
+        errors.append(FieldError("spec.partitionTypeAttribute", problem))
     limited = any(d.consumes_counters or d.taints for d in spec.devices)
     limit = SLICE_DEVICES_WITH_COUNTERS_MAX if limited else SLICE_DEVICES_MAX
     if len(spec.devices) > limit:
@@ -307,6 +314,8 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
             if problem:
                 errors.append(FieldError(f"{dpath}.capacity[{key}]", problem))
             errors += _valid_range(capacity, f"{dpath}.capacity[{key}].requestPolicy.validRange")
+        for resource, cost in (device.node_allocatable_resources or {}).items():
+            errors += _node_allocatable(resource, cost, f"{dpath}.nodeAllocatableResources[{resource}]")
         consumptions = device.consumes_counters
         if len(consumptions) > CONSUMPTIONS_PER_DEVICE_MAX:
             errors.append(FieldError(f"{dpath}.consumesCounters", f"must have at most {CONSUMPTIONS_PER_DEVICE_MAX} entries, has {len(consumptions)}"))
@@ -318,6 +327,23 @@ def _slice(slice_: ResourceSlice) -> list[FieldError]:
                     where = f"{dpath}.consumesCounters[{j}].compatibilityGroups"
                     errors.append(FieldError(where, f"must have at most {COMPATIBILITY_GROUPS_MAX} names, each once"))
     return errors
+
+
+def skip_node_operations_problem(operations: list[str]) -> str | None:
+    """Why a slice's `skipNodeOperations` is not valid, or None, as the API server checks it: a set
+    of `SKIP_NODE_OPERATIONS`, and NodePrepareResources only with NodeUnprepareResources (or "*"):
+    a Pod whose preparation was skipped would otherwise wait, when it ends, for a node plugin that
+    may not exist. Bounded: a list longer than the values there are holds a duplicate or a
+    stranger, so at most 4 entries are looked at."""
+    for operation in operations[: len(SKIP_NODE_OPERATIONS) + 1]:
+        if operation not in SKIP_NODE_OPERATIONS:
+            supported = ", ".join(f'"{value}"' for value in SKIP_NODE_OPERATIONS)
+            return f"unsupported value {operation[:64]!r}: supported values: {supported}"
+    if len(set(operations)) != len(operations):
+        return "each operation at most once"
+    if "NodePrepareResources" in operations and not {"NodeUnprepareResources", "*"} & set(operations):
+        return 'NodePrepareResources may be skipped only with NodeUnprepareResources (or with "*")'
+    return None
 
 
 def _counter_sets(sets: list[tuple[str, dict[str, Counter]]], counters_max: int, path: str, name_field: str) -> list[FieldError]:
@@ -394,6 +420,37 @@ def _taint_rule(rule: DeviceTaintRule) -> list[FieldError]:
         )
     if taint.value is not None and len(taint.value) > 63:
         errors.append(FieldError("spec.taint.value", "must be at most 63 characters"))
+    return errors
+
+
+def _node_allocatable(resource: str, cost: NodeAllocatableResource, path: str) -> list[FieldError]:
+    """A device's cost in a node resource (1.37 alpha DRANodeAllocatableResources): a node
+    resource, not an extended one; a mapping, an overhead or both; a mapping by consumed capacity
+    (`capacityKey` with `capacityMultiplier`) or by device count (`deviceMultiplier`), not both."""
+    errors = []
+    if "/" in resource and not resource.startswith("kubernetes.io/"):
+        errors.append(FieldError(path, f"{resource!r} is an extended resource: only node resources such as cpu and memory"))
+    if cost.mapping is None and cost.overhead is None:
+        errors.append(FieldError(path, "needs a mapping, an overhead or both"))
+    if (mapping := cost.mapping) is not None:
+        by_capacity = mapping.capacity_key is not None or mapping.capacity_multiplier is not None
+        if by_capacity == (mapping.device_multiplier is not None):
+            errors.append(FieldError(f"{path}.mapping", "exactly one of capacityKey (with capacityMultiplier) and deviceMultiplier"))
+        elif by_capacity and (mapping.capacity_key is None or mapping.capacity_multiplier is None):
+            errors.append(FieldError(f"{path}.mapping", "capacityKey and capacityMultiplier go together"))
+        elif mapping.capacity_key is not None and (problem := qualified_name_error(mapping.capacity_key)):
+            errors.append(FieldError(f"{path}.mapping.capacityKey", problem))
+    amounts: list[tuple[str, Quantity | None]] = []
+    if mapping is not None:
+        amounts += [("mapping.capacityMultiplier", mapping.capacity_multiplier), ("mapping.deviceMultiplier", mapping.device_multiplier)]
+    if (overhead := cost.overhead) is not None:
+        amounts += [("overhead.perPod", overhead.per_pod), ("overhead.perContainer", overhead.per_container)]
+    for name, value in amounts:
+        if value is not None:
+            try:
+                parse_quantity(value)
+            except ValueError as exc:
+                errors.append(FieldError(f"{path}.{name}", str(exc)))
     return errors
 
 

@@ -68,6 +68,18 @@ def test_counter_names_are_dns_labels_where_defined_and_a_device_consumes_from_t
     assert slice_problem(with_counters("gpu-0", "memory", consumed_sets=3)) == "spec.devices[0].consumesCounters: at most 2 entries, has 3"
 
 
+def test_skip_node_operations_from_the_bus_are_checked_as_the_api_server_does():
+    """They are copied into the status of every claim the slice's devices serve: a hostile
+    publisher's list must not reach them."""
+    s = gpu_slice("n", 1)
+    s.spec.skip_node_operations = ["*"]
+    assert slice_problem(s) is None
+    s.spec.skip_node_operations = ["NodePrepareResources"]
+    assert slice_problem(s) == 'spec.skipNodeOperations: NodePrepareResources may be skipped only with NodeUnprepareResources (or with "*")'
+    s.spec.skip_node_operations = ["NodeUnprepareResources"] * 50_000
+    assert slice_problem(s) == "spec.skipNodeOperations: each operation at most once"
+
+
 def test_a_node_local_pool_is_named_after_its_node():
     assert node_binding_problem(gpu_slice("n", 1)) is None
     assert node_binding_problem(gpu_slice("n", 1, pool="other-0")) == (

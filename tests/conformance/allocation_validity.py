@@ -172,6 +172,8 @@ def check(objects: list[Any], allocations: dict[str, AllocationResult], node: st
                 continue
             s, device = devices[dkey]
             spec = s.spec
+            if r.skip_node_operations != spec.skip_node_operations:
+                problems.append(f"{claim_key}: device {dkey} has skipNodeOperations {r.skip_node_operations}, its slice {spec.skip_node_operations}")
             if spec.per_device_node_selection:
                 reach = _node_ok(device.node_name, device.node_selector, bool(device.all_nodes), node, labels)
             else:

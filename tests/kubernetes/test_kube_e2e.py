@@ -123,3 +123,22 @@ async def test_the_status_write_is_part_of_the_claims_trace(apiserver: ApiServer
     # (The ingestor sends the claim again once its status is written: the cluster's truth; the first is the claim's.)
     sent = min((s for s in exporter.get_finished_spans() if s.name == "send dra.claims.ml.traced"), key=lambda s: s.start_time)
     assert write.context.trace_id == sent.context.trace_id
+
+
+async def test_the_status_names_the_node_operations_the_slice_skips(apiserver: ApiServer, services: None) -> None:
+    """Kubernetes 1.37's optional node operations: a driver with no node plugin publishes
+    `skipNodeOperations` and the allocator copies them into the results, or the kubelet waits for
+    a plugin that is not there. Each device's come from its own slice."""
+    apiserver.apply(CLASS)
+    skipping = node_slice([{"name": "gpu-0"}])
+    skipping["spec"] = {**skipping["spec"], "skipNodeOperations": ["*"], "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 2}}
+    plain = node_slice([{"name": "gpu-1"}])
+    plain["metadata"] = {"name": "node-0-gpu-b"}
+    plain["spec"] = {**plain["spec"], "pool": {"name": "node-0", "generation": 1, "resourceSliceCount": 2}}
+    apiserver.apply(skipping)
+    apiserver.apply(plain)
+    both = claim("both", "ml")
+    both["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    apiserver.apply(both)
+    results = (await allocation_of(apiserver, "both"))["allocation"]["devices"]["results"]
+    assert {r["device"]: r.get("skipNodeOperations") for r in results} == {"gpu-0": ["*"], "gpu-1": None}

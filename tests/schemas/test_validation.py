@@ -3,7 +3,7 @@
 import pytest
 
 from dralloc.manifests import load_text
-from dralloc.schemas.validation import REQUESTS_MAX, validate
+from dralloc.schemas.validation import REQUESTS_MAX, fully_qualified_name_error, validate
 
 
 def one(text: str):
@@ -138,6 +138,74 @@ spec:
         "spec.devices[2].consumesCounters[0].counters: must name at least one counter",
         "spec.devices[3].consumesCounters[0].compatibilityGroups: must have at most 2 names, each once",
         "spec.devices[3].consumesCounters[1].compatibilityGroups: must have at most 2 names, each once",
+    ]
+
+
+@pytest.mark.parametrize(
+    "operations,problem",
+    [
+        ([], None),
+        (["*"], None),
+        (["NodeUnprepareResources"], None),
+        (["NodePrepareResources", "NodeUnprepareResources"], None),
+        (["NodePrepareResources", "*"], None),
+        (["NodePrepareResources"], 'NodePrepareResources may be skipped only with NodeUnprepareResources (or with "*")'),
+        (["*", "*"], "each operation at most once"),
+        (["NodeUnprepareResources", "Attach"], 'unsupported value \'Attach\': supported values: "*", "NodePrepareResources", "NodeUnprepareResources"'),
+        (["x" * 5_000], f"unsupported value {'x' * 64!r}: supported values: " + '"*", "NodePrepareResources", "NodeUnprepareResources"'),
+        (["*"] * 100_000, "each operation at most once"),
+    ],
+)
+def test_skip_node_operations_are_a_set_of_the_operations_kubernetes_knows(operations, problem):
+    obj = one(
+        """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: s}
+spec:
+  driver: nic.example.com
+  pool: {name: p, generation: 1, resourceSliceCount: 1}
+  nodeName: n
+  devices: [{name: nic-0}]
+"""
+    )
+    obj.spec.skip_node_operations = operations
+    assert messages(obj) == ([] if problem is None else [f"spec.skipNodeOperations: {problem}"])
+
+
+def test_node_allocatable_resources_and_the_partition_type_attribute_are_checked_as_the_api_server_does():
+    """1.37's alpha fields dralloc reads and carries without allocating by them."""
+    obj = one(
+        """
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: s}
+spec:
+  driver: cpu.example.com
+  pool: {name: p, generation: 1, resourceSliceCount: 1}
+  nodeName: n
+  partitionTypeAttribute: "cpu.example.com/profile kind"
+  devices:
+  - name: ccx-0
+    capacity: {cores: {value: "8"}}
+    nodeAllocatableResources:
+      cpu: {mapping: {capacityKey: cores, capacityMultiplier: "2"}}
+      memory: {overhead: {perPod: 1Gi, perContainer: 64Mi}}
+      hugepages-2Mi: {mapping: {deviceMultiplier: "4"}}
+  - name: ccx-1
+    nodeAllocatableResources:
+      example.com/widgets: {mapping: {deviceMultiplier: "1", capacityKey: cores}}
+      cpu: {}
+      memory: {mapping: {capacityKey: cores}, overhead: {perPod: lots}}
+"""
+    )
+    assert messages(obj) == [
+        "spec.partitionTypeAttribute: " + fully_qualified_name_error("cpu.example.com/profile kind"),
+        "spec.devices[1].nodeAllocatableResources[example.com/widgets]: 'example.com/widgets' is an extended resource: only node resources such as cpu and memory",
+        "spec.devices[1].nodeAllocatableResources[example.com/widgets].mapping: exactly one of capacityKey (with capacityMultiplier) and deviceMultiplier",
+        "spec.devices[1].nodeAllocatableResources[cpu]: needs a mapping, an overhead or both",
+        "spec.devices[1].nodeAllocatableResources[memory].mapping: capacityKey and capacityMultiplier go together",
+        "spec.devices[1].nodeAllocatableResources[memory].overhead.perPod: invalid quantity 'lots': expected a number with an optional suffix such as 80Gi, 500m, 2",
     ]
 
 

@@ -712,6 +712,8 @@ class Engine:
                     tolerations=list(alt.tolerations),
                     binding_conditions=list(rec.spec.binding_conditions),
                     binding_failure_conditions=list(rec.spec.binding_failure_conditions),
+                    # (a slice without any shares one empty list: one list fewer per device allocated)
+                    skip_node_operations=list(rec.skip_node_operations) if rec.skip_node_operations else rec.skip_node_operations,
                 )
                 if rec.multi:
                     # every allocation of a multi-allocatable device has a shareID, under admin

@@ -108,6 +108,10 @@ class CounterClock:
         self.changes = 0
 
 
+_EMPTY: list[Any] = []
+"""The one empty list the inventory's devices share (`share_empty_lists`). Never mutated."""
+
+
 class DeviceRec:
     """A device of a usable pool, with everything allocation needs precomputed.
 
@@ -132,6 +136,7 @@ class DeviceRec:
         "capacity",
         "multi",
         "binds_to_node",
+        "skip_node_operations",
         "representable",
         "memo",
         "key",
@@ -162,6 +167,7 @@ class DeviceRec:
         multi: bool,
         binds_to_node: bool,
         representable: bool,
+        skip_node_operations: list[str] = _EMPTY,
         memo: AttributeMemo | None = None,
     ) -> None:
         self.id = id
@@ -188,6 +194,9 @@ class DeviceRec:
         self.multi = multi
         """allowMultipleAllocations."""
         self.binds_to_node = binds_to_node
+        self.skip_node_operations = skip_node_operations
+        """Its slice's `skipNodeOperations` (the slice's list itself; read-only): copied into its
+        allocation results."""
         self.representable = representable
         """Whether Kubernetes can represent it (`projector.representable`: a CEL environment of it
         builds), which a shared verdict needs of every device it reads (verdicts.py)."""
@@ -887,6 +896,7 @@ class Inventory:
                     capacity=capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),
+                    skip_node_operations=spec.skip_node_operations or _EMPTY,
                     representable=known if (known := representable.get(id(device))) is not None else projector.representable(pool.driver, device),
                     memo=self.attribute_memo,
                 )
@@ -959,10 +969,6 @@ class Inventory:
 
     def pool_of(self, rec: DeviceRec) -> Pool:
         return self.pools[(rec.driver, rec.pool)]
-
-
-_EMPTY: list[Any] = []
-"""The one empty list the inventory's devices share (`share_empty_lists`). Never mutated."""
 
 
 def share_empty_lists(slice_: ResourceSlice) -> None:
