@@ -15,14 +15,26 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
+import msgspec.inspect as mi
 import yaml
 
 from dralloc.schemas.limits import MAX_NODES, json_problem, tree_problem
-from dralloc.schemas.resource import KINDS, Object
+from dralloc.schemas.resource import API_VERSION, KINDS, Object, ObjectMeta
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml is ~10x faster where PyYAML has it
+
+OBJECT_META_FIELDS = frozenset(
+    {
+        "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation", "creationTimestamp",
+        "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences", "finalizers", "managedFields",
+    }
+)  # fmt: skip
+"""Kubernetes' ObjectMeta fields: what `metadata` may hold (dralloc reads only some of them)."""
+
+UNKNOWN_SHOWN = 3
+"""Unknown fields named in one error, at most (the count says how many more)."""
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """A manifest file larger than this is refused rather than parsed."""
@@ -158,6 +170,8 @@ def decode_object(doc: Any, source: Source, *, within_limits: bool = False) -> L
         if known_kind:
             return ManifestError(source, f"apiVersion {api_version!r} is not supported for {kind}; use resource.k8s.io/v1", what)
         return Skipped(source, api_version, kind, str(name), doc)
+    if api_version == API_VERSION and (unknown := unknown_fields(doc, cls)):
+        return ManifestError(source, _unknown_message(unknown), what)
     try:
         obj = msgspec.convert(doc, cls)
     except msgspec.ValidationError as exc:
@@ -165,6 +179,92 @@ def decode_object(doc: Any, source: Source, *, within_limits: bool = False) -> L
     if not obj.metadata.name:
         return ManifestError(source, "metadata.name is required", what)
     return Loaded(source, obj)
+
+
+def unknown_fields(doc: dict[str, Any], cls: type) -> list[str]:
+    """The paths of the fields in `doc` that `cls` does not have, as kubectl's strict field
+    validation (its default) refuses them: ``selector:`` for ``selectors:`` would otherwise be
+    dropped in silence, and the claim match any device of its class; a field of a newer
+    Kubernetes would be ignored as if it did not restrict anything. `metadata` is held to
+    Kubernetes' ObjectMeta (dralloc reads only some of its fields); `status` is not looked at
+    (what a cluster wrote, possibly a newer one; dralloc reads the allocation from it). Opaque
+    driver parameters are the driver's, not looked into. Recursive: `doc` is within the
+    structural limits (`tree_problem`), so at most `MAX_DEPTH` levels deep."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        made = _shape(mi.type_info(cls), {})
+        assert made is not None and made[0] == _STRUCT
+        shape = _SHAPES[cls] = (_STRUCT, {**made[1], "status": None})  # (any status: not judged)
+    found: list[tuple[Any, ...]] = []
+    _walk(doc, shape, (), found)
+    return sorted("".join(f"[{part[0]}]" if isinstance(part, tuple) else f".{part}" for part in path)[1:] for path in found)
+
+
+_STRUCT, _LIST, _MAP, _META = range(4)
+_NOTHING: tuple[Any, ...] = ()
+
+Shape = tuple[int, Any]
+"""What a manifest's value may hold: (_STRUCT, {field: Shape | None}), (_LIST, item), (_MAP,
+value), (_META, None) for ObjectMeta; None for a value with no fields below it (a string,
+opaque parameters)."""
+
+
+def _shape(info: Any, made: dict[type, Shape]) -> Shape | None:
+    """The `Shape` of a msgspec type (`msgspec.inspect`), made once per kind (~4 ms a kind)."""
+    if isinstance(info, mi.UnionType):  # (Optional: its one member with fields below it, if any)
+        shapes = [shape for member in info.types if (shape := _shape(member, made)) is not None]
+        return shapes[0] if shapes else None
+    if isinstance(info, mi.StructType):
+        if info.cls is ObjectMeta:
+            return (_META, None)
+        if info.cls in made:
+            return made[info.cls]
+        fields: dict[str, Shape | None] = {}
+        shape = made[info.cls] = (_STRUCT, fields)
+        for field in info.fields:
+            fields[field.encode_name] = _shape(field.type, made)
+        return shape
+    if isinstance(info, mi.ListType):
+        item = _shape(info.item_type, made)
+        return (_LIST, item) if item is not None else None
+    if isinstance(info, mi.DictType):
+        value = _shape(info.value_type, made)
+        return (_MAP, value) if value is not None else None
+    return None
+
+
+def _walk(value: Any, shape: Shape, path: tuple[Any, ...], found: list[tuple[Any, ...]]) -> None:
+    kind, below = shape
+    if kind == _STRUCT:
+        if type(value) is dict:
+            for key, item in value.items():
+                child = below.get(key, _NOTHING)
+                if child is _NOTHING:
+                    found.append((*path, key))
+                elif child is not None:
+                    _walk(item, child, (*path, key), found)
+    elif kind == _LIST:
+        if type(value) is list:
+            for i, item in enumerate(value):
+                _walk(item, below, (*path, (i,)), found)
+    elif kind == _MAP:
+        if type(value) is dict:
+            for key, item in value.items():
+                _walk(item, below, (*path, (key,)), found)
+    elif type(value) is dict:  # _META
+        found += [(*path, key) for key in value if key not in OBJECT_META_FIELDS]
+
+
+_SHAPES: dict[type, Shape] = {}
+
+
+def _unknown_message(paths: list[str]) -> str:
+    shown = ", ".join(f'"{path[:120]}"' for path in paths[:UNKNOWN_SHOWN])
+    more = f" and {len(paths) - UNKNOWN_SHOWN} more" if len(paths) > UNKNOWN_SHOWN else ""
+    return (
+        f"unknown field{'s' if len(paths) > 1 else ''} {shown}{more}: not in resource.k8s.io/v1 as dralloc reads it (Kubernetes 1.37); "
+        "a misspelt field, or a newer Kubernetes field dralloc does not support"
+    )
 
 
 def _field_message(exc: msgspec.ValidationError) -> str:

@@ -152,3 +152,64 @@ def test_json_and_yaml_refuse_the_same_depth_and_integers(tmp_path):
         f"depth{MAX_DEPTH - 1}": False, f"depth{MAX_DEPTH}": False, f"depth{MAX_DEPTH + 1}": True, f"depth{MAX_DEPTH + 2}": True,
         "int0": False, "int1": True, "int2": False, "int3": True, "int4": True,
     }  # fmt: skip
+
+
+def test_unknown_fields_are_refused_and_named_as_kubectl_strict_validation_does():
+    """A misspelt field would otherwise be dropped in silence: `selector` for `selectors` makes a
+    claim for any device of its class."""
+    text = """
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: typo}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selector: [{cel: {expression: 'device.attributes["gpu.nvidia.com"].productName == "H200"'}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: many, namspace: x}
+spec:
+  driver: gpu.nvidia.com
+  pool: {name: p, generation: 1, resourceSliceCount: 1, size: 3}
+  nodeName: n
+  devices:
+  - {name: gpu-0, attributes: {model: {strng: H200}}, capacty: {}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: exported
+  namespace: ml
+  selfLink: /apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/exported
+  deletionGracePeriodSeconds: 0
+  managedFields: [{manager: kubectl, operation: Update, fieldsV1: {f:spec: {}}}]
+spec:
+  devices:
+    requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]
+    config: [{opaque: {driver: gpu.nvidia.com, parameters: {anything: {the: driver reads}}}}]
+status:
+  devices: [{driver: gpu.nvidia.com, pool: p, device: gpu-0, networkData: {interfaceName: eth1}}]
+  somethingNewer: true
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer}
+spec:
+  containers: [{name: main, image: trainer, imagePullPolicy: Always}]
+  priorityClassName: high
+"""
+    manifests = load_text(text, "typo.yaml")
+    assert [str(e) for e in manifests.errors] == [
+        'typo.yaml (document 1): ResourceClaim/typo: unknown field "spec.devices.requests[0].exactly.selector": not in resource.k8s.io/v1 '
+        "as dralloc reads it (Kubernetes 1.37); a misspelt field, or a newer Kubernetes field dralloc does not support",
+        'typo.yaml (document 2): ResourceSlice/many: unknown fields "metadata.namspace", "spec.devices[0].attributes[model].strng", '
+        '"spec.devices[0].capacty" and 1 more: not in resource.k8s.io/v1 as dralloc reads it (Kubernetes 1.37); '
+        "a misspelt field, or a newer Kubernetes field dralloc does not support",
+    ]
+    # ObjectMeta's fields dralloc does not read, a status a cluster wrote and a driver's opaque
+    # parameters are not dralloc's to judge; other API groups (a Pod) are read as before
+    assert [item.obj.metadata.name for item in manifests.objects] == ["exported", "trainer"]
