@@ -228,6 +228,25 @@ async def test_bad_object_is_reported_and_skipped(apiserver: ApiServer, start: A
     assert len(run.problems) == 1 and "DeviceClass/bad" in run.problems[0] and "selectors" in run.problems[0]
 
 
+async def test_fields_of_a_newer_kubernetes_are_said_once_and_the_object_goes_on(apiserver: ApiServer, start: Any) -> None:
+    """A slice field dralloc does not read could restrict allocation (as compatibilityGroups did
+    before dralloc read them): the source says so, once per field, and publishes the slice."""
+    newer = {**SLICE, "spec": {**SLICE["spec"], "devices": [{"name": "gpu-0", "futureLimit": 1}, {"name": "gpu-1", "futureLimit": 2}]}}
+    apiserver.apply(newer)
+    apiserver.apply({**CLASS, "spec": {**CLASS.get("spec", {}), "futureMode": "strict"}})
+    run = start(slices=True)
+    assert sorted(names(await run.take(2))) == [("class", "gpu.example.com"), ("slice", "node-0-gpu")]
+    assert sorted(run.problems) == [
+        "deviceclasses: DeviceClass/gpu.example.com: field spec.futureMode is not one dralloc knows (a newer Kubernetes?); ignored, here and wherever else it appears",
+        "resourceslices: ResourceSlice/node-0-gpu: field spec.devices[0].futureLimit is not one dralloc knows (a newer Kubernetes?); ignored, here and wherever else it appears",
+    ]
+    apiserver.apply(
+        {**newer, "metadata": {"name": "node-1-gpu"}, "spec": {**newer["spec"], "nodeName": "node-1", "pool": {**newer["spec"]["pool"], "name": "node-1"}}}
+    )
+    assert names(await run.take(1)) == [("slice", "node-1-gpu")]
+    assert len(run.problems) == 2  # (said once)
+
+
 async def test_api_errors_are_retried(apiserver: ApiServer, start: Any) -> None:
     apiserver["get", apiserver.resource("resource.k8s.io", "v1", "resourceclaims")][:2] << 503  # the first two fail
     apiserver.apply(claim("a"))
