@@ -200,14 +200,13 @@ def unknown_fields(doc: dict[str, Any], cls: type) -> list[str]:
     return sorted("".join(f"[{part[0]}]" if isinstance(part, tuple) else f".{part}" for part in path)[1:] for path in found)
 
 
-_STRUCT, _LIST, _MAP, _META, _FLAT = range(5)
+_STRUCT, _LIST, _MAP, _META = range(4)
 _NOTHING: tuple[Any, ...] = ()
 
 Shape = tuple[int, Any]
-"""What a manifest's value may hold: (_STRUCT, {field: Shape | None}), (_FLAT, {field: None}) for
-a struct with no fields below its own (a device attribute: its keys checked at C speed), (_LIST,
-item), (_MAP, value), (_META, None) for ObjectMeta; None for a value with no fields below it (a
-string, opaque parameters)."""
+"""What a manifest's value may hold: (_STRUCT, {field: Shape | None}), (_LIST, item), (_MAP,
+value), (_META, None) for ObjectMeta; None for a value with no fields below it (a string,
+opaque parameters)."""
 
 
 def _shape(info: Any, made: dict[type, Shape]) -> Shape | None:
@@ -224,8 +223,6 @@ def _shape(info: Any, made: dict[type, Shape]) -> Shape | None:
         shape = made[info.cls] = (_STRUCT, fields)
         for field in info.fields:
             fields[field.encode_name] = _shape(field.type, made)
-        if all(child is None for child in fields.values()):
-            shape = made[info.cls] = (_FLAT, fields)
         return shape
     if isinstance(info, mi.ListType):
         item = _shape(info.item_type, made)
@@ -246,21 +243,12 @@ def _walk(value: Any, shape: Shape, path: tuple[Any, ...], found: list[tuple[Any
                     found.append((*path, key))
                 elif child is not None:
                     _walk(item, child, (*path, key), found)
-    elif kind == _FLAT:
-        if type(value) is dict and (extra := value.keys() - below.keys()):
-            found += [(*path, key) for key in extra]
     elif kind == _LIST:
         if type(value) is list:
             for i, item in enumerate(value):
                 _walk(item, below, (*path, (i,)), found)
     elif kind == _MAP:
         if type(value) is dict:
-            if below[0] == _FLAT:  # (attributes, counters: a call per entry was most of a slice's walk)
-                known = below[1].keys()
-                for key, item in value.items():
-                    if type(item) is dict and (extra := item.keys() - known):
-                        found += [(*path, (key,), name) for name in extra]
-                return
             for key, item in value.items():
                 _walk(item, below, (*path, (key,)), found)
     elif type(value) is dict:  # _META
