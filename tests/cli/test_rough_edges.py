@@ -180,3 +180,27 @@ async def test_piped_submit_tables_keep_full_names(nats_url, tmp_path):
         out = await asyncio.to_thread(dralloc, "submit", "-f", str(path), "--wait", "60", url=nats_url)
     assert out.returncode == 0, out.stderr
     assert f"ml/{long}" in out.stdout
+
+
+def test_a_misspelt_field_stops_allocate_and_lint_naming_it(tmp_path):
+    """`selector:` for `selectors:` would have allocated any GPU of the class (CLI-CONTRACT: a
+    document that cannot be decoded is exit 2, one message naming file, document and field)."""
+    path = tmp_path / "claim.yaml"
+    path.write_text(
+        CLASSES.read_text()
+        + """---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: typo, namespace: ml}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, selector: [{cel: {expression: "false"}}]}}]}}
+"""
+    )
+    allocated = CliRunner().invoke(app, ["allocate", "-f", str(path), "--profile", "l40s-pcie", "-o", "json"])
+    assert allocated.exit_code == 2 and allocated.stdout == ""
+    assert 'ResourceClaim/typo: unknown field "spec.devices.requests[0].exactly.selector"' in allocated.stderr
+    linted = CliRunner().invoke(app, ["lint", "-f", str(path)])
+    assert linted.exit_code == 1 and 'unknown field "spec.devices.requests[0].exactly.selector"' in linted.stdout
+    fixed = path.read_text().replace("selector:", "selectors:")
+    path.write_text(fixed)
+    allocated = CliRunner().invoke(app, ["allocate", "-f", str(path), "--profile", "l40s-pcie", "-o", "json"])
+    assert allocated.exit_code == 1 and json.loads(allocated.stdout)["results"][0]["status"] == "unsatisfiable"
