@@ -699,6 +699,7 @@ class Engine:
         entries: list[Entry] = []
         shares: dict[int, int] = {}
         chosen: list[DeviceRec] = []
+        slices = self.inventory.slices
         for slot in slots:
             alt = slot.alt
             for rec in slot.chosen:
@@ -712,8 +713,8 @@ class Engine:
                     tolerations=list(alt.tolerations),
                     binding_conditions=list(rec.spec.binding_conditions),
                     binding_failure_conditions=list(rec.spec.binding_failure_conditions),
-                    # (a slice without any shares one empty list: one list fewer per device allocated)
-                    skip_node_operations=list(rec.skip_node_operations) if rec.skip_node_operations else rec.skip_node_operations,
+                    # its slice's (1.37 DRAOptionalNodeOperations); none: the inventory's shared empty list
+                    skip_node_operations=list(skip) if (skip := slices[rec.slice].spec.skip_node_operations) else skip,
                 )
                 if rec.multi:
                     # every allocation of a multi-allocatable device has a shareID, under admin

@@ -108,10 +108,6 @@ class CounterClock:
         self.changes = 0
 
 
-_EMPTY: list[Any] = []
-"""The one empty list the inventory's devices share (`share_empty_lists`). Never mutated."""
-
-
 class DeviceRec:
     """A device of a usable pool, with everything allocation needs precomputed.
 
@@ -136,7 +132,6 @@ class DeviceRec:
         "capacity",
         "multi",
         "binds_to_node",
-        "skip_node_operations",
         "representable",
         "memo",
         "key",
@@ -167,7 +162,6 @@ class DeviceRec:
         multi: bool,
         binds_to_node: bool,
         representable: bool,
-        skip_node_operations: list[str] = _EMPTY,
         memo: AttributeMemo | None = None,
     ) -> None:
         self.id = id
@@ -194,9 +188,6 @@ class DeviceRec:
         self.multi = multi
         """allowMultipleAllocations."""
         self.binds_to_node = binds_to_node
-        self.skip_node_operations = skip_node_operations
-        """Its slice's `skipNodeOperations` (the slice's list itself; read-only): copied into its
-        allocation results."""
         self.representable = representable
         """Whether Kubernetes can represent it (`projector.representable`: a CEL environment of it
         builds), which a shared verdict needs of every device it reads (verdicts.py)."""
@@ -896,7 +887,6 @@ class Inventory:
                     capacity=capacities(pool.driver, device),
                     multi=bool(device.allow_multiple_allocations),
                     binds_to_node=bool(device.binds_to_node),
-                    skip_node_operations=spec.skip_node_operations or _EMPTY,
                     representable=known if (known := representable.get(id(device))) is not None else projector.representable(pool.driver, device),
                     memo=self.attribute_memo,
                 )
@@ -971,11 +961,16 @@ class Inventory:
         return self.pools[(rec.driver, rec.pool)]
 
 
+_EMPTY: list[Any] = []
+"""The one empty list the inventory's devices share (`share_empty_lists`). Never mutated."""
+
+
 def share_empty_lists(slice_: ResourceSlice) -> None:
-    """Point each device's empty list fields (taints, counters consumed, binding conditions)
-    at one shared empty list. A decoded slice has a new empty list for each (72 bytes, tracked by
-    the cyclic collector): ~4 a device, ~2 million lists and ~150 MB at 250,000 GPUs, for nothing.
-    Equal and encoded as before; nothing in the engine mutates a device it was given."""
+    """Point each device's empty list fields (taints, counters consumed, binding conditions), and
+    the slice's empty `skipNodeOperations`, at one shared empty list. A decoded slice has a new
+    empty list for each (72 bytes, tracked by the cyclic collector): ~4 a device, ~2 million lists
+    and ~150 MB at 250,000 GPUs, for nothing. Equal and encoded as before; nothing in the engine
+    mutates a slice it was given (the allocation results share the empty list too)."""
     empty = _EMPTY
     for device in slice_.spec.devices:
         if not device.taints:
@@ -986,6 +981,8 @@ def share_empty_lists(slice_: ResourceSlice) -> None:
             device.binding_conditions = empty
         if not device.binding_failure_conditions:
             device.binding_failure_conditions = empty
+    if not slice_.spec.skip_node_operations:
+        slice_.spec.skip_node_operations = empty
 
 
 def rule_selects(rule: DeviceTaintRule, driver: str, pool: str, device: str) -> bool:
