@@ -31,6 +31,7 @@ COMMANDS: list[str] = [
     "PYTHONPATH=build/native dralloc bench engine --workload churn-mixed --seed 7 --json",
     "PYTHONPATH=build/native dralloc bench engine --workload gpu-fleet-10k --seed 7 --json",
     "dralloc bench scale --gpus 10k,50k,100k,250k --seed 7 --json",
+    "PYTHONPATH=build/native dralloc bench scale --gpus 250k --seed 7 --json",
     "dralloc bench takeover --decisions 100000 --json",
     "dralloc bench takeover --decisions 1000000 --json",
     "dralloc bench takeover --decisions 100000 --no-snapshot --json",
