@@ -213,3 +213,12 @@ spec:
     # ObjectMeta's fields dralloc does not read, a status a cluster wrote and a driver's opaque
     # parameters are not dralloc's to judge; other API groups (a Pod) are read as before
     assert [item.obj.metadata.name for item in manifests.objects] == ["exported", "trainer"]
+
+
+def test_a_flood_of_long_unknown_fields_gets_one_short_message():
+    """Hostile input: 10,000 unknown keys of 500 characters name three, cut, and the count."""
+    doc = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "flood"}, "spec": {}}
+    doc["spec"].update({f"{i:05d}" + "x" * 495: 1 for i in range(10_000)})
+    (error,) = load_text(msgspec.json.encode(doc).decode(), "flood.json").errors
+    assert len(str(error)) < 800
+    assert str(error).count('"spec.') == 3 and "and 9997 more" in str(error)
