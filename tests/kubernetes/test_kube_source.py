@@ -247,6 +247,28 @@ async def test_fields_of_a_newer_kubernetes_are_said_once_and_the_object_goes_on
     assert len(run.problems) == 2  # (said once)
 
 
+def newer_claim(name: str) -> dict[str, Any]:
+    """A claim whose request has a field of a newer Kubernetes, and an unknown metadata and status
+    field (neither says what to allocate: not judged)."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "futureMode": "strict"}}
+    return claim(name, metadata={"futureMeta": "x"}, status={"futureStatus": 1}) | {"spec": {"devices": {"requests": [request]}}}
+
+
+async def test_claim_fields_of_a_newer_kubernetes_are_said_once_and_the_claim_goes_on(apiserver: ApiServer, start: Any) -> None:
+    """A claim's request may carry a newer Kubernetes' restriction dralloc does not read: the
+    source says so, once per field, and submits the claim as an older scheduler would take it."""
+    apiserver.apply(newer_claim("a"))
+    run = start()
+    assert names(await run.take(1)) == [("submitted", "default/a")]
+    assert run.problems == [
+        "resourceclaims: ResourceClaim/default/a: field spec.devices.requests[0].exactly.futureMode is not one dralloc knows "
+        "(a newer Kubernetes?); ignored, here and wherever else it appears"
+    ]
+    apiserver.apply(newer_claim("b"))
+    assert names(await run.take(1)) == [("submitted", "default/b")]
+    assert len(run.problems) == 1  # (said once)
+
+
 async def test_api_errors_are_retried(apiserver: ApiServer, start: Any) -> None:
     apiserver["get", apiserver.resource("resource.k8s.io", "v1", "resourceclaims")][:2] << 503  # the first two fail
     apiserver.apply(claim("a"))
