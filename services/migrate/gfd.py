@@ -45,8 +45,8 @@ LABELS = (PRODUCT, MEMORY, FAMILY, COMPUTE_MAJOR, DRIVER_MAJOR)
 
 _ATTR = "device.attributes['gpu.nvidia.com']"
 _MEMORY = "device.capacity['gpu.nvidia.com'].memory"
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_INT = re.compile(r"^[0-9]{1,9}$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
+_INT = re.compile(r"^[0-9]{1,9}\Z")
 SHARED_SUFFIX = "-SHARED"
 
 

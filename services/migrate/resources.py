@@ -27,9 +27,9 @@ MIG_CLASS = "mig.nvidia.com"
 
 # `mig-1g.10gb`, and the media-extension profiles `1g.10gb+me` (a resource name cannot
 # hold `+`, so the device plugin spells it `.me`).
-_MIG = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)(?:[.+](me))?$")
-_OTHER_GPU = re.compile(r"^(amd\.com/gpu|gpu\.intel\.com/.+|[a-z0-9.-]+/gpu)$")
-_INTEGER = re.compile(r"^[0-9]+$")
+_MIG = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)(?:[.+](me))?\Z")
+_OTHER_GPU = re.compile(r"^(amd\.com/gpu|gpu\.intel\.com/.+|[a-z0-9.-]+/gpu)\Z")
+_INTEGER = re.compile(r"^[0-9]+\Z")
 
 Kind = Literal["gpu", "mig", "shared"]
 

@@ -3,7 +3,7 @@
 import pytest
 
 from dralloc.manifests import load_text
-from dralloc.schemas.validation import REQUESTS_MAX, fully_qualified_name_error, validate
+from dralloc.schemas.validation import REQUESTS_MAX, fully_qualified_name_error, is_dns_label, is_dns_subdomain, qualified_name_error, validate
 
 
 def one(text: str):
@@ -216,3 +216,35 @@ def test_every_corpus_object_is_valid(shared_dir):
     assert len(manifests.objects) > 3000
     invalid = [(str(item.source), messages(item.obj)) for item in manifests.objects if validate(item.obj)]
     assert invalid == []
+
+
+@pytest.mark.parametrize(
+    ("check", "valid"),
+    [
+        (is_dns_subdomain, "gpu.nvidia.com"),
+        (is_dns_label, "node-0"),
+        (lambda name: qualified_name_error(name) is None, "gpu.nvidia.com/productName"),
+    ],
+)
+def test_a_name_with_a_trailing_newline_is_not_valid(check, valid):
+    """Python's `$` also matches before a final newline (Go's does not): the patterns end at `\\Z`,
+    so `gpu\\n` is not a name the API server would take, nor a subject or key dralloc writes."""
+    assert check(valid)
+    assert not check(valid + "\n")
+    assert not check(valid + "\n" + "x")
+
+
+def test_a_dns_subdomain_is_at_most_253_characters():
+    assert is_dns_subdomain(".".join(["a" * 63] * 4)[:253])
+    assert not is_dns_subdomain(".".join(["a" * 63] * 4)[:252] + "ab")
+    assert not is_dns_subdomain("")
+
+
+def test_a_claim_named_with_a_newline_is_refused_by_the_engine():
+    from dralloc.allocator.engine import Engine
+    from dralloc.schemas.resource import ResourceClaim
+
+    obj = one(claim("[{name: gpu, exactly: {deviceClassName: gpu.example.com}}]"))
+    bad = ResourceClaim(metadata=obj.metadata.__class__(name="c\n", namespace="default"), spec=obj.spec)
+    (outcome,) = Engine().allocate([bad])
+    assert outcome.status == "error" and "metadata.name" in outcome.message

@@ -25,7 +25,7 @@ from dralloc.schemas.resource import (
     DeviceToleration,
     ResourceClaim,
 )
-from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, is_dns_label, is_dns_subdomain, validate
+from dralloc.schemas.validation import ALLOCATION_RESULTS_MAX, DNS_SUBDOMAIN, is_dns_label, validate
 
 VerdictKey = str
 """(device class, its version, selector expressions) as one string (`verdict_key`): what a set of
@@ -244,7 +244,7 @@ class Planner:
         """`not metadata_errors(claim)` for a claim: its name a DNS subdomain, its namespace (if
         any) a DNS label; valid namespaces remembered (a fleet has few, each claim checks one)."""
         meta = claim.metadata
-        if not is_dns_subdomain(meta.name):
+        if DNS_SUBDOMAIN.match(meta.name) is None:  # (`is_dns_subdomain`'s pattern called here: no Python frame per claim)
             return False
         namespace = meta.namespace
         if not namespace or namespace in self._namespaces:
