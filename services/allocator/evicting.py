@@ -68,7 +68,6 @@ from typing import TYPE_CHECKING
 from dralloc.allocator.engine.gang import claim_demand, gang_of, reservation_for
 from dralloc.allocator.engine.inventory import iter_bits
 from dralloc.allocator.engine.moves import MovePlan
-from dralloc.allocator.engine.placement import kind_of
 from dralloc.allocator.reservations import Unit, gang_unit, pod_unit, unit_parts
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaim, ResourceClaimConsumerReference
@@ -366,9 +365,9 @@ def served(engine: Engine, claims: Sequence[ResourceClaim], placed: Sequence[Res
     if not node:
         return False
     inv = engine.inventory
-    kinds = {kind_of(rec) for i in iter_bits(node) if (rec := inv.devices[i]) is not None}
+    kinds = {rec.kind for i in iter_bits(node) if (rec := inv.devices[i]) is not None}
     records = [r for c in placed if (r := engine.ledger.claims.get(c.key)) is not None]
-    held = sum(1 for r in records for e in r.entries if (rec := inv.by_key.get(e.device)) is not None and kind_of(rec) in kinds)
+    held = sum(1 for r in records for e in r.entries if (rec := inv.by_key.get(e.device)) is not None and rec.kind in kinds)
     return sum(claim_demand(c) for c in claims) + held >= node.bit_count()
 
 

@@ -17,6 +17,7 @@ from test_snapshot import claim_event, publish_fleet, standby, state, submit
 from dralloc.allocator import evicting, moving, reservations
 from dralloc.allocator.claims import unit_key
 from dralloc.allocator.decisions import AllocatePod, Decisions, GangComplete
+from dralloc.allocator.engine.inventory import device_kind
 from dralloc.allocator.service import Allocator
 from dralloc.bus import client as bus_client
 from dralloc.bus.streams import REFUSAL_TTL_S
@@ -345,7 +346,7 @@ def test_a_placed_claim_of_another_kind_does_not_make_a_pod_large() -> None:
     for i in range(3):  # (best fit: all on X, 2 GPUs left free there)
         assert book.submitted(claim(f"s{i}", 2), needs_pod=True) is None
         assert [c.node for c in store(book, book.pod_submitted(pod(f"s{i}", f"s{i}")))] == [x]
-    assert book.engine.placement.kinds.free[("gpu.nvidia.com", "gpu")][x] == 2
+    assert book.engine.placement.kinds.free[device_kind("gpu.nvidia.com", "gpu")][x] == 2
     assert book.submitted(claim("own", 4), needs_pod=True) is None
     step = book.pod_submitted(pod("big", "links", "own"))
     assert step == AllocatePod("ml/big")

@@ -16,7 +16,6 @@ import pytest
 
 from dralloc.allocator.engine import Engine
 from dralloc.allocator.engine.inventory import CapacityMaps, _validate_pool, attribute_value, iter_bits, lookup_attribute
-from dralloc.allocator.engine.placement import kind_of
 from dralloc.allocator.engine.topology import NodeTopology
 from dralloc.schemas.resource import Device, DeviceClass, Node, ResourceClaim, ResourceSlice
 
@@ -108,8 +107,8 @@ def _kinds_counted(engine: Engine) -> dict:
         for i in inv.local.ids(node):
             rec = inv.devices[i]
             if rec is not None and not rec.multi:
-                free, total = out.get((kind_of(rec), node), (0, 0))
-                out[(kind_of(rec), node)] = (free + (i not in used), total + 1)
+                free, total = out.get((rec.kind, node), (0, 0))
+                out[(rec.kind, node)] = (free + (i not in used), total + 1)
     return out
 
 

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.inventory import device_kind
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
 NODES = [f"node-{i}" for i in range(6)]
@@ -66,7 +67,7 @@ def _assert_local_indexes_agree(engine: Engine) -> None:
             assert matched == ((verdict.matched & mask) >> topo.lo) & topo.span, (name, key)
             assert failed == ((verdict.failed & mask) >> topo.lo) & topo.span, (name, key)
     of, members = placement.topology.domains()
-    kind = ("gpu.example.com", "gpu")
+    kind = device_kind("gpu.example.com", "gpu")
     if kind in placement.kinds.free and of:
         sums = placement.kinds.domain_free(kind, of)
         for domain, nodes in members.items():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import claim, make_engine
 
-from dralloc.allocator.engine.inventory import counter_parts
+from dralloc.allocator.engine.inventory import counter_parts, device_kind
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import placement as bench
@@ -82,13 +82,12 @@ def test_bench_trace_is_deterministic():
 def test_free_devices_per_kind_stay_in_step_with_the_ledger():
     _, engine = _churn(5)
     from dralloc.allocator.engine.inventory import iter_bits
-    from dralloc.allocator.engine.placement import kind_of
 
     inv, used = engine.inventory, engine.ledger.used_bits
     expected: dict = {}
     for rec in inv.devices:
         if rec is not None and rec.local_node is not None and not rec.multi:
-            key = (kind_of(rec), rec.local_node)
+            key = (rec.kind, rec.local_node)
             expected[key] = expected.get(key, 0) + (not (used >> rec.id) & 1)
     kinds = engine.placement.kinds
     assert {(k, n): v for k, nodes in kinds.free.items() for n, v in nodes.items()} == expected
@@ -96,14 +95,14 @@ def test_free_devices_per_kind_stay_in_step_with_the_ledger():
         for node, free in nodes.items():
             bit = 1 << inv.node_rank[node]
             assert all(bool(kinds.ge[kind][k] & bit) == (k <= free) for k in range(1, len(kinds.ge[kind])))
-            total = sum(1 for i in iter_bits(inv.local.get(node, 0)) if (r := inv.devices[i]) is not None and not r.multi and kind_of(r) == kind)
+            total = sum(1 for i in iter_bits(inv.local.get(node, 0)) if (r := inv.devices[i]) is not None and not r.multi and r.kind == kind)
             assert bool(kinds.whole.get(kind, 0) & bit) == (free == total > 0), (kind, node, free, total)
     # a pool rebuilt (its slice published again) is counted again from the ledger
     gpu_slices = [s for s in engine.inventory.slices.values() if s.spec.pool.name == "h100-sxm-0" and s.spec.devices]
-    before = dict(kinds.free[("gpu.nvidia.com", "gpu")])
+    before = dict(kinds.free[device_kind("gpu.nvidia.com", "gpu")])
     for s in gpu_slices:
         engine.apply(s)
-    assert kinds.free[("gpu.nvidia.com", "gpu")] == before
+    assert kinds.free[device_kind("gpu.nvidia.com", "gpu")] == before
 
 
 def test_bitset_locality_agrees_with_counting_device_by_device():

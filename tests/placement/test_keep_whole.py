@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from conftest import claim, make_engine
 
+from dralloc.allocator.engine.inventory import device_kind
 from dralloc.allocator.engine.keep_whole import KeepWhole
 
-GPU = ("gpu.nvidia.com", "gpu")
+GPU = device_kind("gpu.nvidia.com", "gpu")
 
 
 def allocated(engine, name: str, gpus: int, node: str | None = None) -> str | None:

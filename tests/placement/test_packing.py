@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from conftest import claim, make_engine
 
+from dralloc.allocator.engine.inventory import device_kind
 from dralloc.allocator.engine.placement import _hole_order
 
 
@@ -22,7 +23,7 @@ def test_one_gpu_goes_where_it_leaves_four_free_not_three():
     assert outcome.node == "l40s-pcie-1"  # leaves 4 there (and 4 on l40s-pcie-0): two 4-GPU holes
     assert engine.allocate([claim("four-a", 4)])[0].node in {"l40s-pcie-0", "l40s-pcie-1"}
     assert engine.allocate([claim("four-b", 4)])[0].node in {"l40s-pcie-0", "l40s-pcie-1"}
-    assert engine.placement.kinds.free[("gpu.nvidia.com", "gpu")]["l40s-pcie-2"] == 8  # the whole node stays whole
+    assert engine.placement.kinds.free[device_kind("gpu.nvidia.com", "gpu")]["l40s-pcie-2"] == 8  # the whole node stays whole
 
 
 def test_pure_best_fit_would_have_left_a_three_gpu_hole():

@@ -271,8 +271,9 @@ def _in_order(inv: Inventory, matched: int, mask: int, order: list[int]) -> list
     devices = inv.devices
     if matched == mask:
         # every device of the node (a class of the node's only kind): the order as it is, no
-        # bit to test per device
-        return list(map(devices.__getitem__, order))  # type: ignore[arg-type]  # ids from a live bitset name live devices (None marks only a removed id)
+        # bit to test per device (a comprehension: compiled, `list(map(devices.__getitem__, ...))`
+        # called the bound method through Python's call protocol per device)
+        return [devices[i] for i in order]  # type: ignore[misc]  # ids from a live bitset name live devices (None marks only a removed id)
     low = (mask & -mask).bit_length() - 1
     if mask.bit_length() - low <= SPAN_MAX:
         local = matched >> low

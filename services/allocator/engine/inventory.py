@@ -58,8 +58,34 @@ at every lookup, and the ledger looks a MIG slice's dozen counters up whenever i
 CounterSetKey = str
 """(driver, pool, counter set) as one string (`counter_key`); a pool maps each counter's key to
 its set's (`Pool.counter_sets`)."""
-DeviceKind = tuple[str, ...]
-"""(driver, NVIDIA-style `type`): what best fit counts free devices of (placement.py `kind_of`)."""
+DeviceKind = str
+"""A driver and NVIDIA-style `type` (`device_kind`): what best fit counts free devices of
+(placement.py). One string, as counter keys are: its hash is kept, where a tuple's is made again
+at each of the half dozen lookups a charge makes per device."""
+
+
+def device_kind(driver: str, type_: str) -> DeviceKind:
+    """The kind of a driver's devices of a `type`: ``<length of driver>:<driver>/<type>``, the
+    length first so that no two pairs make one kind whatever a driver's name holds. Each made
+    once (`_DEVICE_KINDS`): the records of a fleet share a few."""
+    by_type = _DEVICE_KINDS.get(driver)
+    if by_type is None:
+        if len(_DEVICE_KINDS) >= DEVICE_KINDS_KEPT:  # (hostile slices may name any number: made again when needed)
+            _DEVICE_KINDS.clear()
+        by_type = _DEVICE_KINDS[driver] = {}
+    kind = by_type.get(type_)
+    if kind is None:
+        if len(by_type) >= DEVICE_KINDS_KEPT:
+            by_type.clear()
+        kind = by_type[type_] = f"{len(driver)}:{driver}/{type_}"
+    return kind
+
+
+_DEVICE_KINDS: dict[str, dict[str, DeviceKind]] = {}
+"""Driver -> type -> its kind (`device_kind`)."""
+
+DEVICE_KINDS_KEPT = 10_000
+"""Drivers, and types of one driver, whose kinds `_DEVICE_KINDS` keeps before it starts over."""
 
 
 def counter_key(*parts: str) -> str:
@@ -139,6 +165,7 @@ class DeviceRec:
         "room_at",
         "room_ok",
         "default_use",
+        "kind",
     )
 
     def __init__(
@@ -209,6 +236,10 @@ class DeviceRec:
         self.default_use: Any = NOT_YET
         """What a request without capacity requests consumes of it (plan.consumed_capacity; computed
         once, on first use; read-only: shared by every such request)."""
+        type_ = spec.attributes.get("type")
+        self.kind: DeviceKind = device_kind(driver, type_.string if type_ is not None and type_.string else "")
+        """Its driver and NVIDIA-style `type` (gpu, mig, nic, ...): what best fit counts (placement.py
+        `KindIndex`), read at every charge of it (looked up from its attributes there, ~0.3 us)."""
 
     def __repr__(self) -> str:
         return f"DeviceRec({self.id}, {self.label})"

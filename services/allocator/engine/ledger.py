@@ -17,7 +17,7 @@ the counters describe the hardware partition, which exists once).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dralloc.allocator.engine.inventory import CounterKey, DeviceRec, DevKey, Inventory, Pool, bits_of, counter_prefix
@@ -198,6 +198,11 @@ class Ledger:
         the whole pool, which may span nodes): once a record, however many of its devices a node
         has, so that `touched` logs each change of a node once (Misfits reads it per claim shape)."""
         pools = self.inv.pools
+        if len(recs) == 1:  # (most records: without the dict and set below)
+            rec = recs[0]
+            pool = pools.get((rec.driver, rec.pool))
+            self._changed(pool.nodes() if pool is not None else (rec.local_node,))
+            return
         nodes: dict[str | None, None] = {}  # (ordered, each once)
         seen: set[tuple[str, str]] = set()
         for rec in recs:
@@ -211,6 +216,10 @@ class Ledger:
             seen.add(key)
             for node in pool.nodes():
                 nodes[node] = None
+        self._changed(nodes)
+
+    def _changed(self, nodes: Iterable[str | None]) -> None:
+        """A change counted for each of `nodes` (None: a device local to no node), in order."""
         changes = self.node_changes
         touched = self.touched
         if len(touched) >= TOUCHED_KEPT:

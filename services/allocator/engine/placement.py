@@ -42,10 +42,8 @@ device's Kubernetes order.
 
 from __future__ import annotations
 
-from bisect import insort
 from collections.abc import Callable, Iterator
 from itertools import chain
-from operator import neg
 from typing import TYPE_CHECKING
 
 from dralloc.allocator.engine.filters import room_for
@@ -491,7 +489,7 @@ class Placement:
         known = self.verdicts.known(demand[0][0])
         matched = known.matched if known is not None else 0
         rec = self.inv.devices[matched.bit_length() - 1] if matched else None
-        return kind_of(rec) if rec is not None else None
+        return rec.kind if rec is not None else None
 
     def _fit_order(self, viable: int, kind: DeviceKind | None = None, need: int = 1) -> Iterator[int]:
         """Known node ranks in best-fit order.
@@ -1063,12 +1061,6 @@ def nodes_in_words(names: list[str]) -> str:
     return f"node{'s' if len(names) > 1 else ''} {shown}"
 
 
-def kind_of(rec: DeviceRec) -> DeviceKind:
-    """A device's kind for best fit: its driver and NVIDIA-style `type` (gpu, mig, nic, ...)."""
-    attr = rec.spec.attributes.get("type")
-    return (rec.driver, attr.string if attr is not None and attr.string else "")
-
-
 def _group_key(g: tuple[int, ...], holding: list[set[int]], totals: list[dict[int, int]]) -> _SortKey:
     """`Placement._slot_order`'s key of a device by its groups `g` (per level): the levels where it
     is in a group that holds every slot (0) or not (1), the tightest such level's fit, then best
@@ -1139,15 +1131,23 @@ class KindIndex:
         """The ledger took (+1) or freed (-1) one record's exclusive devices: each node's and kind's
         free count, and each claim's holding on a node, changes once for them all."""
         keep = self.keep is not None and self.keep.factor > 0 and sign > 0
-        if keep and len(recs) > 1:
-            for rec in recs:  # keep_whole's clock reads each device's charge in turn (`_seen`)
-                self._charge([rec], sign)
+        if len(recs) == 1:
+            self._charge_one(recs[0], sign, keep)
             return
-        counts: dict[tuple[str, DeviceKind], int] = {}  # (node, kind) -> devices
-        holds: dict[tuple[str, str], int] = {}  # (node, claim) -> devices
+        if keep:
+            for rec in recs:  # keep_whole's clock reads each device's charge in turn (`_seen`)
+                self._charge_one(rec, sign, keep)
+            return
+        # runs of devices of one node and kind, and of one node and claim (a record's devices are
+        # mostly one run): counted as they come, not in dicts keyed by a tuple per device. A
+        # (node, kind) in two runs is set twice, which leaves the counts as once would.
+        counts: list[tuple[str, DeviceKind, int]] = []
+        holds: list[tuple[str, str, int]] = []
+        run_node = run_kind = hold_node = hold_claim = ""
+        run_n = hold_n = 0
         exclusive, held, local, used_local = self.ledger.exclusive, self.held, self.inv.local, self.used_local
         # the node's devices in use as one (lo, bits) read and written once per run of devices on
-        # it (a record's devices are mostly one node's), not a tuple made and stored per device
+        # it, not a tuple made and stored per device
         at_node: str | None = None
         at = bits = 0
         for rec in recs:
@@ -1165,25 +1165,74 @@ class KindIndex:
             bits = bits | bit if sign > 0 else bits ^ (bits & bit)
             if rec.multi:
                 continue
-            key = (node, kind_of(rec))
-            counts[key] = counts.get(key, 0) + 1
+            kind = rec.kind
+            if run_n and node == run_node and kind == run_kind:
+                run_n += 1
+            else:
+                if run_n:
+                    counts.append((run_node, run_kind, run_n))
+                run_node, run_kind, run_n = node, kind, 1
             # the ledger names the holder before it charges a device and forgets it before it frees one
             if sign > 0:
                 claim = exclusive.get(rec.key)
-                if claim is not None:
-                    holder = held[rec.id] = (node, claim)
-                    holds[holder] = holds.get(holder, 0) + 1
-            elif (was := held.pop(rec.id, None)) is not None:
-                holds[was] = holds.get(was, 0) + 1
+                if claim is None:
+                    continue
+                held[rec.id] = (node, claim)
+                holder = node
+            else:
+                was = held.pop(rec.id, None)
+                if was is None:
+                    continue
+                holder, claim = was
+            if hold_n and holder == hold_node and claim == hold_claim:
+                hold_n += 1
+            else:
+                if hold_n:
+                    holds.append((hold_node, hold_claim, hold_n))
+                hold_node, hold_claim, hold_n = holder, claim, 1
         if at_node is not None:
             used_local[at_node] = (at, bits)
-        for (node, kind), n in counts.items():
+        if run_n:
+            counts.append((run_node, run_kind, run_n))
+        if hold_n:
+            holds.append((hold_node, hold_claim, hold_n))
+        for node, kind, n in counts:
             free = self.free.get(kind)
             self._set(kind, node, (free.get(node, 0) if free is not None else 0) - sign * n)
-        for (node, claim), n in holds.items():
+        for node, claim, n in holds:
             self._hold(node, claim, sign * n)
-            if keep:  # (one device: `_seen` reads the counts with it charged)
-                self._seen(next(iter(counts))[1], node, claim)
+
+    def _charge_one(self, rec: DeviceRec, sign: int, keep: bool) -> None:
+        """`_charge` of one device (most records hold one): as the loop there does, without its
+        dicts of counts and holds and the tuples that key them (a third of a charge's work)."""
+        node = rec.local_node
+        if node is None:
+            return
+        used_local = self.used_local
+        hit = used_local.get(node)
+        at, bits = hit if hit is not None else (self.inv.local.span(node)[0], 0)
+        if rec.id < at:  # (a node's ids only grow, but keep it right if one did not)
+            bits, at = bits << (at - rec.id), rec.id
+        bit = 1 << (rec.id - at)
+        used_local[node] = (at, bits | bit if sign > 0 else bits ^ (bits & bit))
+        if rec.multi:
+            return
+        kind = rec.kind
+        free = self.free.get(kind)
+        self._set(kind, node, (free.get(node, 0) if free is not None else 0) - sign)
+        if sign > 0:
+            claim = self.ledger.exclusive.get(rec.key)
+            if claim is None:
+                return
+            self.held[rec.id] = (node, claim)
+        else:
+            was = self.held.pop(rec.id, None)
+            if was is None:
+                return
+            node, claim = was
+        self._hold(node, claim, sign)
+        if keep:  # (one device: `_seen` reads the counts with it charged)
+            self._seen(kind, node, claim)
 
     def _seen(self, kind: DeviceKind, node: str, claim: str) -> None:
         """A device of `claim` charged on `node`: its first there is a claim placed (a tick of
@@ -1229,7 +1278,10 @@ class KindIndex:
             by_claims[after] = had | bit
             if not had:
                 first = self.most_claims_first.copy() if first is None else first
-                insort(first, after, key=neg)
+                at = 0  # (the list is short, the largest first: a walk, not `insort` calling a key function)
+                while at < len(first) and first[at] > after:
+                    at += 1
+                first.insert(at, after)
         if first is not None:
             self.most_claims_first = first
 
@@ -1268,7 +1320,7 @@ class KindIndex:
                 held |= 1 << (i - lo)
             rec = inv.devices[i]
             if rec is not None and not rec.multi:
-                kind = kind_of(rec)
+                kind = rec.kind
                 counts[kind] = counts.get(kind, 0) + (i not in used)  # (a set: no fleet-wide shift per device)
                 totals[kind] = totals.get(kind, 0) + 1
         self.used_local[node] = (lo, held)
@@ -1290,7 +1342,7 @@ class KindIndex:
             if i in used:
                 held |= 1 << (i - lo)
             if not rec.multi:
-                kind = kind_of(rec)
+                kind = rec.kind
                 counts[kind] = counts.get(kind, 0) + (i not in used)
                 totals[kind] = totals.get(kind, 0) + 1
         self.used_local[node] = (lo, held)
