@@ -10,6 +10,7 @@ import random
 import msgspec
 
 from dralloc.allocator.engine import Engine
+from dralloc.allocator.engine.inventory import DEVICE_KINDS_KEPT, device_kind
 from dralloc.schemas.resource import DeviceClass, Node, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.example.com"
@@ -105,3 +106,15 @@ def test_claim_counts_are_listed_largest_first_as_they_come_and_go():
         assert kinds.most_claims_first == sorted((n for n, ranks in kinds.by_claims.items() if ranks), reverse=True)
         seen.add(tuple(kinds.most_claims_first))
     assert (3, 2, 1) in seen and (3, 1) in seen  # a count added below and above others, one taken from the middle
+
+
+def test_no_two_driver_and_type_pairs_make_one_kind():
+    """A device kind is one string (`device_kind`): however a hostile slice names its driver or its
+    type, two different pairs never count as one kind, and the same pair is the same string."""
+    pairs = [("a/b", "c"), ("a", "b/c"), ("a", "bc"), ("ab", "c"), ("1:a", "b"), ("", "1:a/b"), ("a", "")]
+    kinds = [device_kind(driver, type_) for driver, type_ in pairs]
+    assert len(set(kinds)) == len(pairs)
+    assert [device_kind(driver, type_) for driver, type_ in pairs] == kinds
+    for i in range(DEVICE_KINDS_KEPT + 5):  # past what the cache keeps: still the same answers
+        device_kind(f"d{i}.example.com", "gpu")
+    assert [device_kind(driver, type_) for driver, type_ in pairs] == kinds

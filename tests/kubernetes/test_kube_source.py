@@ -11,7 +11,7 @@ from kube_emulator import ApiServer
 from kube_objects import CLASS, claim, node_slice
 
 from dralloc.bus import Bus, embedded_nats
-from dralloc.ingestor.kubernetes import KubernetesSource, KubeSourceOptions
+from dralloc.ingestor.kubernetes import UNKNOWN_REPORTED, KubernetesSource, KubeSourceOptions
 from dralloc.ingestor.sources import SourceEvent
 from dralloc.kube import KubeSettings
 from dralloc.schemas import events as ev
@@ -275,3 +275,15 @@ async def test_api_errors_are_retried(apiserver: ApiServer, start: Any) -> None:
     run = start()
     assert names(await run.take(1)) == [("submitted", "default/a")]
     assert any("503" in p for p in run.problems)
+
+
+async def test_a_flood_of_made_up_fields_is_said_in_a_bounded_number_of_lines(apiserver: ApiServer, start: Any) -> None:
+    """Thousands of distinct unknown fields (no Kubernetes has them: a hostile or broken API
+    server) give UNKNOWN_REPORTED lines and one saying no more will be; every claim still goes on."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", **{f"made{i}": i for i in range(UNKNOWN_REPORTED * 3)}}}
+    apiserver.apply(claim("a") | {"spec": {"devices": {"requests": [request]}}})
+    apiserver.apply(claim("b") | {"spec": {"devices": {"requests": [{**request, "other": 1}]}}})
+    run = start()
+    assert sorted(names(await run.take(2))) == [("submitted", "default/a"), ("submitted", "default/b")]
+    assert len(run.problems) == UNKNOWN_REPORTED + 1
+    assert run.problems[-1] == f"resourceclaims: more than {UNKNOWN_REPORTED} fields dralloc does not know; no more are reported in this run"
