@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
-
 from dralloc.allocator.engine.gang import gang_of
 from dralloc.allocator.reservations import gang_unit
 from dralloc.schemas import events as ev
@@ -34,8 +32,3 @@ def ended_in_error(decision: ev.AllocationEvent | None, claim: ResourceClaim) ->
 def allocation_of(claim: ResourceClaim) -> AllocationResult | None:
     """The allocation the claim arrived with (`status.allocation`), if any."""
     return claim.status.allocation if claim.status is not None else None
-
-
-def same_allocation(a: AllocationResult, b: AllocationResult) -> bool:
-    """The same devices, config and node selector (when it was written is not what was written)."""
-    return msgspec.structs.replace(a, allocation_timestamp=None) == msgspec.structs.replace(b, allocation_timestamp=None)

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from dralloc.allocator import gangs, pod_units
-from dralloc.allocator.claims import allocation_of, ended_in_error, same_allocation, same_generation, unit_key
+from dralloc.allocator.claims import allocation_of, ended_in_error, same_generation, unit_key
 from dralloc.allocator.engine import Engine, Outcome
 from dralloc.allocator.engine.gang import gang_of
 from dralloc.allocator.evicting import Evictions
@@ -37,6 +37,7 @@ from dralloc.allocator.inventory_intake import apply_inventory, node_binding_pro
 from dralloc.allocator.reservations import RESERVED_WORDS, Reservations, Unit, gang_unit
 from dralloc.allocator.steps import Adopt, Allocate, AllocatePod, GangComplete, GangPlan, PodPlan, failure_event
 from dralloc.schemas import events as ev
+from dralloc.schemas.allocation import same_allocation
 from dralloc.schemas.resource import AllocationResult, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus
 
 __all__ = [

@@ -61,6 +61,7 @@ from dralloc import telemetry
 from dralloc.bus import Permanent
 from dralloc.kube import KubeSettings, api_client, body_of, check_settings, describe, merge_patch
 from dralloc.schemas import events as ev
+from dralloc.schemas.allocation import same_allocation
 from dralloc.schemas.limits import json_problem
 from dralloc.schemas.resource import AllocationResult, ResourceClaim
 from dralloc.statuswriter.evictions import Evictor
@@ -108,14 +109,6 @@ def consumer_of(claim: ResourceClaim) -> list[dict[str, str]]:
     return []
 
 
-def same_allocation(a: AllocationResult, b: AllocationResult) -> bool:
-    """Equal devices, config and node selector (the timestamp is when it was written, not what)."""
-    strip = {"allocationTimestamp"}
-    left = {k: v for k, v in msgspec.to_builtins(a).items() if k not in strip}
-    right = {k: v for k, v in msgspec.to_builtins(b).items() if k not in strip}
-    return left == right
-
-
 class KubernetesSink:
     """A `StatusSink` writing `ResourceClaim.status` through the API server (see the module doc)."""
 
@@ -142,8 +135,8 @@ class KubernetesSink:
         self.report = report or _log_result
         self._locks: dict[str, list[Any]] = {}
         """claim key -> [lock, users]: writes to one claim are serialised."""
-        self._written: dict[str, dict[str, Any]] = {}
-        """claim uid -> the allocation this writer wrote (as JSON), to recognise it again on release."""
+        self._written: dict[str, AllocationResult] = {}
+        """claim uid -> the allocation this writer wrote, to recognise it again on release."""
         self._foreign: set[str] = set()
         """uids of claims found allocated by someone else: their allocation is never cleared here."""
         self.events = EventRecorder(self._made_client)
@@ -250,7 +243,7 @@ class KubernetesSink:
                         Outcome.KEPT_FOREIGN,
                         f"the claim is already allocated elsewhere ({_devices(have)}); dralloc's allocation ({_devices(want)}) was not written",
                     )
-                self._written[current.metadata.uid or ""] = want_json
+                self._written[current.metadata.uid or ""] = want
                 missing = [r for r in reserved if r["uid"] not in {c.uid for c in status.reserved_for}]
                 if not missing:
                     return Result(event.key, Outcome.UNCHANGED)
@@ -264,7 +257,7 @@ class KubernetesSink:
                         continue  # changed meanwhile: read it again
                 patch = {"status": {"allocation": want_json, **({"reservedFor": reserved} if reserved else {})}}
             if await self._patch(namespace, name, current, patch):
-                self._written[current.metadata.uid or ""] = want_json
+                self._written[current.metadata.uid or ""] = want
                 return Result(event.key, Outcome.WRITTEN, _devices(want))
         raise ConflictRetriesExhausted(f"{event.key}: status kept changing during {MAX_ATTEMPTS} attempts")
 
@@ -282,7 +275,7 @@ class KubernetesSink:
             if event.allocation is not None:  # the allocator says what it releases: clear only that
                 foreign = not same_allocation(have, event.allocation)
             else:
-                foreign = current.metadata.uid in self._foreign or (ours is not None and ours != msgspec.to_builtins(have))
+                foreign = current.metadata.uid in self._foreign or (ours is not None and not same_allocation(have, ours))
             if foreign:
                 return Result(event.key, Outcome.KEPT_FOREIGN, f"the allocation there ({_devices(have)}) is not dralloc's; kept")
             if await self._patch(event.namespace, event.name, current, {"status": {"allocation": None, "reservedFor": None}}):

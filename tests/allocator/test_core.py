@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -23,12 +24,16 @@ ONE_NODE = [{"profile": "h100-sxm", "count": 1, "prefix": "n"}]  # 8 GPUs
 CLIQUES = [{"profile": "gb200-nvl72", "count": 2, "prefix": "a"}, {"profile": "gb200-nvl72", "count": 2, "prefix": "b"}]
 
 
-def book_over(fleet: list[dict], max_gang: int = 8) -> Decisions:
+def book_over(fleet: list[dict], max_gang: int = 8, **device: Any) -> Decisions:
+    """A book over the fleet's slices and the example classes; `device`: fields set on every device."""
     book = Decisions(max_gang=max_gang)
     for event in events_from_manifests(load_paths([str(CLASSES)]), print):
         book.apply_inventory(event)
     for _, slices in build_fleet(fleet):
         for s in slices:
+            if device:
+                devices = [msgspec.structs.replace(d, **device) for d in s.spec.devices]
+                s = msgspec.structs.replace(s, spec=msgspec.structs.replace(s.spec, devices=devices))
             book.apply_inventory(ev.ResourceSlicePublished(slice=s))
     return book
 

@@ -90,6 +90,29 @@ def test_the_cluster_holding_another_allocation_releases_ours_then_adopts_it() -
     assert book.submitted(theirs, cluster=True, needs_pod=True) is None  # agrees now
 
 
+def test_our_allocation_without_the_fields_the_cluster_s_gates_drop_is_still_ours() -> None:
+    # Binding conditions off in the API server (the slices, written while they were on, keep them):
+    # the status it stores lacks them. Still dralloc's allocation: nothing released, nothing redone.
+    book = book_over(TWO_NODES, binding_conditions=["attached"], binding_failure_conditions=["failed"])
+    mine = claim("c")
+    book.submitted(mine, needs_pod=True)
+    (ours,) = store(book, book.pod_submitted(pod("p", "c")))
+    written = ours.allocation.devices.results
+    assert written[0].binding_conditions == ["attached"]
+    stripped = [msgspec.structs.replace(r, binding_conditions=[], binding_failure_conditions=[]) for r in written]
+    kept = msgspec.structs.replace(
+        ours.allocation, devices=msgspec.structs.replace(ours.allocation.devices, results=stripped), allocation_timestamp="2026-12-04T23:30:00Z"
+    )
+    seen = msgspec.structs.replace(ours.claim, status=msgspec.structs.replace(ours.claim.status, allocation=kept))
+    assert book.submitted(seen, cluster=True, needs_pod=True) is None
+    assert book.submitted(seen, cluster=True, needs_pod=True) is None  # seen again: still agrees
+    # Another device there is another allocation: released as before.
+    other = [msgspec.structs.replace(stripped[0], device="gpu-7" if stripped[0].device != "gpu-7" else "gpu-6")]
+    theirs = msgspec.structs.replace(kept, devices=msgspec.structs.replace(kept.devices, results=other))
+    release = book.submitted(msgspec.structs.replace(seen, status=msgspec.structs.replace(seen.status, allocation=theirs)), cluster=True, needs_pod=True)
+    assert isinstance(release, ev.AllocationReleased)
+
+
 def test_a_deallocation_by_the_cluster_is_mirrored_but_our_write_in_flight_is_not_one() -> None:
     book = book_over(TWO_NODES)
     c = claim("c")

@@ -196,6 +196,9 @@ class ApiServer(KubernetesScaffold):
     claim_controller: bool = False
     """Play the resourceclaim controller's part for a Pod that is gone (`_unreserve`); off by default,
     as the tests written before it expect nothing of it."""
+    disabled_gates: set[str] = attrs.field(factory=set, init=False)
+    """Test control: feature gates switched off; a claim's status write loses their result fields
+    unless the claim used them before (`_drop_disabled_status_fields`)."""
     before_write: list[Any] = attrs.field(factory=list, init=False)
     """Test control: callables `(subresource, key, body)` run when a client's replace or patch
     arrives, before it is applied (another client's write landing first: a race made exact)."""
@@ -550,6 +553,8 @@ class ApiServer(KubernetesScaffold):
                 else:
                     result.pop("status", None)
         result["apiVersion"], result["kind"] = kind.api_version, kind.kind
+        if status and kind.plural == "resourceclaims":
+            self._drop_disabled_status_fields(current, result)
         self._validate(kind, current, result)
         self.writes.append((verb, "status" if status else "", key))
         meta = result["metadata"]
@@ -557,6 +562,29 @@ class ApiServer(KubernetesScaffold):
             self._commit(kind, key, result, "DELETED", delete=True)
             return result
         return self._store(kind, key, result, "MODIFIED", spec_of=current)
+
+    GATED_RESULT_FIELDS = {
+        "DRAAdminAccess": ("adminAccess",),
+        "DRAConsumableCapacity": ("shareID", "consumedCapacity"),
+        "DRADeviceBindingConditions": ("bindingConditions", "bindingFailureConditions"),
+        "DRAOptionalNodeOperations": ("skipNodeOperations",),
+    }
+    """The result fields the API server's status strategy drops per feature gate (dropDisabledStatusFields)."""
+
+    def _drop_disabled_status_fields(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """As the API server's ResourceClaim status strategy: the result fields of a gate that is off
+        are dropped, unless the claim's allocation as stored uses them already."""
+
+        def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+            return (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+
+        for gate in self.disabled_gates:
+            names = self.GATED_RESULT_FIELDS[gate]
+            if any(name in result for result in results(old) for name in names):
+                continue  # in use: kept
+            for result in results(new):
+                for name in names:
+                    result.pop(name, None)
 
     def _store(self, kind: Kind, key: Key, obj: dict[str, Any], event: str, spec_of: dict[str, Any]) -> dict[str, Any]:
         if obj.get("spec") != spec_of.get("spec"):

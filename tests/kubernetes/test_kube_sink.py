@@ -182,3 +182,38 @@ async def test_a_restarted_writer_clears_only_the_allocation_the_allocator_relea
     await fresh.released(msgspec.structs.replace(released(stored), allocation=committed(stored, theirs).allocation))
     assert results[-1].outcome is Outcome.CLEARED
     assert "allocation" not in (apiserver.read("resourceclaims", "default", "c").get("status") or {})
+
+
+async def test_fields_a_server_drops_leave_the_allocation_dralloc_s(apiserver: ApiServer, sink: KubernetesSink, results: list[Result]) -> None:
+    """With binding conditions and consumable capacity off in the API server (a slice written while
+    they were on keeps its fields), the server drops them from the allocation dralloc writes: that
+    allocation is still dralloc's, so a redelivery changes nothing and the release clears it."""
+    apiserver.disabled_gates |= {"DRADeviceBindingConditions", "DRAConsumableCapacity"}
+    ours = copy.deepcopy(ALLOCATION)
+    ours["devices"]["results"][0].update(
+        bindingConditions=["attached"], bindingFailureConditions=["failed"], shareID="0b1c2d3e-0000-4000-8000-000000000000", consumedCapacity={"memory": "8Gi"}
+    )
+    stored = apiserver.apply(claim(ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u", "controller": True}]))
+    await sink.committed(committed(stored, ours))
+    assert results[-1].outcome is Outcome.WRITTEN
+    assert apiserver.read("resourceclaims", "default", "c")["status"]["allocation"] == ALLOCATION  # the gated fields dropped
+    await sink.committed(committed(stored, ours))  # redelivered
+    assert results[-1].outcome is Outcome.UNCHANGED
+    await sink.released(released(stored))  # what this writer wrote, recognised
+    assert results[-1].outcome is Outcome.CLEARED
+    assert "allocation" not in (apiserver.read("resourceclaims", "default", "c").get("status") or {})
+    # A restarted writer, told which allocation is released, recognises it too.
+    stored = apiserver.read("resourceclaims", "default", "c")
+    await sink.committed(committed(stored, ours))
+    fresh = KubernetesSink(api=sink._api, report=results.append)
+    await fresh.released(msgspec.structs.replace(released(stored), allocation=committed(stored, ours).allocation))
+    assert results[-1].outcome is Outcome.CLEARED
+
+
+async def test_a_server_with_the_gates_on_keeps_the_fields(apiserver: ApiServer, sink: KubernetesSink, results: list[Result]) -> None:
+    # (the emulator's gates: on unless switched off, so the test above is about the drop)
+    ours = copy.deepcopy(ALLOCATION)
+    ours["devices"]["results"][0].update(bindingConditions=["attached"])
+    stored = apiserver.apply(claim())
+    await sink.committed(committed(stored, ours))
+    assert apiserver.read("resourceclaims", "default", "c")["status"]["allocation"] == ours
