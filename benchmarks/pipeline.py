@@ -374,6 +374,8 @@ class Verdict:
     double_allocated_devices: int
     latencies_ms: list[float]
     commit_times: list[float]
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+    """Each duplicated claim's outcomes, described (a failing check says what was written)."""
 
 
 def check(claims: Iterable[Stored], allocations: Iterable[Stored], names: set[str] | None = None) -> Verdict:
@@ -416,7 +418,19 @@ def check(claims: Iterable[Stored], allocations: Iterable[Stored], names: set[st
         double_allocated_devices=double,
         latencies_ms=latencies,
         commit_times=sorted(commits),
+        duplicates={k: [_outcome(s) for s in outcomes[k]] for k in keys if len(outcomes.get(k, [])) > 1},
     )
+
+
+def _outcome(stored: Stored) -> str:
+    """One outcome in words: its sequence, what it is, where or why, and the term that wrote it."""
+    event, headers = stored.event, stored.headers or {}
+    what = (
+        f"committed on {event.node}"
+        if isinstance(event, ev.AllocationCommitted)
+        else f"failed ({getattr(event, 'reason', '')}: {getattr(event, 'message', '')})"
+    )
+    return f"#{stored.seq} {what}, epoch {headers.get('Dralloc-Epoch', '?')}, id {headers.get('Nats-Msg-Id', '?')}"
 
 
 # --- the run ------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ async def test_no_claim_lost_or_doubled_and_no_device_given_twice_under_kills_an
             verdict = await settle(bus, set(CLAIMS), 30)
 
             assert sum("kill -9" in e for e in events) >= 2 and sum("nats-server" in e for e in events) >= 2, events
-            assert (verdict.submitted, verdict.lost, verdict.duplicated) == (len(CLAIMS), 0, 0)
+            assert (verdict.submitted, verdict.lost, verdict.duplicated) == (len(CLAIMS), 0, 0), verdict.duplicates
             decisions, claims = StreamReader(bus, "ALLOCATIONS"), StreamReader(bus, "CLAIMS")
             await decisions.read_new()
             await claims.read_new()

@@ -38,6 +38,7 @@ def test_lost_duplicated_and_double_allocated_are_counted():
     verdict = check([a, b, c], [committed(1, 2, a, "gpu-0"), committed(2, 2, b, "gpu-0", "gpu-1"), committed(3, 3, b, "gpu-2")])
     assert verdict.lost == 1  # c
     assert verdict.duplicated == 1  # b twice
+    assert [d.split(",")[0] for d in verdict.duplicates[b.event.claim.key]] == ["#2 committed on None", "#3 committed on None"]  # what was written, in words
     assert verdict.double_allocated_devices == 1  # gpu-0 held by a when b got it
 
 

@@ -33,7 +33,7 @@ async def test_streams_are_replicated_and_nothing_is_lost_while_servers_restart_
             await chaos_task
 
             assert stack.nats.restarts >= 2 and sum("kill -9" in e for e in events) >= 2, events
-            assert (verdict.submitted, verdict.lost, verdict.duplicated) == (len(CLAIMS), 0, 0)
+            assert (verdict.submitted, verdict.lost, verdict.duplicated) == (len(CLAIMS), 0, 0), verdict.duplicates
             decisions, claims = StreamReader(bus, "ALLOCATIONS"), StreamReader(bus, "CLAIMS")
             await decisions.read_new()
             await claims.read_new()

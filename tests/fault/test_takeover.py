@@ -42,7 +42,7 @@ async def test_standby_takes_over_after_the_leader_is_killed():
         took = time.monotonic() - killed_at
 
         assert second == standby.pid
-        assert verdict.lost == 0 and verdict.duplicated == 0
+        assert verdict.lost == 0 and verdict.duplicated == 0, verdict.duplicates
         assert took < 12, f"the standby needed {took:.1f}s"  # lease ttl 2 s in the stack + rebuild; ack_wait is 10 s
         decisions = StreamReader(bus, "ALLOCATIONS")
         await decisions.read_new()
@@ -73,7 +73,7 @@ async def test_a_paused_leader_is_deposed_and_never_commits_after_its_successor(
         await asyncio.sleep(1.0)  # time for any late write of the old leader to land (it must not)
 
         assert await stack.leader_pid(bus) == second
-        assert verdict.lost == 0 and verdict.duplicated == 0
+        assert verdict.lost == 0 and verdict.duplicated == 0, verdict.duplicates
         decisions, claims = StreamReader(bus, "ALLOCATIONS"), StreamReader(bus, "CLAIMS")
         await decisions.read_new()
         await claims.read_new()
