@@ -8,7 +8,9 @@ claim is read again and the decision re-made. Decisions, per event:
 committed
     no allocation yet -> write `status.allocation` (and `reservedFor` when the
     claim names its consumer: the Pod that owns it as controller);
-    the same allocation already there -> nothing to do (a redelivered event);
+    the same allocation already there -> nothing to do (a redelivered event;
+    the same as `dralloc.schemas.allocation` says: the result fields of a
+    feature gate that is off, dropped by the API server, are no difference);
     a different allocation -> never overwritten: it came from elsewhere, it is
     reported and left alone;
     claim gone, or re-created under the same name (another uid) -> nothing.
