@@ -327,7 +327,11 @@ class Stored:
 
 
 class StreamReader:
-    """Reads a stream from the start, a little more on each call; survives server restarts."""
+    """Reads a stream from the start, a little more on each call; survives server restarts.
+
+    Each stored message is taken once, by its sequence: a reading consumer whose server restarts
+    mid-scan may deliver what it delivered already (a replica's view of how far it got), and a
+    read cut short keeps what it took (a read that raised is resumed after it, not before)."""
 
     def __init__(self, bus: Bus, stream: str) -> None:
         self.bus, self.stream = bus, stream
@@ -335,19 +339,21 @@ class StreamReader:
         self.seen: list[Stored] = []
 
     async def read_new(self) -> list[Stored]:
-        new: list[Stored] = []
+        """What the stream stored since the last call (raises if the server is away: call again)."""
+        first = len(self.seen)
+        await self.bus.scan(self.stream, self.take, start_seq=self.next_seq)
+        return self.seen[first:]
 
-        def take(msg: StoredMessage) -> None:
-            try:
-                event: ev.Event | None = ev.decode(msg.data)
-            except ev.EventDecodeError:
-                event = None
-            new.append(Stored(msg.sequence, _epoch(msg), msg.subject, event, msg.headers))
-            self.next_seq = msg.sequence + 1
-
-        await self.bus.scan(self.stream, take, start_seq=self.next_seq)
-        self.seen += new
-        return new
+    def take(self, msg: StoredMessage) -> None:
+        """One message the scan delivered, into `seen` unless it was taken already."""
+        if msg.sequence < self.next_seq:
+            return  # delivered again: the same stored message, not another
+        try:
+            event: ev.Event | None = ev.decode(msg.data)
+        except ev.EventDecodeError:
+            event = None
+        self.seen.append(Stored(msg.sequence, _epoch(msg), msg.subject, event, msg.headers))
+        self.next_seq = msg.sequence + 1
 
 
 # --- claims and the check ------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import msgspec
-from pipeline import Stored, check, claim_event
+from pipeline import Stored, StreamReader, check, claim_event
 
+from dralloc.bus import StoredMessage
 from dralloc.schemas import events as ev
 from dralloc.schemas.resource import ResourceClaimStatus
 
@@ -45,3 +46,16 @@ def test_lost_duplicated_and_double_allocated_are_counted():
 def test_a_released_device_may_be_given_again():
     a, b = submitted("a", 1), submitted("b", 1)
     assert check([a, b], [committed(1, 2, a, "gpu-0"), released(2, a), committed(3, 3, b, "gpu-0")]).double_allocated_devices == 0
+
+
+def test_the_reader_takes_each_stored_message_once() -> None:
+    """A reading consumer whose server restarted mid-scan may deliver what it delivered already: the
+    same stored message (its sequence) is not a second decision. (Counted twice, one commit read
+    `duplicated: 1`.)"""
+    a = submitted("a", 1)
+    reader = StreamReader(None, "ALLOCATIONS")  # (no bus: only what a scan delivers, fed to it)
+    stored = [StoredMessage("ALLOCATIONS", seq, s.subject, ev.encode(s.event), None) for seq, s in ((1, committed(1, 2, a, "gpu-0")), (2, released(2, a)))]
+    for msg in (stored[0], stored[0], stored[1], stored[0]):
+        reader.take(msg)
+    assert [s.seq for s in reader.seen] == [1, 2] and reader.next_seq == 3
+    assert check([a], reader.seen).duplicated == 0
