@@ -30,9 +30,11 @@ async def rebuild(allocator: Allocator) -> int:
     # inventory, decisions, claims. A decision stored meanwhile by anyone else fences this term's
     # first write off, whichever order the reads took.
     async with asyncio.TaskGroup() as reads:
-        inventory_read = reads.create_task(allocator.bus.replay("INVENTORY"))
+        # (each checked with its stream's leader: a replica behind it would leave the term deciding
+        # on decisions, slices or waiting claims it never read: `Bus.replay`, `leader_checked`)
+        inventory_read = reads.create_task(allocator.bus.replay("INVENTORY", leader_checked=True))
         decisions_read = reads.create_task(allocator.snapshots.replay())  # the snapshot and the stream after it, or all of it
-        claims_read = reads.create_task(allocator.bus.replay("CLAIMS"))
+        claims_read = reads.create_task(allocator.bus.replay("CLAIMS", leader_checked=True))
     inventory, inventory_seq = inventory_read.result()
     for event in inventory:
         if (refused := allocator.book.apply_inventory(event)) is not None:

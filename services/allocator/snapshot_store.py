@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dralloc.allocator.snapshot import Compacted, Policy, SnapshotUnusable, chunks_of, decode_body, encode_body, make_head, merge
-from dralloc.bus import Bus, KeyNotFound, KeyValue, NatsError, StoredMessage, StreamConfig, StreamState, replicas_from_env, streamcheck
+from dralloc.bus import Bus, KeyNotFound, KeyValue, NatsError, ReplicaBehind, StoredMessage, StreamConfig, StreamState, replicas_from_env, streamcheck
 from dralloc.schemas import events as ev
 from dralloc.schemas import snapshot as fmt
 
@@ -93,7 +93,7 @@ class Snapshots:
         except (SnapshotUnusable, NatsError, TimeoutError) as exc:  # (e.g. a credential without the bucket: an older auth.conf)
             none_yet = isinstance(exc, NoSnapshot)  # (a first start, or a bucket lost: nothing wrong with anything)
             log.log(logging.INFO if none_yet else logging.WARNING, "allocator: snapshot of %s not used, replaying it whole: %s", STREAM, exc)
-            replayed, last_seq = await self.bus.replay(STREAM)
+            replayed, last_seq = await self.bus.replay(STREAM, leader_checked=True)
             decisions = [e for e in replayed if isinstance(e, ev.AllocationCommitted | ev.AllocationFailed | ev.AllocationReleased)]
             self.loaded_from, self.tail_messages = "full", 0
             self.since = self.policy.every  # a snapshot is written soon, off the hot path
@@ -183,8 +183,11 @@ class Snapshots:
         if upto <= after:
             return []
         latest: dict[str, ev.AllocationEvent] = {}
+        highest = after  # the last sequence the read delivered, usable or not
 
         def take(msg: StoredMessage) -> None:
+            nonlocal highest
+            highest = max(highest, msg.sequence)
             try:
                 event = ev.decode(msg.data)
             except ev.EventDecodeError as exc:
@@ -199,6 +202,10 @@ class Snapshots:
             latest[msg.subject] = event
 
         await self.bus.scan(STREAM, take, subjects=["dra.allocations.>"], start_seq=after + 1, upto=upto)
+        # The fence expects `upto` (the leader's), the read went through a consumer on any replica:
+        # one still catching up would leave decisions unread that the first write then passes.
+        if (behind := await self.bus.first_after(STREAM, highest, upto, "dra.allocations.>")) is not None:
+            raise ReplicaBehind(f"{STREAM}: read to sequence {highest} after the snapshot, its leader holds {behind} (of {upto})")
         return list(latest.values())
 
     # -- the leader's writes --------------------------------------------------------------

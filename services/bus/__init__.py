@@ -125,6 +125,7 @@ from dralloc.bus.errors import (
     NotFound,
     Permanent,
     PublishRefused,
+    ReplicaBehind,
 )
 from dralloc.bus.kv import items as kv_items
 from dralloc.bus.lag import LAG_EVERY_S, report_lag
@@ -191,6 +192,7 @@ __all__ = [
     "Permanent",
     "PubAck",
     "PublishRefused",
+    "ReplicaBehind",
     "StoredMessage",
     "StreamConfig",
     "StreamState",

@@ -187,6 +187,7 @@ class Bus:
     subject_counts = lookup.subject_counts
     stream_config = lookup.stream_config
     scan = read.scan
+    first_after = read.first_after
     follow = read.follow
 
     # The connection's state, read from nats-py's client (which stays private to the bus: no

@@ -35,3 +35,16 @@ class BusError(Exception):
 
 class PublishRefused(BusError):
     """This event can never be published (too large for the server): retrying will not help."""
+
+
+class ReplicaBehind(nats.errors.TimeoutError):
+    """A read through a consumer ended short of what the stream's leader holds: the consumer was
+    placed on a replica still catching up (JetStream puts a reading consumer on any of the stream's
+    servers). Like a timeout, it is over once that replica has caught up: read again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # (nats-py's errors say only their kind)
+        return self.message

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -117,6 +118,23 @@ async def scan_js(
         if delete:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(js.delete_consumer(stream, sub._consumer), DELETE_WAIT_S)
+
+
+async def first_after(bus: Bus, stream: str, seq: int, upto: int, subject: str = ">") -> int | None:
+    """`Bus.first_after`: the sequence of the first message on `subject` that `stream` holds after
+    `seq`, up to `upto`, as the stream's leader answers (a message get, not a consumer on a replica
+    that may lag, nor a direct get that any replica answers); None when it holds none there.
+
+    A read through a consumer that delivered up to `seq` of a stream whose last sequence was `upto`
+    when the read began saw everything iff this is None: what came after it was deleted or
+    superseded, or was never there."""
+    if seq >= upto:
+        return None
+    try:
+        msg = await bus._js.get_msg(stream, seq=seq + 1, subject=subject, next=True)
+    except nats.js.errors.NotFoundError:
+        return None
+    return msg.seq if msg.seq is not None and msg.seq <= upto else None
 
 
 @contextlib.asynccontextmanager

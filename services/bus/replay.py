@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dralloc.bus import streamcheck
+from dralloc.bus.errors import ReplicaBehind
 from dralloc.bus.lookup import StoredMessage
 from dralloc.schemas import events
 from dralloc.schemas.events import Event, EventDecodeError
@@ -16,22 +18,50 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dralloc.bus")
 
+READ_ATTEMPTS = 4
+"""Reads of a replay before a replica that is still behind its leader is `ReplicaBehind`."""
+READ_AGAIN_S = 0.25
+"""Pause before the next read, times the attempts so far (a restarted server catches up in moments)."""
 
-async def replay(bus: Bus, stream: str, filter_subject: str | None = None) -> tuple[list[Event], int]:
+
+async def replay(bus: Bus, stream: str, filter_subject: str | None = None, *, leader_checked: bool = False) -> tuple[list[Event], int]:
     """`Bus.replay`: the last usable event per subject now in `stream`, in stream order, and the stream's last sequence.
 
     Usable: decodable, and belonging in the stream under that subject (`streamcheck.misplaced`);
     anything else is skipped and reported (`_skip_in_replay`). When a subject's last message is
     not usable, the last usable one before it counts (in a stream that keeps history, as
-    ALLOCATIONS does): junk published after a decision must not hide the decision."""
+    ALLOCATIONS does): junk published after a decision must not hide the decision.
+
+    The last sequence is the leader's (stream info), the messages are read through a consumer on
+    any of the stream's servers: a replica catching up would hand over fewer, and a caller that
+    fences or follows from that sequence would skip what it never read. `leader_checked`: the read
+    is checked with the leader (`Bus.first_after`; the credential needs the stream's
+    ``$JS.API.STREAM.MSG.GET``) and made again, and `ReplicaBehind` raised when it still falls
+    short after `READ_ATTEMPTS` (the allocator's rebuild); without, what the consumer delivered."""
     info = await bus._js.stream_info(stream)
     last_seq = info.state.last_seq
     if info.state.messages == 0:
         return [], last_seq
-    found: list[tuple[int, Event]] = []
-    hidden: list[tuple[str, int]] = []
-    # ("last per subject" needs an explicit filter: the stream's own subjects by default)
-    await bus.scan(stream, _usable(stream, found, hidden), subjects=[filter_subject] if filter_subject else None, last_per_subject=True, upto=last_seq)
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        found: list[tuple[int, Event]] = []
+        hidden: list[tuple[str, int]] = []
+        highest = [0]  # the last sequence the read delivered, usable or not
+        take = _usable(stream, found, hidden)
+
+        def read(msg: StoredMessage, take: Callable[[StoredMessage], None] = take, highest: list[int] = highest) -> None:
+            highest[0] = max(highest[0], msg.sequence)
+            take(msg)
+
+        # ("last per subject" needs an explicit filter: the stream's own subjects by default)
+        await bus.scan(stream, read, subjects=[filter_subject] if filter_subject else None, last_per_subject=True, upto=last_seq)
+        behind = await bus.first_after(stream, highest[0], last_seq, filter_subject or ">") if leader_checked else None
+        if behind is None:
+            break
+        message = f"{stream}: read to sequence {highest[0]}, its leader holds {behind} (of {last_seq}): a replica behind its leader answered"
+        if attempt == READ_ATTEMPTS:
+            raise ReplicaBehind(message)
+        log.warning("replay of %s; reading again", message)
+        await asyncio.sleep(READ_AGAIN_S * attempt)
     for subject, seq in hidden:
         earlier: list[tuple[int, Event]] = []
         await bus.scan(stream, _usable(stream, earlier, []), subjects=[subject], upto=seq - 1)

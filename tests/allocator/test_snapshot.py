@@ -328,3 +328,32 @@ def test_a_malformed_snapshot_interval_is_refused_naming_the_variable(monkeypatc
 def test_the_snapshot_interval_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRALLOC_ALLOCATOR_SNAPSHOT_EVERY", "250")
     assert Config.from_env().snapshot.every == 250
+
+
+async def test_a_standby_reading_through_a_replica_behind_its_leader_reads_again_or_does_not_start(bus, history, monkeypatch):
+    """JetStream puts a reading consumer on any of the stream's servers, and one still catching up
+    hands over fewer decisions than the leader's last sequence, which the term's fence then expects:
+    its first write would pass without the term having read the last decisions. The rebuild asks
+    the leader, reads again and holds what the leader holds; a replica that stays behind ends the
+    term before it starts."""
+    from dralloc.bus import ReplicaBehind, replay
+
+    monkeypatch.setattr(replay, "READ_AGAIN_S", 0.01)
+    leader, _ = history
+    real, reads, behind_for = bus.scan, [], [1]
+    holds = leader.last_seq - 2  # the replica lacks the last two decisions
+
+    async def scan(stream, on_message, **options):
+        if stream == "ALLOCATIONS":
+            reads.append(stream)
+        behind = stream == "ALLOCATIONS" and len(reads) <= behind_for[0]
+        await real(stream, lambda msg: None if behind and msg.sequence > holds else on_message(msg), **options)
+
+    bus.scan = scan
+    rebuilt = await standby(bus)
+    assert rebuilt.snapshots.loaded_from == "full"  # the tail after the snapshot fell short: the stream read whole, checked
+    assert state(rebuilt) == state(leader) and rebuilt.last_seq == leader.last_seq
+    behind_for[0] = 1_000
+    with pytest.raises(ExceptionGroup) as refused:  # (the rebuild's reads run as a task group)
+        await standby(bus)
+    assert refused.group_contains(ReplicaBehind, match="its leader holds")

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from dralloc.bus import Bus, StoredMessage
+import pytest
+
+from dralloc.bus import Bus, ReplicaBehind, StoredMessage
+from dralloc.bus.raw import jetstream
 from dralloc.schemas import events as ev
 
 
@@ -121,3 +124,57 @@ async def test_a_bucket_is_read_whole_its_latest_values_and_no_deleted_or_purged
         reads = await asyncio.gather(*(kv_items(kv) for _ in range(50)))
         assert all(sorted(r) == [("a", b"2"), ("b", b"again"), ("d", b"1"), ("e.f", b"1")] for r in reads)
     assert (await bus.stream_state("KV_read-whole")).consumers == 0
+
+
+async def test_first_after_is_the_next_message_the_leader_holds(bus: Bus) -> None:
+    await bus.ensure_streams()
+    await history(bus)  # a1 b1 a2 c1 b2 at 1-5
+    assert [await bus.first_after("ALLOCATIONS", seq, 5) for seq in (0, 2, 4, 5)] == [1, 3, 5, None]
+    assert await bus.first_after("ALLOCATIONS", 0, 5, failed("c", 1).subject) == 4  # on that subject only
+    assert await bus.first_after("ALLOCATIONS", 4, 5, failed("c", 1).subject) is None
+    await jetstream(bus).delete_msg("ALLOCATIONS", 4)
+    assert await bus.first_after("ALLOCATIONS", 3, 5) == 5  # (a deleted message is not held)
+    assert await bus.first_after("ALLOCATIONS", 0, 3) == 1 and await bus.first_after("ALLOCATIONS", 3, 3) is None  # not past `upto`
+
+
+def lagging(bus: Bus, holds: int, reads: int) -> list[int]:
+    """Make `bus`'s scans, the first `reads` of them, deliver only sequences up to `holds` (a
+    consumer on a replica behind its leader); returns the list counting the scans made."""
+    real, scans = bus.scan, []
+
+    async def scan(stream: str, on_message, **options) -> None:
+        scans.append(1)
+        behind = len(scans) <= reads
+        await real(stream, lambda msg: None if behind and msg.sequence > holds else on_message(msg), **options)
+
+    bus.scan = scan  # type: ignore[method-assign]
+    return scans
+
+
+async def test_a_replay_checked_with_the_leader_reads_again_when_a_replica_was_behind(bus: Bus, monkeypatch) -> None:
+    from dralloc.bus import replay
+
+    monkeypatch.setattr(replay, "READ_AGAIN_S", 0.01)
+    await bus.ensure_streams()
+    await history(bus)
+    scans = lagging(bus, holds=3, reads=1)
+    events, last = await bus.replay("ALLOCATIONS", leader_checked=True)
+    assert [(e.name, e.generation) for e in events] == [("a", 2), ("c", 1), ("b", 2)] and last == 5
+    assert len(scans) == 2  # read again once
+    # Behind at every read: refused, never a short answer with the leader's sequence.
+    lagging(bus, holds=3, reads=100)
+    with pytest.raises(ReplicaBehind, match="read to sequence 3, its leader holds 4"):
+        await bus.replay("ALLOCATIONS", leader_checked=True)
+    # Unchecked (a reader that neither fences nor follows from the sequence): what was delivered
+    # (here the subjects' last messages up to 3: a2).
+    events, last = await bus.replay("ALLOCATIONS")
+    assert [(e.name, e.generation) for e in events] == [("a", 2)] and last == 5
+
+
+async def test_a_checked_replay_of_a_stream_whose_last_messages_were_deleted_is_complete(bus: Bus) -> None:
+    await bus.ensure_streams()
+    await history(bus)
+    for seq in (4, 5):
+        await jetstream(bus).delete_msg("ALLOCATIONS", seq)
+    events, last = await bus.replay("ALLOCATIONS", leader_checked=True)  # nothing after 3 is held: no second read, no refusal
+    assert [(e.name, e.generation) for e in events] == [("b", 1), ("a", 2)] and last == 5
