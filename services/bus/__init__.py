@@ -86,7 +86,10 @@ Consuming
     message's stream sequence once the consumer is done with it (handled, refused or
     dead-lettered; its ack may still be on its way): how far a reader has read.
     ``events, last_seq = await bus.replay(stream)``: the last event per
-    subject, as a snapshot (used to rebuild state at start).
+    subject, as a snapshot (used to rebuild state at start); ``leader_checked=True``
+    checks with the stream's leader that the read (a consumer on any replica) saw
+    everything up to ``last_seq``, reads again, and raises `ReplicaBehind` if not;
+    ``await bus.first_after(stream, seq, upto)``: the leader's next message after ``seq``.
     ``await bus.dead_letters(limit)``: the most recent dead letters, with their reasons.
     ``await bus.key_value(bucket)``: a JetStream KV bucket, created if missing.
     ``await bus.last_message(stream, subject)`` (a `StoredMessage`, or None),
