@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from dralloc.bus.errors import ReplicaBehind
 from dralloc.bus.lookup import StoredMessage
 from dralloc.bus.streams import FETCH_WAIT_S, STREAMS
 
@@ -54,6 +55,7 @@ async def scan(
     last_per_subject: bool = False,
     start_seq: int | None = None,
     upto: int | None = None,
+    leader_checked: bool = False,
 ) -> None:
     """`Bus.scan`: call `on_message` for each message of `stream`, in stream order, and return once
     every message the stream held when the scan started has been seen (or has vanished meanwhile:
@@ -62,8 +64,28 @@ async def scan(
     `subjects`: only those (default: the stream's own subjects, i.e. everything); `last_per_subject`:
     only each subject's last message; `start_seq`: from that sequence on; `upto`: no message after
     that sequence (one published after a snapshot belongs to the caller's live consumer). The reading
-    consumer is ephemeral, in memory and unacknowledged: nothing about the stream changes."""
-    await scan_js(bus._js, stream, on_message, subjects=subjects, last_per_subject=last_per_subject, start_seq=start_seq, upto=upto)
+    consumer is ephemeral, in memory and unacknowledged: nothing about the stream changes.
+
+    The consumer is on any of the stream's servers, and one still catching up delivers fewer than
+    its leader holds. `leader_checked` (with `upto`, the leader's sequence the caller fences or
+    follows from; one subject or the whole stream): the leader is asked whether it holds a message
+    after the last one delivered (`first_after`; the credential needs the stream's
+    ``$JS.API.STREAM.MSG.GET``), and `ReplicaBehind` is raised if it does."""
+    if not leader_checked:
+        await scan_js(bus._js, stream, on_message, subjects=subjects, last_per_subject=last_per_subject, start_seq=start_seq, upto=upto)
+        return
+    if upto is None or (subjects is not None and len(subjects) != 1):
+        raise ValueError("a leader-checked scan reads up to a sequence, one subject or the whole stream")
+    highest = (start_seq or 1) - 1  # the last sequence delivered, whatever the caller makes of it
+
+    def deliver(msg: StoredMessage) -> None:
+        nonlocal highest
+        highest = max(highest, msg.sequence)
+        on_message(msg)
+
+    await scan_js(bus._js, stream, deliver, subjects=subjects, last_per_subject=last_per_subject, start_seq=start_seq, upto=upto)
+    if (behind := await first_after(bus, stream, highest, upto, subjects[0] if subjects else ">")) is not None:
+        raise ReplicaBehind(f"{stream}: read to sequence {highest}, its leader holds {behind} (of {upto}): a replica behind its leader answered")
 
 
 async def scan_js(

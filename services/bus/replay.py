@@ -35,9 +35,9 @@ async def replay(bus: Bus, stream: str, filter_subject: str | None = None, *, le
     The last sequence is the leader's (stream info), the messages are read through a consumer on
     any of the stream's servers: a replica catching up would hand over fewer, and a caller that
     fences or follows from that sequence would skip what it never read. `leader_checked`: the read
-    is checked with the leader (`Bus.first_after`; the credential needs the stream's
-    ``$JS.API.STREAM.MSG.GET``) and made again, and `ReplicaBehind` raised when it still falls
-    short after `READ_ATTEMPTS` (the allocator's rebuild); without, what the consumer delivered."""
+    is checked with the leader (`Bus.scan`'s `leader_checked`) and made again, and `ReplicaBehind`
+    raised when it still falls short after `READ_ATTEMPTS` (the allocator's rebuild); without,
+    what the consumer delivered."""
     info = await bus._js.stream_info(stream)
     last_seq = info.state.last_seq
     if info.state.messages == 0:
@@ -45,23 +45,16 @@ async def replay(bus: Bus, stream: str, filter_subject: str | None = None, *, le
     for attempt in range(1, READ_ATTEMPTS + 1):
         found: list[tuple[int, Event]] = []
         hidden: list[tuple[str, int]] = []
-        highest = [0]  # the last sequence the read delivered, usable or not
-        take = _usable(stream, found, hidden)
-
-        def read(msg: StoredMessage, take: Callable[[StoredMessage], None] = take, highest: list[int] = highest) -> None:
-            highest[0] = max(highest[0], msg.sequence)
-            take(msg)
-
-        # ("last per subject" needs an explicit filter: the stream's own subjects by default)
-        await bus.scan(stream, read, subjects=[filter_subject] if filter_subject else None, last_per_subject=True, upto=last_seq)
-        behind = await bus.first_after(stream, highest[0], last_seq, filter_subject or ">") if leader_checked else None
-        if behind is None:
+        try:
+            # ("last per subject" needs an explicit filter: the stream's own subjects by default)
+            subjects = [filter_subject] if filter_subject else None
+            await bus.scan(stream, _usable(stream, found, hidden), subjects=subjects, last_per_subject=True, upto=last_seq, leader_checked=leader_checked)
             break
-        message = f"{stream}: read to sequence {highest[0]}, its leader holds {behind} (of {last_seq}): a replica behind its leader answered"
-        if attempt == READ_ATTEMPTS:
-            raise ReplicaBehind(message)
-        log.warning("replay of %s; reading again", message)
-        await asyncio.sleep(READ_AGAIN_S * attempt)
+        except ReplicaBehind as exc:
+            if attempt == READ_ATTEMPTS:
+                raise
+            log.warning("replay of %s; reading again", exc)
+            await asyncio.sleep(READ_AGAIN_S * attempt)
     for subject, seq in hidden:
         earlier: list[tuple[int, Event]] = []
         await bus.scan(stream, _usable(stream, earlier, []), subjects=[subject], upto=seq - 1)

@@ -336,20 +336,20 @@ async def test_a_standby_reading_through_a_replica_behind_its_leader_reads_again
     its first write would pass without the term having read the last decisions. The rebuild asks
     the leader, reads again and holds what the leader holds; a replica that stays behind ends the
     term before it starts."""
-    from dralloc.bus import ReplicaBehind, replay
+    from dralloc.bus import ReplicaBehind, read, replay
 
     monkeypatch.setattr(replay, "READ_AGAIN_S", 0.01)
     leader, _ = history
-    real, reads, behind_for = bus.scan, [], [1]
+    real, reads, behind_for = read.scan_js, [], [1]
     holds = leader.last_seq - 2  # the replica lacks the last two decisions
 
-    async def scan(stream, on_message, **options):
+    async def scan_js(js, stream, on_message, **options):  # (what a consumer on that replica delivers)
         if stream == "ALLOCATIONS":
             reads.append(stream)
         behind = stream == "ALLOCATIONS" and len(reads) <= behind_for[0]
-        await real(stream, lambda msg: None if behind and msg.sequence > holds else on_message(msg), **options)
+        await real(js, stream, lambda msg: None if behind and msg.sequence > holds else on_message(msg), **options)
 
-    bus.scan = scan
+    monkeypatch.setattr(read, "scan_js", scan_js)
     rebuilt = await standby(bus)
     assert rebuilt.snapshots.loaded_from == "full"  # the tail after the snapshot fell short: the stream read whole, checked
     assert state(rebuilt) == state(leader) and rebuilt.last_seq == leader.last_seq

@@ -135,19 +135,23 @@ async def test_first_after_is_the_next_message_the_leader_holds(bus: Bus) -> Non
     await jetstream(bus).delete_msg("ALLOCATIONS", 4)
     assert await bus.first_after("ALLOCATIONS", 3, 5) == 5  # (a deleted message is not held)
     assert await bus.first_after("ALLOCATIONS", 0, 3) == 1 and await bus.first_after("ALLOCATIONS", 3, 3) is None  # not past `upto`
+    with pytest.raises(ValueError, match="up to a sequence"):  # (nothing to check a read against)
+        await bus.scan("ALLOCATIONS", print, leader_checked=True)
 
 
-def lagging(bus: Bus, holds: int, reads: int) -> list[int]:
-    """Make `bus`'s scans, the first `reads` of them, deliver only sequences up to `holds` (a
-    consumer on a replica behind its leader); returns the list counting the scans made."""
-    real, scans = bus.scan, []
+def lagging(monkeypatch, holds: int, reads: int) -> list[int]:
+    """Make the first `reads` scans' consumers deliver only sequences up to `holds` (a consumer on
+    a replica behind its leader); returns the list counting the scans made."""
+    from dralloc.bus import read
 
-    async def scan(stream: str, on_message, **options) -> None:
+    real, scans = read.scan_js, []
+
+    async def scan_js(js, stream: str, on_message, **options) -> None:
         scans.append(1)
         behind = len(scans) <= reads
-        await real(stream, lambda msg: None if behind and msg.sequence > holds else on_message(msg), **options)
+        await real(js, stream, lambda msg: None if behind and msg.sequence > holds else on_message(msg), **options)
 
-    bus.scan = scan  # type: ignore[method-assign]
+    monkeypatch.setattr(read, "scan_js", scan_js)
     return scans
 
 
@@ -157,12 +161,12 @@ async def test_a_replay_checked_with_the_leader_reads_again_when_a_replica_was_b
     monkeypatch.setattr(replay, "READ_AGAIN_S", 0.01)
     await bus.ensure_streams()
     await history(bus)
-    scans = lagging(bus, holds=3, reads=1)
+    scans = lagging(monkeypatch, holds=3, reads=1)
     events, last = await bus.replay("ALLOCATIONS", leader_checked=True)
     assert [(e.name, e.generation) for e in events] == [("a", 2), ("c", 1), ("b", 2)] and last == 5
     assert len(scans) == 2  # read again once
     # Behind at every read: refused, never a short answer with the leader's sequence.
-    lagging(bus, holds=3, reads=100)
+    lagging(monkeypatch, holds=3, reads=100)
     with pytest.raises(ReplicaBehind, match="read to sequence 3, its leader holds 4"):
         await bus.replay("ALLOCATIONS", leader_checked=True)
     # Unchecked (a reader that neither fences nor follows from the sequence): what was delivered
