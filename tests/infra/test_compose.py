@@ -83,6 +83,26 @@ def test_dockerfile_copies_what_exists() -> None:
     assert 'ENTRYPOINT ["dralloc"]' in text
 
 
+def test_the_image_ships_the_native_engine() -> None:
+    """A static reading of the Dockerfile (no Docker daemon runs here; README "Native build" says how
+    its stages' commands were run by hand): the wheel is built with the native engine, where the
+    dependencies mypyc checks against are installed, on the CPython the runtime stage runs, and the
+    image build checks that the engine came out compiled."""
+    text = (REPO / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+)(?: AS (\S+))?$", text, flags=re.MULTILINE)
+    assert [name for _, name in stages] == ["build", ""], stages
+    (build, _), (runtime, _) = stages
+    assert build.startswith("python:") and not build.endswith("-slim"), "the build stage needs a C compiler"
+    assert runtime == f"{build}-slim", "an extension is built for one CPython: the runtime stage must run the build stage's"
+    build_text, runtime_text = text.split("\nFROM ", 2)[1:]
+    steps = " ".join(" ".join(line for line in build_text.splitlines() if not line.startswith("#")).replace("\\", " ").split())
+    wheel = steps.index("pip wheel")
+    assert "DRALLOC_NATIVE=1 pip wheel" in steps and "--no-build-isolation" in steps[wheel:]
+    assert "'.[otlp]'" in steps[: steps.index("DRALLOC_NATIVE=1")], "mypyc needs the dependencies installed before the build"
+    assert "mypy" in steps[: steps.index("DRALLOC_NATIVE=1")]
+    assert "compiled()" in runtime_text
+
+
 def test_commands_and_settings_are_ones_dralloc_knows(compose: dict[str, Any]) -> None:
     from dralloc.cli import run_app
 
