@@ -18,6 +18,7 @@ def numbers_commands() -> set[str]:
     `dralloc bench engine`) and synopses with `[options]` or NAME are left out."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Numbers (benchmarks)\n", 1)[1].split("\n## ", 1)[0]
+    section = re.sub(r"^```.*?^```", "", section, flags=re.MULTILINE | re.DOTALL)  # (a fence's backticks would pair with a span's)
     spans = {" ".join(span.split()) for span in re.findall(r"`([^`]+)`", section)}
     native = "PYTHONPATH=build/native "  # (the native build's runs: README "Native build")
     concrete = (s for s in spans if s.removeprefix(native).startswith(("dralloc bench ", "python benchmarks/")) and " --" in s)
