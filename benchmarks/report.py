@@ -4,7 +4,8 @@
     python benchmarks/report.py --only engine,takeover   # the benchmarks whose name starts so
 
 Each line: {"command": the exact command, as the README prints it, "commit": the tree's commit
-(`-dirty` with uncommitted edits), "load": the 1-minute load average before and after it (above 1.5 the
+(`-dirty` with uncommitted edits), "python": the interpreter that ran it (its build moves every figure: README
+"Which CPython"), "load": the 1-minute load average before and after it (above 1.5 the
 README calls a figure loaded), "wall_s": how long it ran, "result": its JSON output} or, instead of
 "result", "error": its last stderr lines. The README's "Numbers" section names the same commands, so a
 figure there can be checked against a line here (tests/benchmarks/test_report.py keeps the two lists
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -81,13 +83,20 @@ def commit() -> str | None:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
 
 
+def interpreter() -> str:
+    """The interpreter the commands run with: implementation, version and installation (a venv's base), e.g.
+    "CPython 3.11.7 at /root/.pyenv/versions/3.11.7". Whether it was built with PGO and LTO is not said:
+    `sysconfig` cannot tell (Debian drops its LTO flags from it), its installation can."""
+    return f"{platform.python_implementation()} {platform.python_version()} at {sys.base_prefix}"
+
+
 def run(command: str) -> dict:
     """Run one command in a fresh process; its JSON, or the error it ended with, and the load around it."""
     before = os.getloadavg()[0]
     started = time.perf_counter()
     done = subprocess.run(argv(command), capture_output=True, text=True, check=False, env={**os.environ, **split(command)[0]})
     wall = round(time.perf_counter() - started, 1)
-    line: dict = {"command": command, "commit": commit(), "load": [round(before, 2), round(os.getloadavg()[0], 2)], "wall_s": wall}
+    line: dict = {"command": command, "commit": commit(), "python": interpreter(), "load": [round(before, 2), round(os.getloadavg()[0], 2)], "wall_s": wall}
     if done.returncode != 0:
         line["error"] = done.stderr.strip()[-1000:]
     else:

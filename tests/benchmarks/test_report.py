@@ -3,6 +3,7 @@ from a command in the README): the two lists are kept equal here, so neither dri
 
 from __future__ import annotations
 
+import platform
 import re
 import sys
 from pathlib import Path
@@ -49,6 +50,7 @@ def test_each_line_names_the_commit_and_the_load_around_the_command():
     line = report.run('python -c \'print("{\\"ok\\": 1}")\'')
     assert line["result"] == {"ok": 1}
     assert bool(line["commit"]) == (ROOT / ".git").exists()  # None outside a git checkout
+    assert line["python"] == f"{platform.python_implementation()} {platform.python_version()} at {sys.base_prefix}"
     assert len(line["load"]) == 2 and all(load >= 0 for load in line["load"])
     failed = report.run("python -c 'import sys; sys.exit(\"no\")'")
     assert "result" not in failed and failed["error"] == "no"
