@@ -12,7 +12,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from dralloc.bus import Permanent
 from dralloc.schemas import events as ev
-from dralloc.schemas.resource import ResourceClaim
+from dralloc.schemas.allocation import GATED_RESULT_FIELDS
+from dralloc.schemas.resource import DeviceRequestAllocationResult, ResourceClaim
 from dralloc.statuswriter.kubernetes import KubernetesSink, Outcome, Result
 
 ALLOCATION = {
@@ -217,3 +218,12 @@ async def test_a_server_with_the_gates_on_keeps_the_fields(apiserver: ApiServer,
     stored = apiserver.apply(claim())
     await sink.committed(committed(stored, ours))
     assert apiserver.read("resourceclaims", "default", "c")["status"]["allocation"] == ours
+
+
+def test_the_emulator_drops_the_fields_dralloc_counts_as_dropped() -> None:
+    """The emulator's gates (written from the API server's strategy) and the contract's list
+    (`dralloc.schemas.allocation`) name the same result fields: one drifting from the other would
+    leave a trimmed write untested, or a difference excused."""
+    wire = {f.name: f.encode_name for f in msgspec.structs.fields(DeviceRequestAllocationResult)}
+    dropped = {name for names in ApiServer.GATED_RESULT_FIELDS.values() for name in names}
+    assert dropped == {wire[name] for name in GATED_RESULT_FIELDS}
